@@ -1,0 +1,238 @@
+//! `#[messaging::handler]`: parse the options and the signature, check them,
+//! generate the type-erased handler and its registration.
+
+use proc_macro2::{Span, TokenStream};
+use quote::{format_ident, quote, quote_spanned};
+use syn::spanned::Spanned;
+use syn::{FnArg, ItemFn, LitStr, Path, ReturnType, Type};
+
+use crate::attr::{with_error, Args, Errors, Reader};
+
+const KNOWN: &[&str] = &["queue", "idempotent", "lease", "retry"];
+
+struct HandlerArgs {
+    queue: Path,
+    idempotent: Option<(LitStr, u64)>,
+    retry: Option<(u64, u64)>,
+}
+
+/// The checked signature: the message type and the extractor types.
+struct Signature {
+    message: Type,
+    extractors: Vec<Type>,
+}
+
+pub(crate) fn expand(args: TokenStream, item: TokenStream) -> TokenStream {
+    let result = syn::parse2::<ItemFn>(item.clone())
+        .map_err(|_| syn::Error::new(Span::call_site(), "`#[messaging::handler]` goes on an `async fn`"))
+        .and_then(|func| {
+            let mut errors = Errors::default();
+            let args = syn::parse2::<Args>(args).map_err(|e| {
+                errors.push_error(e);
+            });
+            let checked_args = args.ok().and_then(|a| parse_args(a, &mut errors));
+            let signature = parse_signature(&func, &mut errors);
+            errors.finish()?;
+            match (checked_args, signature) {
+                (Some(a), Some(s)) => Ok(generate(&func, &a, &s)),
+                _ => Err(syn::Error::new(Span::call_site(), "invalid handler")),
+            }
+        });
+    match result {
+        Ok(tokens) => tokens,
+        Err(e) => with_error(item, e),
+    }
+}
+
+fn parse_args(args: Args, errors: &mut Errors) -> Option<HandlerArgs> {
+    if let Some(lit) = &args.positional {
+        errors.push(lit.span(), "name the queue type: `#[messaging::handler(queue = Orders)]`");
+    }
+    let (mut queue, mut scope, mut lease, mut lease_span, mut retry) = (None, None, None, None, None);
+    let mut reader = Reader::new("handler", KNOWN, errors);
+    for arg in &args.args {
+        if !reader.accept(&arg.key) {
+            continue;
+        }
+        match arg.key.to_string().as_str() {
+            "queue" => queue = reader.path(arg, "Orders"),
+            "idempotent" => match reader.string(arg) {
+                Some(s) if s.value().is_empty() || s.value().len() > 128 => {
+                    reader.errors.push(s.span(), "the idempotency scope is 1 to 128 characters, e.g. `idempotent = \"order-finalize\"`")
+                }
+                other => scope = other,
+            },
+            "lease" => {
+                lease_span = Some(arg.key.span());
+                lease = reader.duration(arg).map(|(ms, _)| ms);
+            }
+            "retry" => {
+                let Some(items) = reader.list(arg) else { continue };
+                let (mut base, mut max) = (1_000, 300_000);
+                let mut nested = Reader::new("handler(retry(..))", &["base", "max"], reader.errors);
+                for item in items {
+                    if !nested.accept(&item.key) {
+                        continue;
+                    }
+                    let value = nested.duration(item);
+                    match (item.key.to_string().as_str(), value) {
+                        ("base", Some((ms, _))) => base = ms,
+                        ("max", Some((ms, _))) => max = ms,
+                        _ => {}
+                    }
+                }
+                if base == 0 || max < base {
+                    reader.errors.push(arg.key.span(), "`retry` needs `base` > 0 and `max` ≥ `base`");
+                }
+                retry = Some((base, max));
+            }
+            _ => {}
+        }
+    }
+    if let (Some(span), None) = (lease_span, &scope) {
+        errors.push(span, "`lease` applies only with `idempotent = \"scope\"`");
+    }
+    if lease == Some(0) {
+        errors.push(lease_span.unwrap_or_else(Span::call_site), "`lease` must be longer than zero");
+    }
+    let Some(queue) = queue else {
+        errors.push(
+            Span::call_site(),
+            "missing `queue = ...`: name the queue this handler consumes, e.g. `#[messaging::handler(queue = Orders)]`",
+        );
+        return None;
+    };
+    Some(HandlerArgs { queue, idempotent: scope.map(|s| (s, lease.unwrap_or(30_000))), retry })
+}
+
+fn parse_signature(func: &ItemFn, errors: &mut Errors) -> Option<Signature> {
+    let sig = &func.sig;
+    if sig.asyncness.is_none() {
+        errors.push(sig.fn_token.span(), format!("a handler must be an `async fn`: write `async fn {}(..)`", sig.ident));
+    }
+    if !sig.generics.params.is_empty() {
+        errors.push(sig.generics.params.span(), "a handler cannot be generic; write one handler per message type");
+    }
+    let mut types = Vec::new();
+    for input in &sig.inputs {
+        match input {
+            FnArg::Receiver(r) => errors.push(r.span(), "a handler is a free function, not a method: remove `self`"),
+            FnArg::Typed(pat) => types.push((*pat.ty).clone()),
+        }
+    }
+    if types.is_empty() {
+        errors.push(
+            sig.paren_token.span.join(),
+            format!(
+                "a handler's first argument is the message it handles: write `async fn {}(message: YourMessage, ..)`",
+                sig.ident
+            ),
+        );
+        return None;
+    }
+    if let Type::Reference(r) = &types[0] {
+        errors.push(r.span(), "the handler receives the message by value: remove the `&`");
+    }
+    let message = types.remove(0);
+    Some(Signature { message, extractors: types })
+}
+
+fn generate(func: &ItemFn, args: &HandlerArgs, sig: &Signature) -> TokenStream {
+    let fn_name = &func.sig.ident;
+    let queue = &args.queue;
+    let message = &sig.message;
+    let arg_names: Vec<_> = (0..sig.extractors.len()).map(|i| format_ident!("__arg{}", i)).collect();
+    let extractors = &sig.extractors;
+    let extract = extractors.iter().zip(&arg_names).map(|(ty, name)| {
+        quote_spanned! {ty.span()=>
+            let #name = <#ty as ::messaging::__private::FromContext>::from_context(&ctx, &resources)?;
+        }
+    });
+    let checks = extractors.iter().map(|ty| {
+        quote_spanned! {ty.span()=> const _: fn() = ::messaging::__private::assert_extractor::<#ty>; }
+    });
+    let message_check = quote_spanned! {message.span()=> const _: fn() = ::messaging::__private::assert_message::<#message>; };
+    let queue_check = quote_spanned! {queue.span()=> const _: fn() = ::messaging::__private::assert_queue::<#queue>; };
+    let output_span = match &func.sig.output {
+        ReturnType::Default => func.sig.ident.span(),
+        ReturnType::Type(_, ty) => ty.span(),
+    };
+    let call = quote_spanned! {output_span=>
+        ::messaging::__private::IntoHandlerResult::into_handler_result(#fn_name(message, #(#arg_names),*).await)
+    };
+    let idempotency = match &args.idempotent {
+        Some((scope, lease)) => quote! {
+            ::core::option::Option::Some(::messaging::__private::IdempotencySpec {
+                scope: #scope,
+                lease: ::messaging::__private::Duration::from_millis(#lease),
+            })
+        },
+        None => quote!(::core::option::Option::None),
+    };
+    let retry = match args.retry {
+        Some((base, max)) => quote! {
+            ::core::option::Option::Some(::messaging::__private::RetryPolicy {
+                base: ::messaging::__private::Duration::from_millis(#base),
+                max: ::messaging::__private::Duration::from_millis(#max),
+            })
+        },
+        None => quote!(::core::option::Option::None),
+    };
+    quote! {
+        #func
+
+        const _: () = {
+            #message_check
+            #queue_check
+            #(#checks)*
+
+            struct Handler;
+
+            impl ::messaging::__private::ErasedHandler for Handler {
+                fn call(
+                    &self,
+                    message: ::messaging::__private::AnyMessage,
+                    ctx: ::messaging::MessageContext,
+                    resources: ::std::sync::Arc<::messaging::extract::Resources>,
+                ) -> ::messaging::BoxFuture<'static, ::core::result::Result<(), ::messaging::HandlerError>> {
+                    ::std::boxed::Box::pin(async move {
+                        let message = ::messaging::__private::downcast::<#message>(message)?;
+                        #(#extract)*
+                        #call
+                    })
+                }
+            }
+
+            fn queue() -> ::messaging::QueueSpec {
+                <#queue as ::messaging::Queue>::SPEC
+            }
+
+            fn requirements() -> ::std::vec::Vec<::messaging::__private::Requirement> {
+                let all: ::std::vec::Vec<::core::option::Option<::messaging::__private::Requirement>> =
+                    ::std::vec![#(::messaging::__private::requirement::<#extractors>()),*];
+                all.into_iter().flatten().collect()
+            }
+
+            fn make() -> ::std::sync::Arc<dyn ::messaging::__private::ErasedHandler> {
+                ::std::sync::Arc::new(Handler)
+            }
+
+            ::messaging::__private::inventory::submit! {
+                ::messaging::__private::HandlerEntry {
+                    name: ::core::concat!(::core::module_path!(), "::", ::core::stringify!(#fn_name)),
+                    queue_type: ::core::stringify!(#queue),
+                    queue,
+                    message_type: ::messaging::__private::type_id::<#message>,
+                    message_type_name: ::core::stringify!(#message),
+                    message_name: <#message as ::messaging::Message>::NAME,
+                    message_version: <#message as ::messaging::Message>::VERSION,
+                    decode: ::messaging::__private::decode::<#message>,
+                    idempotency: #idempotency,
+                    retry: #retry,
+                    requirements,
+                    handler: make,
+                }
+            }
+        };
+    }
+}

@@ -1,0 +1,123 @@
+//! Attribute macros of the `messaging` framework. Use them through the
+//! `messaging` crate (`#[messaging::queue]`, ...); generated code refers only
+//! to `::messaging`, so this crate is never a direct dependency of an app.
+//!
+//! This file only documents and delegates: each macro lives in its own
+//! module, where parsing and checking are apart from code generation.
+
+mod attr;
+mod handler;
+mod main_fn;
+mod message;
+mod queue;
+
+use proc_macro::TokenStream;
+
+/// Declares a queue on a unit struct.
+///
+/// ```ignore
+/// #[messaging::queue("orders.fifo", fifo, dlq = "orders-dlq.fifo", default_group = "orders",
+///                    concurrency = 8, visibility = "30s", max_receives = 5)]
+/// pub struct Orders;
+/// ```
+///
+/// Options: the name (first, or `name = ".."`); `fifo`; `dlq = ".."`;
+/// `default_group = ".."` (FIFO only); `concurrency = N` (default 1, strictly
+/// sequential); `visibility = "30s"`; `max_receives = N` (default 5, then the
+/// dead-letter queue). Checked at compile time: a FIFO name ends with `.fifo`
+/// and a standard one does not, the DLQ has the queue's kind, names use
+/// letters, digits, `-`, `_`, `.` and at most 80 characters.
+///
+/// Equivalent code without the macro:
+///
+/// ```ignore
+/// pub struct Orders;
+/// impl messaging::Queue for Orders {
+///     type Kind = messaging::Fifo;
+///     type HasDefaultGroup = /* Yes when default_group is set */;
+///     const SPEC: messaging::QueueSpec = messaging::QueueSpec { name: "orders.fifo", fifo: true, /* .. */ };
+/// }
+/// // plus a registration so that `#[messaging::main]` finds the queue
+/// ```
+#[proc_macro_attribute]
+pub fn queue(args: TokenStream, item: TokenStream) -> TokenStream {
+    queue::expand(args.into(), item.into()).into()
+}
+
+/// Declares a message type: its stable wire name, its version and how an
+/// older version upcasts to the next.
+///
+/// ```ignore
+/// #[messaging::message(name = "orders.placed", v = 2, id = order_id, group = customer_id)]
+/// #[derive(Serialize, Deserialize)]
+/// pub struct OrderPlaced { pub order_id: String, pub customer_id: String, pub coupon: Option<String> }
+///
+/// #[messaging::message(name = "orders.placed", v = 1, upcast = OrderPlaced)]
+/// #[derive(Serialize, Deserialize)]
+/// pub struct OrderPlacedV1 { pub order_id: String, pub customer_id: String }
+/// impl From<OrderPlacedV1> for OrderPlaced { /* .. */ }
+/// ```
+///
+/// Without `name` the type travels as a bare JSON body. `id = field` gives the
+/// message its identity (FIFO deduplication id); `group = field` its FIFO
+/// message group. Checked at compile time: `v ≥ 1`; the `upcast` target has the
+/// same name, version `v + 1` and `From<Self>`; `id`/`group` name a string-like
+/// field.
+///
+/// Equivalent code without the macro: `impl messaging::Message for OrderPlaced
+/// { const NAME = Some("orders.placed"); const VERSION = 2; .. }` plus a
+/// registration of the type and its upcast edge.
+#[proc_macro_attribute]
+pub fn message(args: TokenStream, item: TokenStream) -> TokenStream {
+    message::expand(args.into(), item.into()).into()
+}
+
+/// Declares a handler: an `async fn` whose first argument is the message and
+/// whose other arguments are extractors (`MessageContext`, `State<T>`,
+/// `Publisher`).
+///
+/// ```ignore
+/// #[messaging::handler(queue = Orders, idempotent = "order-finalize", lease = "60s",
+///                      retry(base = "1s", max = "5m"))]
+/// async fn finalize(order: OrderPlaced, ctx: MessageContext, db: State<Db>) -> Result<(), HandlerError> {
+///     Ok(())
+/// }
+/// ```
+///
+/// One handler on a queue makes it a single-type queue; several make it a
+/// multi-type queue routed by the envelope's type name. The function stays
+/// callable as written.
+///
+/// Equivalent code without the macro: a type implementing the erased handler
+/// trait that downcasts the decoded message, builds each extractor from the
+/// delivery's context and calls `finalize`, plus a registration naming the
+/// queue, the message type and the options.
+#[proc_macro_attribute]
+pub fn handler(args: TokenStream, item: TokenStream) -> TokenStream {
+    handler::expand(args.into(), item.into()).into()
+}
+
+/// Turns `async fn main` into a service: tokio runtime, logging, the command
+/// line (`run`, `validate`, `queues`), assembly and validation of everything
+/// registered. The body, if any, is a setup hook.
+///
+/// ```ignore
+/// #[messaging::main]
+/// async fn main(setup: &mut messaging::Setup) -> anyhow::Result<()> {
+///     setup.provide(Db::connect().await?);
+///     Ok(())
+/// }
+/// ```
+///
+/// Equivalent code without the macro:
+///
+/// ```ignore
+/// fn main() -> std::process::ExitCode {
+///     fn hook(setup: &mut messaging::Setup) -> messaging::BoxFuture<'_, SetupResult> { /* the body */ }
+///     messaging::cli::run_main(hook)
+/// }
+/// ```
+#[proc_macro_attribute]
+pub fn main(args: TokenStream, item: TokenStream) -> TokenStream {
+    main_fn::expand(args.into(), item.into()).into()
+}

@@ -1,0 +1,200 @@
+//! `#[messaging::queue]`: parse the options, check them, generate `impl Queue`
+//! and the registration.
+
+use proc_macro2::{Span, TokenStream};
+use quote::quote;
+use syn::{Ident, ItemStruct, LitStr};
+
+use crate::attr::{with_error, Args, Errors, Reader};
+
+const KNOWN: &[&str] = &["name", "fifo", "dlq", "default_group", "concurrency", "visibility", "max_receives"];
+
+/// The checked options of one queue.
+struct QueueArgs {
+    name: LitStr,
+    fifo: bool,
+    dlq: Option<LitStr>,
+    default_group: Option<LitStr>,
+    concurrency: u64,
+    visibility_ms: u64,
+    max_receives: u64,
+}
+
+pub(crate) fn expand(args: TokenStream, item: TokenStream) -> TokenStream {
+    let parsed = syn::parse2::<ItemStruct>(item.clone()).map_err(|_| {
+        syn::Error::new(Span::call_site(), "`#[messaging::queue]` goes on a unit struct, e.g. `pub struct Orders;`")
+    });
+    let result = parsed.and_then(|strukt| {
+        let args = syn::parse2::<Args>(args)?;
+        let checked = parse(args, &strukt)?;
+        Ok(generate(&strukt, &checked))
+    });
+    match result {
+        Ok(tokens) => tokens,
+        Err(e) => with_error(item, e),
+    }
+}
+
+fn parse(args: Args, strukt: &ItemStruct) -> syn::Result<QueueArgs> {
+    let mut errors = Errors::default();
+    if !matches!(strukt.fields, syn::Fields::Unit) || !strukt.generics.params.is_empty() {
+        errors.push(strukt.ident.span(), format!("a queue is a unit struct without generics: `pub struct {};`", strukt.ident));
+    }
+    let mut name = args.positional;
+    let (mut fifo, mut dlq, mut default_group) = (None, None, None);
+    let (mut concurrency, mut visibility_ms, mut max_receives) = (1, 30_000, 5);
+    {
+        let mut reader = Reader::new("queue", KNOWN, &mut errors);
+        for arg in &args.args {
+            if !reader.accept(&arg.key) {
+                continue;
+            }
+            match arg.key.to_string().as_str() {
+                "name" => {
+                    if name.is_some() {
+                        reader.errors.push(arg.key.span(), "the name is given twice (positionally and as `name = ..`); keep one");
+                    }
+                    name = reader.string(arg).or(name);
+                }
+                "fifo" => fifo = reader.flag(arg).then_some(arg.key.span()),
+                "dlq" => dlq = reader.string(arg),
+                "default_group" => default_group = reader.string(arg),
+                "concurrency" => match reader.int(arg) {
+                    Some((0, span)) => reader.errors.push(span, "`concurrency` must be at least 1 (1 = strictly sequential)"),
+                    Some((n, _)) => concurrency = n,
+                    None => {}
+                },
+                "visibility" => match reader.duration(arg) {
+                    Some((ms, span)) if ms < 1_000 || ms > 12 * 3_600_000 => {
+                        reader.errors.push(span, "`visibility` must be between 1s and 12h (the Amazon SQS limits)")
+                    }
+                    Some((ms, _)) => visibility_ms = ms,
+                    None => {}
+                },
+                "max_receives" => match reader.int(arg) {
+                    Some((n, span)) if n == 0 || n > 1000 => reader.errors.push(span, "`max_receives` must be between 1 and 1000"),
+                    Some((n, _)) => max_receives = n,
+                    None => {}
+                },
+                _ => {}
+            }
+        }
+    }
+    let Some(name) = name else {
+        errors.push(
+            Span::call_site(),
+            format!("missing queue name: write `#[messaging::queue(\"{}\")]`", to_kebab(&strukt.ident)),
+        );
+        errors.finish()?;
+        unreachable!("an error was pushed");
+    };
+    let is_fifo = fifo.is_some();
+    check_name(&name, is_fifo, "queue", &mut errors);
+    if let Some(dlq) = &dlq {
+        let value = dlq.value();
+        match (is_fifo, value.ends_with(".fifo")) {
+            (true, false) => errors.push(
+                dlq.span(),
+                format!("the dead-letter queue of a FIFO queue must be FIFO too: write `dlq = \"{value}.fifo\"`"),
+            ),
+            (false, true) => errors.push(
+                dlq.span(),
+                format!("`{value}` is a FIFO queue name, but `{}` is a standard queue; a standard queue needs a standard dead-letter queue (drop `.fifo`)", name.value()),
+            ),
+            _ => check_name(dlq, is_fifo, "dead-letter queue", &mut errors),
+        }
+        if value == name.value() {
+            errors.push(dlq.span(), "a queue cannot be its own dead-letter queue");
+        }
+    }
+    if let Some(group) = &default_group {
+        if !is_fifo {
+            errors.push(group.span(), "`default_group` applies only to FIFO queues; add `fifo` or remove it");
+        } else if group.value().is_empty() || group.value().len() > 128 {
+            errors.push(group.span(), "`default_group` must be 1 to 128 characters long");
+        }
+    }
+    errors.finish()?;
+    Ok(QueueArgs { name, fifo: is_fifo, dlq, default_group, concurrency, visibility_ms, max_receives })
+}
+
+/// Name rules of Amazon SQS, which the other transports share.
+fn check_name(lit: &LitStr, fifo: bool, what: &str, errors: &mut Errors) {
+    let name = lit.value();
+    if name.is_empty() || name.len() > 80 {
+        errors.push(lit.span(), format!("{what} name `{name}` must be 1 to 80 characters long (it has {})", name.len()));
+    }
+    if let Some(c) = name.chars().find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))) {
+        errors.push(lit.span(), format!("{what} name `{name}` contains `{c}`; use only letters, digits, `-`, `_` and `.`"));
+    }
+    if what == "queue" {
+        match (fifo, name.ends_with(".fifo")) {
+            (true, false) => errors.push(
+                lit.span(),
+                format!("a FIFO queue's name must end with `.fifo`: write `\"{name}.fifo\"`, or remove `fifo` for a standard queue"),
+            ),
+            (false, true) => errors.push(
+                lit.span(),
+                format!("`{name}` ends with `.fifo` but the queue is not declared FIFO: add `fifo`, or drop the suffix"),
+            ),
+            _ => {}
+        }
+    }
+}
+
+fn to_kebab(ident: &Ident) -> String {
+    let mut out = String::new();
+    for (i, c) in ident.to_string().chars().enumerate() {
+        if c.is_uppercase() && i > 0 {
+            out.push('-');
+        }
+        out.extend(c.to_lowercase());
+    }
+    out
+}
+
+fn generate(strukt: &ItemStruct, q: &QueueArgs) -> TokenStream {
+    let ident = &strukt.ident;
+    let name = &q.name;
+    let fifo = q.fifo;
+    let kind = if fifo { quote!(::messaging::Fifo) } else { quote!(::messaging::Standard) };
+    let has_default = if q.default_group.is_some() { quote!(::messaging::__private::Yes) } else { quote!(::messaging::__private::No) };
+    let opt = |v: &Option<LitStr>| match v {
+        Some(s) => quote!(::core::option::Option::Some(#s)),
+        None => quote!(::core::option::Option::None),
+    };
+    let dlq = opt(&q.dlq);
+    let default_group = opt(&q.default_group);
+    let concurrency = q.concurrency as usize;
+    let visibility = q.visibility_ms;
+    let max_receives = q.max_receives as u32;
+    quote! {
+        #strukt
+
+        impl ::messaging::Queue for #ident {
+            type Kind = #kind;
+            type HasDefaultGroup = #has_default;
+            const SPEC: ::messaging::QueueSpec = ::messaging::QueueSpec {
+                name: #name,
+                fifo: #fifo,
+                dlq: #dlq,
+                default_group: #default_group,
+                concurrency: #concurrency,
+                visibility: ::messaging::__private::Duration::from_millis(#visibility),
+                max_receives: #max_receives,
+            };
+        }
+
+        const _: () = {
+            fn spec() -> ::messaging::QueueSpec {
+                <#ident as ::messaging::Queue>::SPEC
+            }
+            ::messaging::__private::inventory::submit! {
+                ::messaging::__private::QueueEntry {
+                    type_name: ::core::concat!(::core::module_path!(), "::", ::core::stringify!(#ident)),
+                    spec,
+                }
+            }
+        };
+    }
+}

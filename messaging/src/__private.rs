@@ -1,0 +1,84 @@
+//! Support for the code the macros generate. Not a public API: it may change
+//! in any release.
+
+use std::any::TypeId;
+
+pub use inventory;
+pub use std::time::Duration;
+
+pub use crate::cli::{run_main, SetupHook, SetupResult};
+pub use crate::extract::{FromContext, Requirement};
+pub use crate::handler::{AnyMessage, ErasedHandler, IdempotencySpec, IntoHandlerResult, RetryPolicy};
+pub use crate::message::{const_name_is, const_str_eq, Flag, IdentityField, No, Yes};
+pub use crate::queue::{QueueKind, QueueSpec};
+pub use crate::registry::{HandlerEntry, MessageEntry, QueueEntry, Upcast};
+
+use crate::error::HandlerError;
+use crate::message::Message;
+
+/// The `TypeId` of `T`, as a `fn` pointer for registry entries.
+pub fn type_id<T: 'static>() -> TypeId {
+    TypeId::of::<T>()
+}
+
+/// Reads JSON as `M`.
+pub fn decode<M: Message>(bytes: &[u8]) -> Result<AnyMessage, serde_json::Error> {
+    serde_json::from_slice::<M>(bytes).map(|m| Box::new(m) as AnyMessage)
+}
+
+/// Converts a decoded `A` into the next version `B`.
+pub fn upcast<A: Message, B: Message + From<A>>(message: AnyMessage) -> Option<AnyMessage> {
+    message.downcast::<A>().ok().map(|a| Box::new(B::from(*a)) as AnyMessage)
+}
+
+/// Takes the handler's message out of the erased box.
+pub fn downcast<M: Message>(message: AnyMessage) -> Result<M, HandlerError> {
+    message.downcast::<M>().map(|m| *m).map_err(|_| {
+        HandlerError::permanent(WrongType(std::any::type_name::<M>()))
+    })
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("internal: the decoded message is not a `{0}`")]
+struct WrongType(&'static str);
+
+/// A field used as `group = ..` / `id = ..`.
+pub fn identity<T: IdentityField + ?Sized>(field: &T) -> Option<String> {
+    field.identity()
+}
+
+/// What a `#[messaging::main]` body returns.
+pub trait IntoSetupResult {
+    /// Converts it.
+    fn into_setup_result(self) -> SetupResult;
+}
+
+impl IntoSetupResult for () {
+    fn into_setup_result(self) -> SetupResult {
+        Ok(())
+    }
+}
+
+impl<E: Into<Box<dyn std::error::Error + Send + Sync>>> IntoSetupResult for Result<(), E> {
+    fn into_setup_result(self) -> SetupResult {
+        self.map_err(Into::into)
+    }
+}
+
+/// The requirement of an extractor type.
+pub fn requirement<T: FromContext>() -> Option<Requirement> {
+    T::requirement()
+}
+
+/// Compile-time check helpers: each is a function whose bounds produce the
+/// error message at the user's token.
+pub fn assert_message<M: Message>() {}
+
+/// Checks that `T` is an extractor.
+pub fn assert_extractor<T: FromContext>() {}
+
+/// Checks that `Q` is a declared queue.
+pub fn assert_queue<Q: crate::queue::Queue>() {}
+
+/// Checks the upcast target can be built from the source.
+pub fn assert_upcast<A, B: From<A>>() {}

@@ -1,0 +1,209 @@
+//! Assembly: validate what is registered, connect the transport, declare the
+//! queues, let the setup hook configure, then run one worker per queue.
+
+mod setup;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::task::JoinSet;
+
+pub use setup::{RunMode, Setup};
+
+use crate::error::{Error, TransportError};
+use crate::extract::Resources;
+use crate::pipeline::Pipeline;
+use crate::registry::{Registry, ValidationErrors};
+use crate::shutdown::Shutdown;
+use crate::transport::Transport;
+use crate::worker::{Worker, WorkerHandle, WorkerSettings};
+
+/// An assembled application: registry, transport and setup.
+#[derive(Debug)]
+pub struct App {
+    registry: Registry,
+    setup: Setup,
+}
+
+impl App {
+    /// Validates everything registered in this binary, then declares every
+    /// queue on `transport`. All problems are reported together.
+    pub async fn new(transport: Arc<dyn Transport>) -> Result<App, Error> {
+        let registry = Registry::from_inventory()?;
+        Self::with_registry(registry, transport).await
+    }
+
+    /// Like [`App::new`] with a given registry.
+    pub async fn with_registry(registry: Registry, transport: Arc<dyn Transport>) -> Result<App, Error> {
+        let mut problems = Vec::new();
+        for spec in registry.queues() {
+            if let Err(e) = transport.declare(spec).await {
+                problems.push(match e {
+                    TransportError::QueueNotFound(_) => format!("queue `{}` does not exist on {}", spec.name, transport.system()),
+                    other => format!("queue `{}`: {other}", spec.name),
+                });
+            }
+        }
+        if !problems.is_empty() {
+            return Err(ValidationErrors::new(problems).into());
+        }
+        Ok(App { registry, setup: Setup::new(transport) })
+    }
+
+    /// The setup to configure before starting.
+    pub fn setup(&mut self) -> &mut Setup {
+        &mut self.setup
+    }
+
+    pub(crate) fn setup_transport(&self) -> &Arc<dyn Transport> {
+        &self.setup.transport
+    }
+
+    /// The validated registry.
+    pub fn registry(&self) -> &Registry {
+        &self.registry
+    }
+
+    /// Keeps only the handlers of the named queues.
+    pub fn only_queues(&mut self, names: &[&str]) {
+        self.registry.retain_queues(|q| names.contains(&q));
+    }
+
+    /// Checks what depends on the setup: every `State<T>` a handler takes was provided.
+    pub fn validate(&self) -> Result<(), Error> {
+        let mut problems = Vec::new();
+        for routes in self.registry.routes() {
+            for route in routes.routes() {
+                for req in (route.entry.requirements)() {
+                    if !self.setup.states.contains_key(&req.type_id) {
+                        problems.push(format!(
+                            "handler `{}` takes `State<{}>`, which was not provided; call `setup.provide(..)` with one in `#[messaging::main]`",
+                            route.entry.name, req.type_name
+                        ));
+                    }
+                }
+            }
+        }
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            Err(ValidationErrors::new(problems).into())
+        }
+    }
+
+    /// Validates, then starts the workers and the setup's tasks.
+    pub fn start(self) -> Result<Running, Error> {
+        self.validate()?;
+        let App { registry, mut setup } = self;
+        let publisher = setup.publisher();
+        let resources = Arc::new(Resources::new(std::mem::take(&mut setup.states), publisher));
+        let pipeline = Arc::new(Pipeline {
+            behaviours: std::mem::take(&mut setup.behaviours),
+            resources,
+            idempotency: setup.idempotency.clone(),
+        });
+        let settings = WorkerSettings { receive_wait: setup.receive_wait, grace: setup.grace };
+        let shutdown = setup.shutdown.clone();
+        let mut workers = JoinSet::new();
+        let mut handles = Vec::new();
+        for routes in registry.routes() {
+            let handle = Worker::new(routes.clone(), setup.transport.clone(), pipeline.clone(), setup.observer.clone());
+            handles.push(handle.clone());
+            workers.spawn(handle.run(settings, shutdown.clone()));
+        }
+        let mut tasks = JoinSet::new();
+        for task in std::mem::take(&mut setup.tasks) {
+            tasks.spawn(task);
+        }
+        tracing::info!(transport = setup.transport.system(), workers = handles.len(), "consuming");
+        Ok(Running { shutdown, workers, tasks, handles, transport: setup.transport.clone(), mode: setup.run_mode })
+    }
+
+    /// Sets the run mode (see [`RunMode`]).
+    pub fn set_run_mode(&mut self, mode: RunMode) {
+        self.setup.run_mode = mode;
+    }
+
+    /// How long one receive waits for messages (long polling; default 5 s).
+    pub fn set_receive_wait(&mut self, wait: Duration) {
+        self.setup.receive_wait = wait;
+    }
+}
+
+/// A started app.
+pub struct Running {
+    shutdown: Shutdown,
+    workers: JoinSet<()>,
+    tasks: JoinSet<()>,
+    handles: Vec<WorkerHandle>,
+    transport: Arc<dyn Transport>,
+    mode: RunMode,
+}
+
+impl std::fmt::Debug for Running {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Running").field("workers", &self.handles).field("mode", &self.mode).finish_non_exhaustive()
+    }
+}
+
+impl std::fmt::Debug for WorkerHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Worker").field("queue", &self.queue()).finish()
+    }
+}
+
+impl Running {
+    /// The shutdown handle.
+    pub fn shutdown_handle(&self) -> Shutdown {
+        self.shutdown.clone()
+    }
+
+    /// Triggers a graceful shutdown and waits for it to finish.
+    pub async fn stop(mut self) {
+        self.shutdown.trigger();
+        self.join().await;
+    }
+
+    /// Runs until shutdown is triggered (or, in drain mode, until everything is handled).
+    pub async fn wait(mut self) {
+        if self.mode == RunMode::Drain {
+            let shutdown = self.shutdown.clone();
+            tokio::select! {
+                _ = self.drained() => shutdown.trigger(),
+                _ = shutdown.wait() => {}
+            }
+        } else {
+            self.shutdown.wait().await;
+        }
+        self.join().await;
+    }
+
+    async fn join(&mut self) {
+        while self.workers.join_next().await.is_some() {}
+        self.tasks.abort_all();
+        while self.tasks.join_next().await.is_some() {}
+    }
+
+    /// Completes once the tasks are done and every queue is empty and settled
+    /// (seen twice in a row, 20 ms apart).
+    async fn drained(&mut self) {
+        while self.tasks.join_next().await.is_some() {}
+        let mut quiet = 0;
+        loop {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            let mut idle = self.handles.iter().all(WorkerHandle::is_idle);
+            if idle {
+                for h in &self.handles {
+                    if self.transport.depth(h.queue()).await.map_or(true, |d| d > 0) {
+                        idle = false;
+                        break;
+                    }
+                }
+            }
+            quiet = if idle { quiet + 1 } else { 0 };
+            if quiet >= 2 {
+                return;
+            }
+        }
+    }
+}

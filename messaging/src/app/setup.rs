@@ -1,0 +1,142 @@
+//! [`Setup`]: what the body of `#[messaging::main]` (or a test) configures
+//! before consuming starts.
+
+use std::any::{Any, TypeId};
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::idempotency::{IdempotencyStore, MemoryIdempotencyStore};
+use crate::observe::Observer;
+use crate::pipeline::Behaviour;
+use crate::publish::Publisher;
+use crate::shutdown::Shutdown;
+use crate::transport::{BoxFuture, Transport};
+
+/// Whether `run` keeps serving or stops once the queues are drained.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum RunMode {
+    /// Consume until SIGINT/SIGTERM (the default).
+    #[default]
+    Serve,
+    /// Stop once background tasks are done, every queue with handlers is
+    /// empty and nothing is in flight.
+    Drain,
+}
+
+/// Configuration of an app before it starts consuming.
+///
+/// ```no_run
+/// # use messaging::prelude::*;
+/// # struct Db;
+/// #[messaging::main]
+/// async fn main(setup: &mut Setup) -> Result<(), std::io::Error> {
+///     setup.provide(Db);                       // handlers take it as `State<Db>`
+///     let publisher = setup.publisher();
+///     setup.spawn(async move { let _ = publisher; /* publish something */ });
+///     Ok(())
+/// }
+/// ```
+pub struct Setup {
+    pub(crate) transport: Arc<dyn Transport>,
+    pub(crate) states: HashMap<TypeId, Arc<dyn Any + Send + Sync>>,
+    pub(crate) state_names: Vec<&'static str>,
+    pub(crate) behaviours: Vec<Arc<dyn Behaviour>>,
+    pub(crate) idempotency: Arc<dyn IdempotencyStore>,
+    pub(crate) tasks: Vec<BoxFuture<'static, ()>>,
+    pub(crate) shutdown: Shutdown,
+    pub(crate) run_mode: RunMode,
+    pub(crate) grace: Duration,
+    pub(crate) receive_wait: Duration,
+    pub(crate) observer: Option<Arc<dyn Observer>>,
+}
+
+impl std::fmt::Debug for Setup {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Setup")
+            .field("transport", &self.transport.system())
+            .field("states", &self.state_names)
+            .field("behaviours", &self.behaviours.len())
+            .field("run_mode", &self.run_mode)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Setup {
+    pub(crate) fn new(transport: Arc<dyn Transport>) -> Self {
+        Setup {
+            transport,
+            states: HashMap::new(),
+            state_names: Vec::new(),
+            behaviours: Vec::new(),
+            idempotency: Arc::new(MemoryIdempotencyStore::new()),
+            tasks: Vec::new(),
+            shutdown: Shutdown::new(),
+            run_mode: RunMode::Serve,
+            grace: Duration::from_secs(30),
+            receive_wait: Duration::from_secs(5),
+            observer: None,
+        }
+    }
+
+    /// Provides a value that handlers take as `State<T>`.
+    pub fn provide<T: Send + Sync + 'static>(&mut self, value: T) -> &mut Self {
+        self.states.insert(TypeId::of::<T>(), Arc::new(value));
+        self.state_names.push(std::any::type_name::<T>());
+        self
+    }
+
+    /// Adds a behaviour (middleware) around every dispatch; the first added is
+    /// the outermost.
+    pub fn behaviour(&mut self, behaviour: impl Behaviour) -> &mut Self {
+        self.behaviours.push(Arc::new(behaviour));
+        self
+    }
+
+    /// Replaces the idempotency store (in-memory by default).
+    pub fn idempotency_store(&mut self, store: impl IdempotencyStore) -> &mut Self {
+        self.idempotency = Arc::new(store);
+        self
+    }
+
+    /// A publisher on the app's transport.
+    pub fn publisher(&self) -> Publisher {
+        Publisher::new(self.transport.clone())
+    }
+
+    /// The app's transport.
+    pub fn transport(&self) -> &Arc<dyn Transport> {
+        &self.transport
+    }
+
+    /// Runs a task beside the workers once `run` starts (not for `validate`
+    /// or other commands). In drain mode the app waits for it.
+    pub fn spawn(&mut self, task: impl Future<Output = ()> + Send + 'static) -> &mut Self {
+        self.tasks.push(Box::pin(task));
+        self
+    }
+
+    /// A handle that stops the app gracefully when triggered.
+    pub fn shutdown_handle(&self) -> Shutdown {
+        self.shutdown.clone()
+    }
+
+    /// Sets the default run mode (`run --serve` / `run --drain` override it).
+    pub fn run_mode(&mut self, mode: RunMode) -> &mut Self {
+        self.run_mode = mode;
+        self
+    }
+
+    /// How long in-flight handlers may finish after shutdown begins (30 s by default).
+    pub fn grace_period(&mut self, grace: Duration) -> &mut Self {
+        self.grace = grace;
+        self
+    }
+
+    /// Reports every dispatch outcome to `observer`.
+    pub fn observer(&mut self, observer: impl Observer) -> &mut Self {
+        self.observer = Some(Arc::new(observer));
+        self
+    }
+}

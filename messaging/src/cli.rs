@@ -1,0 +1,184 @@
+//! The command line of every `#[messaging::main]` binary:
+//! `run` (default), `validate`, `queues`.
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand};
+
+use crate::app::{App, RunMode, Setup};
+use crate::error::Error;
+use crate::transport::{self, BoxFuture};
+
+/// What a setup hook returns: `()` or `Result<(), E>`.
+pub type SetupResult = Result<(), Box<dyn std::error::Error + Send + Sync>>;
+
+/// The hook `#[messaging::main]` makes of the body of the user's `main`.
+pub type SetupHook = for<'a> fn(&'a mut Setup) -> BoxFuture<'a, SetupResult>;
+
+#[derive(Debug, Parser)]
+#[command(about = "A message-driven service built with `messaging`", version)]
+struct Cli {
+    /// Transport URL, e.g. memory:// (default: $MESSAGING_URL, else memory://).
+    #[arg(long, env = "MESSAGING_URL", global = true)]
+    transport: Option<String>,
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Consume messages until SIGINT/SIGTERM (the default command).
+    Run(RunArgs),
+    /// Check registrations, transport, queues and setup, then exit (0 when all is well).
+    Validate,
+    /// List the declared queues with their kinds, options and depths.
+    Queues,
+}
+
+#[derive(Debug, Default, clap::Args)]
+struct RunArgs {
+    /// Stop once every queue is empty and nothing is in flight.
+    #[arg(long, conflicts_with = "serve")]
+    drain: bool,
+    /// Keep serving until a signal, even if the app defaults to draining.
+    #[arg(long)]
+    serve: bool,
+    /// How long in-flight handlers may finish after a shutdown signal, e.g. 30s.
+    #[arg(long, value_parser = parse_duration)]
+    grace: Option<Duration>,
+}
+
+/// Parses `250ms`, `30s`, `5m`, `1h`.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    let split = text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let n: u64 = number.parse().map_err(|_| format!("`{text}` is not a duration; write e.g. 500ms, 30s, 5m or 1h"))?;
+    match unit {
+        "ms" => Ok(Duration::from_millis(n)),
+        "s" | "" => Ok(Duration::from_secs(n)),
+        "m" => Ok(Duration::from_secs(n * 60)),
+        "h" => Ok(Duration::from_secs(n * 3600)),
+        other => Err(format!("unknown unit `{other}` in `{text}`; use ms, s, m or h")),
+    }
+}
+
+/// The body of the `main` that `#[messaging::main]` generates.
+pub fn run_main(hook: SetupHook) -> ExitCode {
+    let cli = Cli::parse();
+    crate::telemetry::init_logging();
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: could not start the tokio runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(execute(cli, hook)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn execute(cli: Cli, hook: SetupHook) -> Result<(), Error> {
+    let url = cli.transport.unwrap_or_else(|| transport::DEFAULT_URL.to_owned());
+    let transport = transport::connect(&url)?;
+    let mut app = App::new(transport.clone()).await?;
+    match cli.command.unwrap_or(Command::Run(RunArgs::default())) {
+        Command::Queues => {
+            print_queues(&app).await;
+            Ok(())
+        }
+        Command::Validate => {
+            hook(app.setup()).await.map_err(Error::Setup)?;
+            app.validate()?;
+            let handlers: usize = app.registry().routes().iter().map(|r| r.handler_names().count()).sum();
+            println!(
+                "ok: {} queue(s), {} handler(s) on {} ({url})",
+                app.registry().queues().len(),
+                handlers,
+                transport.system()
+            );
+            Ok(())
+        }
+        Command::Run(args) => {
+            hook(app.setup()).await.map_err(Error::Setup)?;
+            if args.drain {
+                app.set_run_mode(RunMode::Drain);
+            }
+            if args.serve {
+                app.set_run_mode(RunMode::Serve);
+            }
+            if let Some(grace) = args.grace {
+                app.setup().grace_period(grace);
+            }
+            let running = app.start()?;
+            let shutdown = running.shutdown_handle();
+            tokio::spawn(async move {
+                wait_for_signal().await;
+                tracing::info!("shutdown signal received; finishing in-flight messages");
+                shutdown.trigger();
+            });
+            running.wait().await;
+            Ok(())
+        }
+    }
+}
+
+async fn print_queues(app: &App) {
+    let transport = app.setup_transport();
+    println!("{:<40} {:<9} {:>6} {:>8} {:>5}  dead-letter queue", "queue", "kind", "depth", "visible", "conc");
+    for spec in app.registry().queues() {
+        let depth = transport.depth(spec.name).await.map_or_else(|e| format!("? ({e})"), |d| d.to_string());
+        println!(
+            "{:<40} {:<9} {:>6} {:>7}s {:>5}  {}",
+            spec.name,
+            if spec.fifo { "fifo" } else { "standard" },
+            depth,
+            spec.visibility.as_secs(),
+            spec.concurrency,
+            spec.dlq.unwrap_or("-")
+        );
+    }
+}
+
+async fn wait_for_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = tokio::signal::ctrl_c() => {}
+                    _ = term.recv() => {}
+                }
+            }
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
+        assert_eq!(parse_duration("30s"), Ok(Duration::from_secs(30)));
+        assert_eq!(parse_duration("5m"), Ok(Duration::from_secs(300)));
+        assert_eq!(parse_duration("2h"), Ok(Duration::from_secs(7200)));
+        assert!(parse_duration("5 parsecs").is_err());
+        assert!(parse_duration("").is_err());
+    }
+}

@@ -1,0 +1,239 @@
+//! The wire format: a versioned envelope `{"type": name, "v": n, "data": ...}`
+//! for mapped messages, a bare JSON body for unmapped ones.
+//!
+//! Decoding never panics: every input is either an [`Incoming`] or a
+//! [`DecodeError`] that says why the message is left for redelivery.
+
+use std::fmt;
+
+use serde::de::{self, Deserializer, IgnoredAny, MapAccess, Visitor};
+use serde::Serialize;
+use serde_json::value::RawValue;
+
+use crate::message::Message;
+
+/// Serializes a message: an envelope for mapped types, the bare JSON body otherwise.
+pub fn encode<M: Message>(message: &M) -> Result<Vec<u8>, serde_json::Error> {
+    match M::NAME {
+        Some(name) => encode_envelope(name, M::VERSION, message),
+        None => serde_json::to_vec(message),
+    }
+}
+
+/// Serializes `data` in an envelope with the given name and version.
+pub fn encode_envelope<T: Serialize + ?Sized>(name: &str, version: u32, data: &T) -> Result<Vec<u8>, serde_json::Error> {
+    let mut out = Vec::with_capacity(64);
+    out.extend_from_slice(b"{\"type\":");
+    serde_json::to_writer(&mut out, name)?;
+    out.extend_from_slice(b",\"v\":");
+    out.extend_from_slice(version.to_string().as_bytes());
+    out.extend_from_slice(b",\"data\":");
+    serde_json::to_writer(&mut out, data)?;
+    out.push(b'}');
+    Ok(out)
+}
+
+/// A body as read off the wire, before it is matched to a handler.
+#[derive(Debug)]
+pub enum Incoming<'a> {
+    /// A well-formed envelope.
+    Envelope {
+        /// The logical type name.
+        name: String,
+        /// The schema version.
+        version: u32,
+        /// The raw JSON of the payload.
+        data: &'a RawValue,
+    },
+    /// A body that is not an envelope (valid JSON of any shape).
+    Bare(&'a [u8]),
+}
+
+/// Why a body could not be turned into a handler's message. Each of these
+/// leaves the message un-acknowledged (it is redelivered and, after the
+/// queue's receive limit, dead-lettered) and is logged at WARN.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum DecodeError {
+    /// The body is not JSON at all.
+    #[error("body is not valid JSON: {0}")]
+    NotJson(String),
+    /// The body looks like an envelope (it has `type` and `v` or `data`) but is
+    /// not a valid one.
+    #[error("malformed envelope: {0}")]
+    MalformedEnvelope(String),
+    /// The envelope's version is newer than any this service knows.
+    #[error("`{name}` v{version} is newer than the current v{current}; deploy the newer consumer first")]
+    TooNew {
+        /// The type name.
+        name: String,
+        /// The version on the wire.
+        version: u32,
+        /// The newest version this service knows.
+        current: u32,
+    },
+    /// The envelope's version is older than the current one but no type is
+    /// registered for it.
+    #[error("`{name}` v{version} is not registered (known: v{known})")]
+    UnknownVersion {
+        /// The type name.
+        name: String,
+        /// The version on the wire.
+        version: u32,
+        /// The versions that are registered, e.g. `1-3`.
+        known: String,
+    },
+    /// No handler on this queue takes the envelope's type.
+    #[error("no handler on queue `{queue}` takes `{name}`")]
+    NoHandler {
+        /// The queue.
+        queue: String,
+        /// The type name on the wire (`<bare body>` for a body without envelope).
+        name: String,
+    },
+    /// The payload does not fit the type it claims to be.
+    #[error("payload does not fit `{type_name}`: {reason}")]
+    Payload {
+        /// The Rust type it was read as.
+        type_name: &'static str,
+        /// serde's explanation.
+        reason: String,
+    },
+}
+
+impl<'a> Incoming<'a> {
+    /// Classifies a body. A JSON object with a `type` key and a `v` or `data`
+    /// key is an envelope and must be a valid one; any other JSON is bare.
+    pub fn parse(body: &'a [u8]) -> Result<Incoming<'a>, DecodeError> {
+        let mut de = serde_json::Deserializer::from_slice(body);
+        let probe = de.deserialize_any(ProbeVisitor).map_err(|e| DecodeError::NotJson(e.to_string()))?;
+        de.end().map_err(|e| DecodeError::NotJson(e.to_string()))?;
+        let Some(probe) = probe else { return Ok(Incoming::Bare(body)) };
+        let Some(ty) = probe.ty else { return Ok(Incoming::Bare(body)) };
+        if probe.v.is_none() && probe.data.is_none() {
+            return Ok(Incoming::Bare(body));
+        }
+        let name: String = serde_json::from_str(ty.get())
+            .map_err(|_| DecodeError::MalformedEnvelope(format!("`type` must be a string, found {}", ty.get())))?;
+        if name.is_empty() {
+            return Err(DecodeError::MalformedEnvelope("`type` is empty".into()));
+        }
+        let v = probe.v.ok_or_else(|| DecodeError::MalformedEnvelope(format!("`{name}` has no `v`")))?;
+        let version: u32 = serde_json::from_str(v.get())
+            .ok()
+            .filter(|v: &u32| *v >= 1)
+            .ok_or_else(|| DecodeError::MalformedEnvelope(format!("`v` must be an integer ≥ 1, found {}", v.get())))?;
+        let data = probe.data.ok_or_else(|| DecodeError::MalformedEnvelope(format!("`{name}` v{version} has no `data`")))?;
+        Ok(Incoming::Envelope { name, version, data })
+    }
+}
+
+/// The three envelope keys, if the body is an object.
+struct Probe<'a> {
+    ty: Option<&'a RawValue>,
+    v: Option<&'a RawValue>,
+    data: Option<&'a RawValue>,
+}
+
+struct ProbeVisitor;
+
+impl<'de> Visitor<'de> for ProbeVisitor {
+    type Value = Option<Probe<'de>>;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("any JSON value")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let mut probe = Probe { ty: None, v: None, data: None };
+        while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
+            let slot = match &*key {
+                "type" => &mut probe.ty,
+                "v" => &mut probe.v,
+                "data" => &mut probe.data,
+                _ => {
+                    map.next_value::<IgnoredAny>()?;
+                    continue;
+                }
+            };
+            if slot.is_some() {
+                return Err(de::Error::custom(format_args!("duplicate key `{key}`")));
+            }
+            *slot = Some(map.next_value::<&'de RawValue>()?);
+        }
+        Ok(Some(probe))
+    }
+
+    fn visit_seq<A: de::SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+        while seq.next_element::<IgnoredAny>()?.is_some() {}
+        Ok(None)
+    }
+    fn visit_bool<E>(self, _: bool) -> Result<Self::Value, E> {
+        Ok(None)
+    }
+    fn visit_i64<E>(self, _: i64) -> Result<Self::Value, E> {
+        Ok(None)
+    }
+    fn visit_u64<E>(self, _: u64) -> Result<Self::Value, E> {
+        Ok(None)
+    }
+    fn visit_f64<E>(self, _: f64) -> Result<Self::Value, E> {
+        Ok(None)
+    }
+    fn visit_str<E>(self, _: &str) -> Result<Self::Value, E> {
+        Ok(None)
+    }
+    fn visit_unit<E>(self) -> Result<Self::Value, E> {
+        Ok(None)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn classifies_bodies() {
+        let env = br#"{"type":"orders.placed","v":2,"data":{"order_id":"A1"}}"#;
+        match Incoming::parse(env) {
+            Ok(Incoming::Envelope { name, version, data }) => {
+                assert_eq!(name, "orders.placed");
+                assert_eq!(version, 2);
+                assert_eq!(data.get(), r#"{"order_id":"A1"}"#);
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+        assert!(matches!(Incoming::parse(br#"{"order_id":"A1"}"#), Ok(Incoming::Bare(_))));
+        assert!(matches!(Incoming::parse(br#"{"type":"premium","id":1}"#), Ok(Incoming::Bare(_))));
+        assert!(matches!(Incoming::parse(b"[1,2]"), Ok(Incoming::Bare(_))));
+        assert!(matches!(Incoming::parse(b"not json"), Err(DecodeError::NotJson(_))));
+        assert!(matches!(Incoming::parse(br#"{"a":1} trailing"#), Err(DecodeError::NotJson(_))));
+        for bad in [
+            &br#"{"type":7,"v":1,"data":{}}"#[..],
+            br#"{"type":"x","v":0,"data":{}}"#,
+            br#"{"type":"x","v":"1","data":{}}"#,
+            br#"{"type":"x","data":{}}"#,
+            br#"{"type":"x","v":1}"#,
+            br#"{"type":"","v":1,"data":{}}"#,
+        ] {
+            assert!(
+                matches!(Incoming::parse(bad), Err(DecodeError::MalformedEnvelope(_))),
+                "{}",
+                String::from_utf8_lossy(bad)
+            );
+        }
+        assert!(matches!(Incoming::parse(br#"{"type":"x","type":"y","v":1,"data":{}}"#), Err(DecodeError::NotJson(_))));
+    }
+
+    #[test]
+    fn envelope_round_trip() {
+        let body = encode_envelope("a\"b", 3, &serde_json::json!({"k": [1, 2]})).unwrap();
+        match Incoming::parse(&body).unwrap() {
+            Incoming::Envelope { name, version, data } => {
+                assert_eq!((name.as_str(), version), ("a\"b", 3));
+                assert_eq!(data.get(), r#"{"k":[1,2]}"#);
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+}

@@ -1,0 +1,151 @@
+//! Error types. Each is a value the caller can branch on; nothing in the
+//! framework panics on bad input.
+
+use std::time::Duration;
+
+/// A shorthand for results whose error is the framework's [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Errors of assembly, configuration, startup validation and transports.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// Startup validation found one or more problems; all of them are listed.
+    #[error("{0}")]
+    Validation(#[from] crate::registry::ValidationErrors),
+    /// The transport URL could not be understood.
+    #[error("invalid transport URL `{url}`: {reason}")]
+    Config {
+        /// The URL as given.
+        url: String,
+        /// What is wrong with it and how to fix it.
+        reason: String,
+    },
+    /// A transport operation failed.
+    #[error(transparent)]
+    Transport(#[from] TransportError),
+    /// The setup hook of `#[messaging::main]` returned an error.
+    #[error("setup failed: {0}")]
+    Setup(Box<dyn std::error::Error + Send + Sync>),
+}
+
+/// A failure reported by a transport backend.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum TransportError {
+    /// The named queue is not known to the transport.
+    #[error("queue `{0}` does not exist on this transport (declare it with #[messaging::queue])")]
+    QueueNotFound(String),
+    /// The message was rejected before it was sent (size, delay, missing group id...).
+    #[error("message rejected: {0}")]
+    Rejected(String),
+    /// The receipt of a delivery is no longer valid (its visibility expired and
+    /// it was delivered again, or it was already acknowledged).
+    #[error("the receipt is stale: the message was redelivered or already settled")]
+    StaleReceipt,
+    /// The transport has been shut down.
+    #[error("the transport is closed")]
+    Closed,
+    /// Any other backend failure.
+    #[error("{0}")]
+    Backend(String),
+}
+
+/// Why a publish failed. Publishing never panics: every failure is one of these.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum PublishError {
+    /// The message could not be serialized.
+    #[error("could not serialize the message: {0}")]
+    Serialize(#[from] serde_json::Error),
+    /// The delay exceeds what the queue supports.
+    #[error("delay of {requested:?} exceeds the maximum of {max:?}")]
+    DelayTooLong {
+        /// The delay asked for.
+        requested: Duration,
+        /// The largest delay the transport accepts.
+        max: Duration,
+    },
+    /// A FIFO queue got an empty group id.
+    #[error("FIFO queue `{queue}` needs a non-empty message group id")]
+    EmptyGroup {
+        /// The queue's name.
+        queue: &'static str,
+    },
+    /// The transport refused or failed the send.
+    #[error(transparent)]
+    Transport(#[from] TransportError),
+}
+
+/// The error a handler returns. By default a failure is *transient*: the
+/// message is retried with backoff until the queue's receive limit moves it to
+/// the dead-letter queue. [`HandlerError::permanent`] dead-letters at once.
+#[derive(Debug)]
+pub struct HandlerError {
+    source: Box<dyn std::error::Error + Send + Sync>,
+    permanent: bool,
+    retry_after: Option<Duration>,
+}
+
+impl HandlerError {
+    /// A transient failure: the message will be delivered again after a backoff.
+    pub fn transient(error: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> Self {
+        HandlerError { source: error.into(), permanent: false, retry_after: None }
+    }
+
+    /// A permanent failure: retrying cannot help, so the message goes to the
+    /// dead-letter queue at once.
+    pub fn permanent(error: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> Self {
+        HandlerError { source: error.into(), permanent: true, retry_after: None }
+    }
+
+    /// A transient failure that asks to be retried after `delay` instead of the
+    /// computed backoff.
+    pub fn retry_after(error: impl Into<Box<dyn std::error::Error + Send + Sync>>, delay: Duration) -> Self {
+        HandlerError { source: error.into(), permanent: false, retry_after: Some(delay) }
+    }
+
+    /// Whether this failure sends the message to the dead-letter queue at once.
+    pub fn is_permanent(&self) -> bool {
+        self.permanent
+    }
+
+    /// The delay the handler asked for, if any.
+    pub fn requested_delay(&self) -> Option<Duration> {
+        self.retry_after
+    }
+
+    /// A short name of the failure's kind, used as the `error.type` of metrics.
+    pub fn kind(&self) -> &'static str {
+        if self.source.is::<crate::idempotency::MessageInProgress>() {
+            "MessageInProgress"
+        } else if self.permanent {
+            "permanent"
+        } else {
+            "transient"
+        }
+    }
+
+    /// The underlying error.
+    pub fn source_error(&self) -> &(dyn std::error::Error + Send + Sync + 'static) {
+        &*self.source
+    }
+}
+
+impl std::fmt::Display for HandlerError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Display::fmt(&self.source, f)
+    }
+}
+
+/// `?` on any error inside a handler turns it into a transient failure.
+/// (Like `anyhow::Error`, `HandlerError` itself does not implement
+/// `std::error::Error`, which is what makes this conversion possible.)
+impl<E> From<E> for HandlerError
+where
+    E: std::error::Error + Send + Sync + 'static,
+{
+    fn from(error: E) -> Self {
+        HandlerError::transient(error)
+    }
+}

@@ -1,0 +1,58 @@
+//! Idempotency: an atomic claim/lease on (message id, scope), so that a
+//! side effect runs at most once per message even when the message is
+//! delivered twice.
+//!
+//! `#[messaging::handler(.., idempotent = "scope", lease = "60s")]` wraps the
+//! handler: [`Claim::Claimed`] runs it and completes the claim on success or
+//! releases it on failure; [`Claim::InProgress`] retries the delivery later
+//! with the error [`MessageInProgress`]; [`Claim::Completed`] acknowledges
+//! without running it.
+
+mod memory;
+
+use std::time::Duration;
+
+pub use memory::MemoryIdempotencyStore;
+
+use crate::error::TransportError;
+use crate::transport::BoxFuture;
+
+/// The outcome of a claim.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Claim {
+    /// This caller holds the lease and must run the side effect.
+    Claimed,
+    /// Another caller holds an unexpired lease.
+    InProgress,
+    /// The side effect already ran.
+    Completed,
+}
+
+/// A handler's message is being processed by another delivery right now; the
+/// delivery is retried after the lease.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("message `{message_id}` is in progress in scope `{scope}` elsewhere")]
+pub struct MessageInProgress {
+    /// The message id.
+    pub message_id: String,
+    /// The idempotency scope.
+    pub scope: String,
+}
+
+/// A store of idempotency claims.
+pub trait IdempotencyStore: Send + Sync + 'static {
+    /// Tries to claim (message id, scope) for `processor` for `lease`.
+    fn claim<'a>(
+        &'a self,
+        message_id: &'a str,
+        scope: &'a str,
+        processor: &'a str,
+        lease: Duration,
+    ) -> BoxFuture<'a, Result<Claim, TransportError>>;
+
+    /// Marks the claim held by `processor` completed.
+    fn complete<'a>(&'a self, message_id: &'a str, scope: &'a str, processor: &'a str) -> BoxFuture<'a, Result<(), TransportError>>;
+
+    /// Gives up the claim held by `processor` so that a redelivery can run.
+    fn release<'a>(&'a self, message_id: &'a str, scope: &'a str, processor: &'a str) -> BoxFuture<'a, Result<(), TransportError>>;
+}

@@ -1,0 +1,123 @@
+//! Behaviours (middleware) around dispatch, and the idempotency guard.
+//!
+//! A [`Behaviour`] sees every dispatch of every queue, single- and multi-type
+//! alike, and decides whether and how to call the rest of the chain.
+
+use std::sync::Arc;
+
+use crate::context::MessageContext;
+use crate::error::HandlerError;
+use crate::extract::Resources;
+use crate::handler::{AnyMessage, IdempotencySpec};
+use crate::idempotency::{Claim, IdempotencyStore, MessageInProgress};
+use crate::registry::Route;
+use crate::transport::BoxFuture;
+
+/// Middleware around handler dispatch. Registered with `setup.behaviour(..)`;
+/// the first registered is the outermost.
+///
+/// ```
+/// use messaging::prelude::*;
+/// use messaging::{Behaviour, Next, BoxFuture};
+///
+/// struct LogFailures;
+///
+/// impl Behaviour for LogFailures {
+///     fn handle<'a>(&'a self, ctx: &'a MessageContext, next: Next<'a>) -> BoxFuture<'a, Result<(), HandlerError>> {
+///         Box::pin(async move {
+///             let result = next.run().await;
+///             if let Err(e) = &result {
+///                 eprintln!("{} failed on {}: {e}", ctx.message_id(), ctx.queue());
+///             }
+///             result
+///         })
+///     }
+/// }
+/// ```
+pub trait Behaviour: Send + Sync + 'static {
+    /// Handles one dispatch; call `next.run()` to continue the chain.
+    fn handle<'a>(&'a self, ctx: &'a MessageContext, next: Next<'a>) -> BoxFuture<'a, Result<(), HandlerError>>;
+}
+
+/// The rest of the dispatch chain, handed to a [`Behaviour`].
+pub struct Next<'a> {
+    chain: &'a [Arc<dyn Behaviour>],
+    message: AnyMessage,
+    route: &'a Route,
+    ctx: &'a MessageContext,
+    pipeline: &'a Pipeline,
+}
+
+impl<'a> Next<'a> {
+    /// Runs the remaining behaviours and the handler.
+    pub fn run(self) -> BoxFuture<'a, Result<(), HandlerError>> {
+        match self.chain.split_first() {
+            Some((behaviour, rest)) => {
+                let ctx = self.ctx;
+                behaviour.handle(ctx, Next { chain: rest, ..self })
+            }
+            None => Box::pin(self.pipeline.invoke(self.message, self.route, self.ctx)),
+        }
+    }
+
+    /// The handler's function path.
+    pub fn handler_name(&self) -> &'static str {
+        self.route.entry.name
+    }
+}
+
+/// Everything a dispatch needs besides the message.
+pub(crate) struct Pipeline {
+    pub(crate) behaviours: Vec<Arc<dyn Behaviour>>,
+    pub(crate) resources: Arc<Resources>,
+    pub(crate) idempotency: Arc<dyn IdempotencyStore>,
+}
+
+impl Pipeline {
+    /// Runs behaviours and handler for one decoded message.
+    pub(crate) async fn dispatch(&self, message: AnyMessage, route: &Route, ctx: &MessageContext) -> Result<(), HandlerError> {
+        if self.behaviours.is_empty() {
+            return self.invoke(message, route, ctx).await;
+        }
+        Next { chain: &self.behaviours, message, route, ctx, pipeline: self }.run().await
+    }
+
+    async fn invoke(&self, message: AnyMessage, route: &Route, ctx: &MessageContext) -> Result<(), HandlerError> {
+        match &route.entry.idempotency {
+            None => route.handler.call(message, ctx.clone(), self.resources.clone()).await,
+            Some(spec) => self.invoke_idempotent(spec, message, route, ctx).await,
+        }
+    }
+
+    async fn invoke_idempotent(
+        &self,
+        spec: &IdempotencySpec,
+        message: AnyMessage,
+        route: &Route,
+        ctx: &MessageContext,
+    ) -> Result<(), HandlerError> {
+        let id = ctx.message_id();
+        let processor = uuid::Uuid::new_v4().to_string();
+        match self.idempotency.claim(id, spec.scope, &processor, spec.lease).await {
+            Err(e) => Err(HandlerError::transient(e)),
+            Ok(Claim::Completed) => {
+                tracing::debug!(message.id = id, scope = spec.scope, "already completed; acknowledging without running");
+                Ok(())
+            }
+            Ok(Claim::InProgress) => {
+                Err(HandlerError::transient(MessageInProgress { message_id: id.to_owned(), scope: spec.scope.to_owned() }))
+            }
+            Ok(Claim::Claimed) => {
+                let result = route.handler.call(message, ctx.clone(), self.resources.clone()).await;
+                let settle = match &result {
+                    Ok(()) => self.idempotency.complete(id, spec.scope, &processor).await,
+                    Err(_) => self.idempotency.release(id, spec.scope, &processor).await,
+                };
+                if let Err(e) = settle {
+                    tracing::warn!(message.id = id, scope = spec.scope, "could not settle the idempotency claim: {e}");
+                }
+                result
+            }
+        }
+    }
+}

@@ -1,0 +1,100 @@
+//! [`BatchBuilder`]: many messages, one result each.
+
+use std::future::{Future, IntoFuture};
+use std::marker::PhantomData;
+use std::pin::Pin;
+use std::time::Duration;
+
+use super::state::{DelaySupported, GroupResolved, Grouped, Ungrouped};
+use super::{Publisher, SendOptions};
+use crate::error::PublishError;
+use crate::message::Message;
+use crate::queue::Queue;
+use crate::transport::MessageId;
+
+/// A send of several messages to queue `Q`. `.await` gives one result per
+/// message in input order; a failure of one does not stop the others.
+/// Created by [`Publisher::send_batch`].
+#[must_use = "a send does nothing until it is `.await`ed"]
+pub struct BatchBuilder<'a, Q, M, G> {
+    publisher: &'a Publisher,
+    messages: &'a [M],
+    options: SendOptions,
+    _state: PhantomData<fn() -> (Q, G)>,
+}
+
+impl<'a, Q: Queue, M: Message> BatchBuilder<'a, Q, M, Ungrouped> {
+    pub(super) fn new(publisher: &'a Publisher, messages: &'a [M]) -> Self {
+        BatchBuilder { publisher, messages, options: SendOptions::default(), _state: PhantomData }
+    }
+}
+
+impl<'a, Q: Queue, M: Message, G> BatchBuilder<'a, Q, M, G> {
+    /// Sets the FIFO message group id of every message of the batch.
+    pub fn group(self, group: impl Into<String>) -> BatchBuilder<'a, Q, M, Grouped> {
+        let mut options = self.options;
+        options.group = Some(group.into());
+        BatchBuilder { publisher: self.publisher, messages: self.messages, options, _state: PhantomData }
+    }
+
+    /// Adds a message attribute to every message.
+    pub fn attribute(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+        self.options.attributes.insert(key.into(), value.into());
+        self
+    }
+
+    /// Delays delivery of every message (standard queues only).
+    pub fn delay(mut self, delay: Duration) -> Self
+    where
+        Q::Kind: DelaySupported<Q>,
+    {
+        self.options.delay = Some(delay);
+        self
+    }
+}
+
+impl<'a, Q, M, G> IntoFuture for BatchBuilder<'a, Q, M, G>
+where
+    Q: Queue,
+    M: Message,
+    G: 'a,
+    (Q::Kind, G, Q::HasDefaultGroup, M::HasGroup): GroupResolved<Q, M>,
+{
+    type Output = Vec<Result<MessageId, PublishError>>;
+    type IntoFuture = Pin<Box<dyn Future<Output = Self::Output> + Send + 'a>>;
+
+    fn into_future(self) -> Self::IntoFuture {
+        let transport = self.publisher.transport.clone();
+        let max_delay = transport.max_delay();
+        let mut results: Vec<Option<Result<MessageId, PublishError>>> = Vec::with_capacity(self.messages.len());
+        let mut pending = Vec::new();
+        for (index, message) in self.messages.iter().enumerate() {
+            match self.options.outgoing(&Q::SPEC, message, max_delay) {
+                Ok(outgoing) => {
+                    results.push(None);
+                    pending.push((index, outgoing));
+                }
+                Err(e) => results.push(Some(Err(e))),
+            }
+        }
+        Box::pin(async move {
+            let chunk = transport.max_batch().max(1);
+            let mut pending = pending.into_iter().peekable();
+            while pending.peek().is_some() {
+                let (indices, outgoing): (Vec<usize>, Vec<_>) = pending.by_ref().take(chunk).unzip();
+                let sent = transport.send_batch(Q::SPEC.name, outgoing).await;
+                let mut sent = sent.into_iter();
+                for index in indices {
+                    let result = sent.next().unwrap_or_else(|| {
+                        Err(crate::error::TransportError::Backend("the transport returned too few batch results".into()))
+                    });
+                    results[index] = Some(result.map_err(PublishError::from));
+                }
+            }
+            results
+                .into_iter()
+                .map(|r| r.unwrap_or_else(|| Err(PublishError::Transport(crate::error::TransportError::Closed))))
+                .collect()
+        })
+    }
+}

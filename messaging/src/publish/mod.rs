@@ -1,0 +1,101 @@
+//! Publishing: [`Publisher::send`] and [`Publisher::send_batch`], typed builders
+//! whose type state enforces the FIFO rules at compile time.
+//!
+//! * a FIFO queue needs a message group id, from `.group(..)`, from the
+//!   message's `group = field`, or from the queue's `default_group`: with none
+//!   of them, `.await` does not compile;
+//! * `.delay(..)` exists only on standard queues.
+//!
+//! Publishing never panics; every failure is a [`PublishError`] value.
+
+mod batch;
+mod single;
+mod state;
+
+use std::sync::Arc;
+
+pub use batch::BatchBuilder;
+pub use single::SendBuilder;
+pub use state::{DelaySupported, GroupResolved, Grouped, Ungrouped};
+
+use crate::error::PublishError;
+use crate::message::Message;
+use crate::queue::{Queue, QueueSpec};
+use crate::transport::{Attributes, Outgoing, Transport};
+
+/// Sends messages to queues. Cheap to clone; handlers get one with the
+/// `Publisher` extractor.
+#[derive(Clone)]
+pub struct Publisher {
+    transport: Arc<dyn Transport>,
+}
+
+impl std::fmt::Debug for Publisher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Publisher").field("transport", &self.transport.system()).finish()
+    }
+}
+
+impl Publisher {
+    /// A publisher on a transport. Queues must have been declared on it
+    /// (the app does that at startup).
+    pub fn new(transport: Arc<dyn Transport>) -> Self {
+        Publisher { transport }
+    }
+
+    /// The transport this publisher sends through.
+    pub fn transport(&self) -> &Arc<dyn Transport> {
+        &self.transport
+    }
+
+    /// Starts sending one message to queue `Q`; `.await` the builder to send.
+    ///
+    /// ```ignore
+    /// let id = publisher.send::<Orders, _>(&placed).group("customer-42").await?;
+    /// ```
+    pub fn send<'a, Q: Queue, M: Message>(&'a self, message: &'a M) -> SendBuilder<'a, Q, M, Ungrouped> {
+        SendBuilder::new(self, message)
+    }
+
+    /// Starts sending several messages to queue `Q`; `.await` gives one result
+    /// per message, in input order.
+    pub fn send_batch<'a, Q: Queue, M: Message>(&'a self, messages: &'a [M]) -> BatchBuilder<'a, Q, M, Ungrouped> {
+        BatchBuilder::new(self, messages)
+    }
+}
+
+/// Options shared by single and batch sends.
+#[derive(Debug, Clone, Default)]
+struct SendOptions {
+    group: Option<String>,
+    dedup_id: Option<String>,
+    delay: Option<std::time::Duration>,
+    attributes: Attributes,
+}
+
+impl SendOptions {
+    /// Encodes `message` for queue `spec`, applying the group/dedup rules.
+    fn outgoing<M: Message>(&self, spec: &QueueSpec, message: &M, max_delay: std::time::Duration) -> Result<Outgoing, PublishError> {
+        let body = crate::envelope::encode(message)?;
+        let group_id = if spec.fifo {
+            let group = self
+                .group
+                .clone()
+                .or_else(|| message.group_id())
+                .or_else(|| spec.default_group.map(str::to_owned));
+            match group {
+                Some(g) if !g.is_empty() => Some(g),
+                _ => return Err(PublishError::EmptyGroup { queue: spec.name }),
+            }
+        } else {
+            self.group.clone()
+        };
+        let dedup_id = self.dedup_id.clone().or_else(|| message.message_id());
+        if let Some(delay) = self.delay {
+            if delay > max_delay {
+                return Err(PublishError::DelayTooLong { requested: delay, max: max_delay });
+            }
+        }
+        Ok(Outgoing { body, group_id, dedup_id, delay: self.delay, attributes: self.attributes.clone() })
+    }
+}

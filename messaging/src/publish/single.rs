@@ -1,0 +1,77 @@
+//! [`SendBuilder`]: one message.
+
+use std::future::{Future, IntoFuture};
+use std::marker::PhantomData;
+use std::pin::Pin;
+use std::time::Duration;
+
+use super::state::{DelaySupported, GroupResolved, Grouped, Ungrouped};
+use super::{Publisher, SendOptions};
+use crate::error::PublishError;
+use crate::message::Message;
+use crate::queue::Queue;
+use crate::transport::MessageId;
+
+/// A send of one message to queue `Q`, configured by chained calls and sent by
+/// `.await`. Created by [`Publisher::send`].
+#[must_use = "a send does nothing until it is `.await`ed"]
+pub struct SendBuilder<'a, Q, M, G> {
+    publisher: &'a Publisher,
+    message: &'a M,
+    options: SendOptions,
+    _state: PhantomData<fn() -> (Q, G)>,
+}
+
+impl<'a, Q: Queue, M: Message> SendBuilder<'a, Q, M, Ungrouped> {
+    pub(super) fn new(publisher: &'a Publisher, message: &'a M) -> Self {
+        SendBuilder { publisher, message, options: SendOptions::default(), _state: PhantomData }
+    }
+}
+
+impl<'a, Q: Queue, M: Message, G> SendBuilder<'a, Q, M, G> {
+    /// Sets the FIFO message group id (messages of one group are handled in order).
+    pub fn group(self, group: impl Into<String>) -> SendBuilder<'a, Q, M, Grouped> {
+        let mut options = self.options;
+        options.group = Some(group.into());
+        SendBuilder { publisher: self.publisher, message: self.message, options, _state: PhantomData }
+    }
+
+    /// Sets the deduplication id (FIFO queues drop a repeat within five minutes).
+    /// Defaults to the message's identity (`#[message(id = field)]`).
+    pub fn dedup_id(mut self, id: impl Into<String>) -> Self {
+        self.options.dedup_id = Some(id.into());
+        self
+    }
+
+    /// Adds a message attribute.
+    pub fn attribute(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+        self.options.attributes.insert(key.into(), value.into());
+        self
+    }
+
+    /// Delays delivery (standard queues only, at most 15 minutes on SQS).
+    pub fn delay(mut self, delay: Duration) -> Self
+    where
+        Q::Kind: DelaySupported<Q>,
+    {
+        self.options.delay = Some(delay);
+        self
+    }
+}
+
+impl<'a, Q, M, G> IntoFuture for SendBuilder<'a, Q, M, G>
+where
+    Q: Queue,
+    M: Message,
+    G: 'a,
+    (Q::Kind, G, Q::HasDefaultGroup, M::HasGroup): GroupResolved<Q, M>,
+{
+    type Output = Result<MessageId, PublishError>;
+    type IntoFuture = Pin<Box<dyn Future<Output = Self::Output> + Send + 'a>>;
+
+    fn into_future(self) -> Self::IntoFuture {
+        let transport = self.publisher.transport.clone();
+        let outgoing = self.options.outgoing(&Q::SPEC, self.message, transport.max_delay());
+        Box::pin(async move { Ok(transport.send(Q::SPEC.name, outgoing?).await?) })
+    }
+}

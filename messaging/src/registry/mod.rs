@@ -1,0 +1,133 @@
+//! What the macros register (through `inventory`), and the validated
+//! [`Registry`] built from it at startup.
+
+mod codec;
+mod validate;
+
+use std::any::TypeId;
+use std::sync::Arc;
+
+pub use codec::{Decoded, Route, Routes};
+pub use validate::ValidationErrors;
+
+use crate::extract::Requirement;
+use crate::handler::{AnyMessage, ErasedHandler, IdempotencySpec, RetryPolicy};
+use crate::queue::QueueSpec;
+
+/// A queue declared with `#[messaging::queue]`.
+#[derive(Debug)]
+pub struct QueueEntry {
+    /// The Rust type's path.
+    pub type_name: &'static str,
+    /// The queue's description.
+    pub spec: fn() -> QueueSpec,
+}
+
+/// One version of a message type declared with `#[messaging::message]`.
+#[derive(Debug)]
+pub struct MessageEntry {
+    /// The Rust type's path.
+    pub type_name: &'static str,
+    /// The Rust type's id.
+    pub type_id: fn() -> TypeId,
+    /// The logical name; `None` for a bare-body type.
+    pub name: Option<&'static str>,
+    /// The version.
+    pub version: u32,
+    /// The next version, for an older version (`upcast = T`).
+    pub upcast: Option<Upcast>,
+    /// Reads the JSON payload as this type.
+    pub decode: fn(&[u8]) -> Result<AnyMessage, serde_json::Error>,
+}
+
+/// The edge from one version of a message to the next.
+#[derive(Debug)]
+pub struct Upcast {
+    /// The target type's id.
+    pub target: fn() -> TypeId,
+    /// The target type's path.
+    pub target_name: &'static str,
+    /// Converts a decoded value of this version to the next (`From`).
+    pub apply: fn(AnyMessage) -> Option<AnyMessage>,
+}
+
+/// A handler declared with `#[messaging::handler]`.
+pub struct HandlerEntry {
+    /// The function's path.
+    pub name: &'static str,
+    /// The queue's type path.
+    pub queue_type: &'static str,
+    /// The queue's description.
+    pub queue: fn() -> QueueSpec,
+    /// The message type's id.
+    pub message_type: fn() -> TypeId,
+    /// The message type's path.
+    pub message_type_name: &'static str,
+    /// The message's logical name (`None` for bare bodies).
+    pub message_name: Option<&'static str>,
+    /// The message's version.
+    pub message_version: u32,
+    /// Reads a JSON body as the message type (the legacy fallback of a
+    /// single-type queue).
+    pub decode: fn(&[u8]) -> Result<AnyMessage, serde_json::Error>,
+    /// `idempotent = "scope", lease = ".."`.
+    pub idempotency: Option<IdempotencySpec>,
+    /// `retry(base = "..", max = "..")`.
+    pub retry: Option<RetryPolicy>,
+    /// The states its extractors need.
+    pub requirements: fn() -> Vec<Requirement>,
+    /// Builds the handler.
+    pub handler: fn() -> Arc<dyn ErasedHandler>,
+}
+
+impl std::fmt::Debug for HandlerEntry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HandlerEntry").field("name", &self.name).field("queue", &self.queue_type).finish_non_exhaustive()
+    }
+}
+
+inventory::collect!(QueueEntry);
+inventory::collect!(MessageEntry);
+inventory::collect!(HandlerEntry);
+
+/// Everything registered in this binary, checked: queues, message chains and
+/// the routes of each queue.
+#[derive(Debug)]
+pub struct Registry {
+    queues: Vec<QueueSpec>,
+    routes: Vec<Arc<Routes>>,
+}
+
+impl Registry {
+    /// Collects what the macros registered in this binary and validates it.
+    pub fn from_inventory() -> Result<Registry, ValidationErrors> {
+        let queues: Vec<&'static QueueEntry> = inventory::iter::<QueueEntry>.into_iter().collect();
+        let messages: Vec<&'static MessageEntry> = inventory::iter::<MessageEntry>.into_iter().collect();
+        let handlers: Vec<&'static HandlerEntry> = inventory::iter::<HandlerEntry>.into_iter().collect();
+        Self::build(&queues, &messages, &handlers)
+    }
+
+    /// Validates the given entries; every problem found is reported at once.
+    pub fn build(
+        queues: &[&'static QueueEntry],
+        messages: &[&'static MessageEntry],
+        handlers: &[&'static HandlerEntry],
+    ) -> Result<Registry, ValidationErrors> {
+        validate::build(queues, messages, handlers)
+    }
+
+    /// The declared queues, sorted by name.
+    pub fn queues(&self) -> &[QueueSpec] {
+        &self.queues
+    }
+
+    /// The queues that have handlers, with their routes.
+    pub fn routes(&self) -> &[Arc<Routes>] {
+        &self.routes
+    }
+
+    /// Keeps only the handlers of the named queues (for tools and tests).
+    pub fn retain_queues(&mut self, keep: impl Fn(&str) -> bool) {
+        self.routes.retain(|r| keep(r.spec().name));
+    }
+}

@@ -1,0 +1,121 @@
+//! Dead-letter operations of the in-memory transport.
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::state::QueueState;
+use super::MemoryTransport;
+use crate::error::TransportError;
+use crate::transport::{BoxFuture, DeadLetter, DeadLetters, Outgoing, Receipt, RedriveOptions, RedriveOutcome};
+
+impl MemoryTransport {
+    fn dlq_name(&self, queue: &str) -> Result<&'static str, TransportError> {
+        let q = self.queue(queue)?;
+        let dlq = q.lock().spec.dlq;
+        dlq.ok_or_else(|| TransportError::Rejected(format!("queue `{queue}` has no dead-letter queue (declare `dlq = \"...\"`)")))
+    }
+}
+
+impl DeadLetters for MemoryTransport {
+    fn dead_letter<'a>(
+        &'a self,
+        queue: &'a str,
+        receipt: Receipt,
+        reason: String,
+    ) -> BoxFuture<'a, Result<(), TransportError>> {
+        Box::pin(async move {
+            let dlq = self.queue(self.dlq_name(queue)?)?;
+            let source = self.queue(queue)?;
+            let mut stored = source.lock().take_in_flight(&receipt)?;
+            stored.reason = Some(reason);
+            dlq.lock().insert(stored, QueueState::visible());
+            source.notify.notify_waiters();
+            Ok(())
+        })
+    }
+
+    fn peek<'a>(&'a self, queue: &'a str, max: usize) -> BoxFuture<'a, Result<Vec<DeadLetter>, TransportError>> {
+        Box::pin(async move {
+            let dlq = self.queue(self.dlq_name(queue)?)?;
+            let state = dlq.lock();
+            Ok(state
+                .iter_ordered()
+                .into_iter()
+                .take(max)
+                .map(|(_, m)| DeadLetter {
+                    message_id: m.id.clone(),
+                    body: m.body.clone(),
+                    group_id: m.group.clone(),
+                    attributes: m.attributes.clone(),
+                    receive_count: m.receive_count,
+                    reason: m.reason.clone(),
+                })
+                .collect())
+        })
+    }
+
+    fn redrive<'a>(
+        &'a self,
+        queue: &'a str,
+        options: RedriveOptions,
+    ) -> BoxFuture<'a, Result<RedriveOutcome, TransportError>> {
+        Box::pin(async move {
+            let dlq = self.queue(self.dlq_name(queue)?)?;
+            let source = self.queue(queue)?;
+            let mut outcome = RedriveOutcome::default();
+            let max = options.max.unwrap_or(usize::MAX);
+            let mut dlq_state = dlq.lock();
+            let chosen: Vec<u64> = dlq_state
+                .iter_ordered()
+                .into_iter()
+                .filter_map(|(key, m)| {
+                    if outcome.moved >= max {
+                        return None;
+                    }
+                    let letter = DeadLetter {
+                        message_id: m.id.clone(),
+                        body: m.body.clone(),
+                        group_id: m.group.clone(),
+                        attributes: m.attributes.clone(),
+                        receive_count: m.receive_count,
+                        reason: m.reason.clone(),
+                    };
+                    if options.filter.as_ref().is_none_or(|f| f(&letter)) {
+                        outcome.moved += 1;
+                        Some(key)
+                    } else {
+                        outcome.skipped += 1;
+                        None
+                    }
+                })
+                .collect();
+            let mut source_state = source.lock();
+            let default_group = source_state.spec.default_group;
+            let fifo = source_state.spec.fifo;
+            for key in chosen {
+                // Republish first, then delete: a message is never in neither queue.
+                let Some(letter) = dlq_state.remove(key) else { continue };
+                let group_id = letter.group.clone().or_else(|| fifo.then(|| default_group.map(str::to_owned)).flatten());
+                let outgoing = Outgoing {
+                    body: letter.body.to_vec(),
+                    group_id,
+                    dedup_id: None,
+                    delay: None::<Duration>,
+                    attributes: (*letter.attributes).clone(),
+                };
+                if let Err(e) = source_state.send(outgoing, Instant::now()) {
+                    dlq_state.insert(letter, QueueState::visible());
+                    return Err(e);
+                }
+            }
+            drop(source_state);
+            source.notify.notify_waiters();
+            Ok(outcome)
+        })
+    }
+
+    fn depth<'a>(&'a self, queue: &'a str) -> BoxFuture<'a, Result<u64, TransportError>> {
+        Box::pin(async move { Ok(self.queue(self.dlq_name(queue)?)?.lock().len() as u64) })
+    }
+}

@@ -1,0 +1,229 @@
+//! `memory://`: an in-process transport with Amazon SQS semantics.
+//!
+//! It is a product feature, not a mock: visibility timeouts, receive counts,
+//! `max_receives` → dead-letter queue, per-message delay, FIFO groups (one
+//! message of a group in flight at a time, order kept) and FIFO deduplication
+//! within five minutes all behave as on SQS, so tests against it mean
+//! something. Messages live as long as the process.
+
+mod dead_letters;
+mod state;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+use std::time::Duration;
+
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+use self::state::QueueState;
+use super::{BoxFuture, DeadLetters, Delivery, MessageId, Outgoing, Receipt, Transport};
+use crate::error::TransportError;
+use crate::queue::QueueSpec;
+
+/// The in-memory transport. Cheap to clone; clones share the queues.
+#[derive(Clone, Default)]
+pub struct MemoryTransport {
+    queues: Arc<RwLock<HashMap<String, Arc<MemQueue>>>>,
+}
+
+impl std::fmt::Debug for MemoryTransport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemoryTransport").finish_non_exhaustive()
+    }
+}
+
+struct MemQueue {
+    state: Mutex<QueueState>,
+    notify: Notify,
+}
+
+impl MemQueue {
+    fn new(spec: QueueSpec) -> Self {
+        MemQueue { state: Mutex::new(QueueState::new(spec)), notify: Notify::new() }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, QueueState> {
+        // A panic while holding the lock cannot leave the state half-changed in a
+        // way that loses messages, so a poisoned lock is still usable.
+        self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+impl MemoryTransport {
+    /// A transport with no queues yet; [`Transport::declare`] creates them.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn queue(&self, name: &str) -> Result<Arc<MemQueue>, TransportError> {
+        let queues = self.queues.read().unwrap_or_else(|p| p.into_inner());
+        queues.get(name).cloned().ok_or_else(|| TransportError::QueueNotFound(name.to_owned()))
+    }
+
+    fn create(&self, spec: QueueSpec) {
+        let mut queues = self.queues.write().unwrap_or_else(|p| p.into_inner());
+        queues.entry(spec.name.to_owned()).or_insert_with(|| Arc::new(MemQueue::new(spec)));
+    }
+
+    /// Moves messages that exceeded the receive limit into the dead-letter queue.
+    fn bury(&self, queue: &QueueSpec, expired: Vec<state::Stored>) {
+        if expired.is_empty() {
+            return;
+        }
+        let Some(dlq) = queue.dlq.and_then(|name| self.queue(name).ok()) else { return };
+        let mut state = dlq.lock();
+        for stored in expired {
+            tracing::warn!(queue = queue.name, message.id = %stored.id, "message moved to the dead-letter queue: {}",
+                stored.reason.as_deref().unwrap_or("receive limit reached"));
+            state.insert(stored, QueueState::visible());
+        }
+    }
+
+    async fn receive_from(&self, name: &str, max: usize, wait: Duration) -> Result<Vec<Delivery>, TransportError> {
+        let queue = self.queue(name)?;
+        let deadline = Instant::now() + wait;
+        loop {
+            let notified = queue.notify.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            let (received, spec, next_timer) = {
+                let mut state = queue.lock();
+                let received = state.receive(max.max(1), Instant::now());
+                (received, state.spec.clone(), state.next_timer())
+            };
+            self.bury(&spec, received.expired);
+            let now = Instant::now();
+            if !received.deliveries.is_empty() || now >= deadline {
+                return Ok(received.deliveries);
+            }
+            let wake = next_timer.map_or(deadline, |t| t.min(deadline));
+            tokio::select! {
+                _ = &mut notified => {}
+                _ = tokio::time::sleep_until(wake) => {}
+            }
+        }
+    }
+}
+
+impl Transport for MemoryTransport {
+    fn system(&self) -> &'static str {
+        "memory"
+    }
+
+    fn declare<'a>(&'a self, spec: &'a QueueSpec) -> BoxFuture<'a, Result<(), TransportError>> {
+        Box::pin(async move {
+            if let Ok(existing) = self.queue(spec.name) {
+                let fifo = existing.lock().spec.fifo;
+                if fifo != spec.fifo {
+                    return Err(TransportError::Rejected(format!(
+                        "queue `{}` already exists as a {} queue",
+                        spec.name,
+                        if fifo { "FIFO" } else { "standard" }
+                    )));
+                }
+            }
+            self.create(spec.clone());
+            if let Some(dlq) = spec.dlq {
+                let mut dlq_spec = QueueSpec::standard(dlq);
+                dlq_spec.fifo = spec.fifo;
+                dlq_spec.visibility = spec.visibility;
+                self.create(dlq_spec);
+            }
+            Ok(())
+        })
+    }
+
+    fn send<'a>(&'a self, queue: &'a str, message: Outgoing) -> BoxFuture<'a, Result<MessageId, TransportError>> {
+        Box::pin(async move {
+            let q = self.queue(queue)?;
+            let id = q.lock().send(message, Instant::now())?;
+            q.notify.notify_waiters();
+            Ok(id)
+        })
+    }
+
+    fn send_batch<'a>(
+        &'a self,
+        queue: &'a str,
+        messages: Vec<Outgoing>,
+    ) -> BoxFuture<'a, Vec<Result<MessageId, TransportError>>> {
+        Box::pin(async move {
+            let q = match self.queue(queue) {
+                Ok(q) => q,
+                Err(_) => {
+                    return messages.iter().map(|_| Err(TransportError::QueueNotFound(queue.to_owned()))).collect()
+                }
+            };
+            let results = {
+                let mut state = q.lock();
+                let now = Instant::now();
+                messages.into_iter().map(|m| state.send(m, now)).collect()
+            };
+            q.notify.notify_waiters();
+            results
+        })
+    }
+
+    fn receive<'a>(
+        &'a self,
+        queue: &'a str,
+        max: usize,
+        wait: Duration,
+    ) -> BoxFuture<'a, Result<Vec<Delivery>, TransportError>> {
+        Box::pin(self.receive_from(queue, max, wait))
+    }
+
+    fn ack<'a>(&'a self, queue: &'a str, receipts: Vec<Receipt>) -> BoxFuture<'a, Vec<Result<(), TransportError>>> {
+        Box::pin(async move {
+            let q = match self.queue(queue) {
+                Ok(q) => q,
+                Err(_) => return receipts.iter().map(|_| Err(TransportError::QueueNotFound(queue.to_owned()))).collect(),
+            };
+            let results: Vec<_> = {
+                let mut state = q.lock();
+                receipts.iter().map(|r| state.ack(r)).collect()
+            };
+            // Acks can unlock FIFO groups.
+            if q.lock().spec.fifo {
+                q.notify.notify_waiters();
+            }
+            results
+        })
+    }
+
+    fn nack<'a>(&'a self, queue: &'a str, receipt: Receipt, delay: Duration) -> BoxFuture<'a, Result<(), TransportError>> {
+        Box::pin(async move {
+            let q = self.queue(queue)?;
+            q.lock().nack(&receipt, delay, Instant::now())?;
+            q.notify.notify_waiters();
+            Ok(())
+        })
+    }
+
+    fn extend<'a>(
+        &'a self,
+        queue: &'a str,
+        receipt: &'a Receipt,
+        visibility: Duration,
+    ) -> BoxFuture<'a, Result<(), TransportError>> {
+        Box::pin(async move {
+            let q = self.queue(queue)?;
+            let result = q.lock().extend(receipt, visibility, Instant::now());
+            result
+        })
+    }
+
+    fn max_batch(&self) -> usize {
+        // No request limit in memory; larger batches mean fewer lock round trips.
+        100
+    }
+
+    fn depth<'a>(&'a self, queue: &'a str) -> BoxFuture<'a, Result<u64, TransportError>> {
+        Box::pin(async move { Ok(self.queue(queue)?.lock().len() as u64) })
+    }
+
+    fn dead_letters(&self) -> Option<&dyn DeadLetters> {
+        Some(self)
+    }
+}

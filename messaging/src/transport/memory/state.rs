@@ -1,0 +1,386 @@
+//! The state of one in-memory queue: visibility, receive counts, delays,
+//! FIFO groups and deduplication, as on Amazon SQS. Pure data; the caller
+//! holds the lock and passes the time in.
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap, VecDeque};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use tokio::time::Instant;
+
+use crate::error::TransportError;
+use crate::queue::QueueSpec;
+use crate::transport::{Attributes, Delivery, MessageId, Outgoing, Receipt};
+
+/// How long a FIFO deduplication id is remembered.
+pub(super) const DEDUP_WINDOW: Duration = Duration::from_secs(5 * 60);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Status {
+    /// Can be received.
+    Visible,
+    /// Delayed or backing off until the instant.
+    Hidden(Instant),
+    /// Received; invisible until the instant unless settled first.
+    InFlight { token: u64, until: Instant },
+}
+
+/// One stored message.
+#[derive(Debug, Clone)]
+pub(super) struct Stored {
+    pub(super) id: MessageId,
+    pub(super) body: Arc<[u8]>,
+    pub(super) group: Option<String>,
+    pub(super) attributes: Arc<Attributes>,
+    pub(super) sent_at: SystemTime,
+    pub(super) receive_count: u32,
+    pub(super) reason: Option<String>,
+    status: Status,
+    /// Bumped on every status change; timer entries with an older epoch are stale.
+    epoch: u32,
+}
+
+/// What a receive did besides returning deliveries.
+pub(super) struct Received {
+    pub(super) deliveries: Vec<Delivery>,
+    /// Messages that exceeded the receive limit, to move to the dead-letter queue.
+    pub(super) expired: Vec<Stored>,
+}
+
+#[derive(Debug, Default)]
+struct Group {
+    /// Keys of the group's messages in send order (the in-flight ones first).
+    keys: VecDeque<u64>,
+    in_flight: usize,
+    queued: bool,
+}
+
+/// One queue's messages.
+#[derive(Debug)]
+pub(super) struct QueueState {
+    pub(super) spec: QueueSpec,
+    next_key: u64,
+    next_token: u64,
+    messages: HashMap<u64, Stored>,
+    /// Standard queues: visible keys in arrival order (may hold stale keys).
+    ready: VecDeque<u64>,
+    /// FIFO queues: the groups, and those that can hand out their head.
+    groups: HashMap<String, Group>,
+    ready_groups: VecDeque<String>,
+    timers: BinaryHeap<Reverse<(Instant, u64, u32)>>,
+    dedup: HashMap<String, (Instant, MessageId)>,
+    dedup_order: VecDeque<(Instant, String)>,
+}
+
+impl QueueState {
+    pub(super) fn new(spec: QueueSpec) -> Self {
+        QueueState {
+            spec,
+            next_key: 1,
+            next_token: 1,
+            messages: HashMap::new(),
+            ready: VecDeque::new(),
+            groups: HashMap::new(),
+            ready_groups: VecDeque::new(),
+            timers: BinaryHeap::new(),
+            dedup: HashMap::new(),
+            dedup_order: VecDeque::new(),
+        }
+    }
+
+    pub(super) fn len(&self) -> usize {
+        self.messages.len()
+    }
+
+    /// Stores a message; a FIFO duplicate within the window returns the first id.
+    pub(super) fn send(&mut self, msg: Outgoing, now: Instant) -> Result<MessageId, TransportError> {
+        if self.spec.fifo {
+            if msg.delay.is_some_and(|d| !d.is_zero()) {
+                return Err(TransportError::Rejected(format!(
+                    "FIFO queue `{}` does not accept a per-message delay",
+                    self.spec.name
+                )));
+            }
+            if msg.group_id.as_deref().is_none_or(str::is_empty) {
+                return Err(TransportError::Rejected(format!("FIFO queue `{}` needs a message group id", self.spec.name)));
+            }
+            self.forget_old_dedup_ids(now);
+            if let Some(dedup) = &msg.dedup_id {
+                if let Some((_, id)) = self.dedup.get(dedup) {
+                    return Ok(id.clone());
+                }
+            }
+        }
+        let id = uuid::Uuid::new_v4().to_string();
+        if self.spec.fifo {
+            if let Some(dedup) = msg.dedup_id.clone() {
+                self.dedup.insert(dedup.clone(), (now, id.clone()));
+                self.dedup_order.push_back((now, dedup));
+            }
+        }
+        let status = match msg.delay.filter(|d| !d.is_zero()) {
+            Some(delay) => Status::Hidden(now + delay),
+            None => Status::Visible,
+        };
+        self.insert(
+            Stored {
+                id: id.clone(),
+                body: msg.body.into(),
+                group: msg.group_id,
+                attributes: Arc::new(msg.attributes),
+                sent_at: SystemTime::now(),
+                receive_count: 0,
+                reason: None,
+                status: Status::Visible,
+                epoch: 0,
+            },
+            status,
+        );
+        Ok(id)
+    }
+
+    /// Adds an existing message (redrive, dead-lettering) at the back.
+    pub(super) fn insert(&mut self, mut stored: Stored, status: Status) {
+        let key = self.next_key;
+        self.next_key += 1;
+        stored.status = Status::Visible;
+        if self.spec.fifo {
+            let group = stored.group.clone().unwrap_or_default();
+            self.groups.entry(group).or_default().keys.push_back(key);
+        }
+        self.messages.insert(key, stored);
+        self.set_status(key, status);
+        if !self.spec.fifo && status == Status::Visible {
+            self.ready.push_back(key);
+        }
+    }
+
+    fn forget_old_dedup_ids(&mut self, now: Instant) {
+        while let Some((at, _)) = self.dedup_order.front() {
+            if now.duration_since(*at) < DEDUP_WINDOW {
+                break;
+            }
+            if let Some((_, dedup)) = self.dedup_order.pop_front() {
+                self.dedup.remove(&dedup);
+            }
+        }
+    }
+
+    fn set_status(&mut self, key: u64, status: Status) {
+        let Some(msg) = self.messages.get_mut(&key) else { return };
+        let was_in_flight = matches!(msg.status, Status::InFlight { .. });
+        msg.status = status;
+        msg.epoch = msg.epoch.wrapping_add(1);
+        match status {
+            Status::Hidden(at) | Status::InFlight { until: at, .. } => self.timers.push(Reverse((at, key, msg.epoch))),
+            Status::Visible => {}
+        }
+        let is_in_flight = matches!(status, Status::InFlight { .. });
+        if self.spec.fifo {
+            let name = msg.group.clone().unwrap_or_default();
+            if let Some(group) = self.groups.get_mut(&name) {
+                match (was_in_flight, is_in_flight) {
+                    (false, true) => group.in_flight += 1,
+                    (true, false) => group.in_flight -= 1,
+                    _ => {}
+                }
+            }
+            self.requeue_group(&name);
+        }
+    }
+
+    /// Puts a FIFO group on the ready list if its head can be handed out.
+    fn requeue_group(&mut self, name: &str) {
+        let Some(group) = self.groups.get_mut(name) else { return };
+        if group.queued || group.in_flight > 0 {
+            return;
+        }
+        let head_visible = group
+            .keys
+            .front()
+            .and_then(|k| self.messages.get(k))
+            .is_some_and(|m| m.status == Status::Visible);
+        if head_visible {
+            group.queued = true;
+            self.ready_groups.push_back(name.to_owned());
+        }
+    }
+
+    /// Applies every timer that is due: delays end, visibility timeouts expire.
+    pub(super) fn tick(&mut self, now: Instant) {
+        while let Some(Reverse((at, key, epoch))) = self.timers.peek().copied() {
+            if at > now {
+                break;
+            }
+            self.timers.pop();
+            let current = self.messages.get(&key).is_some_and(|m| m.epoch == epoch);
+            if current {
+                self.set_status(key, Status::Visible);
+                if !self.spec.fifo {
+                    self.ready.push_back(key);
+                }
+            }
+        }
+    }
+
+    /// When the next timer fires, if any.
+    pub(super) fn next_timer(&self) -> Option<Instant> {
+        self.timers.peek().map(|Reverse((at, _, _))| *at)
+    }
+
+    /// Hands out up to `max` visible messages, making them in flight.
+    pub(super) fn receive(&mut self, max: usize, now: Instant) -> Received {
+        self.tick(now);
+        let mut out = Received { deliveries: Vec::new(), expired: Vec::new() };
+        if self.spec.fifo {
+            self.receive_fifo(max, now, &mut out);
+        } else {
+            while out.deliveries.len() < max {
+                let Some(key) = self.ready.pop_front() else { break };
+                self.take(key, now, &mut out);
+            }
+        }
+        out
+    }
+
+    fn receive_fifo(&mut self, max: usize, now: Instant, out: &mut Received) {
+        // Share a batch between the ready groups so that they can run in parallel.
+        let per_group = (max / self.ready_groups.len().clamp(1, max.max(1))).max(1);
+        while out.deliveries.len() < max {
+            let Some(name) = self.ready_groups.pop_front() else { break };
+            if let Some(group) = self.groups.get_mut(&name) {
+                group.queued = false;
+            }
+            let mut taken = 0;
+            let keys: Vec<u64> = self.groups.get(&name).map(|g| g.keys.iter().copied().collect()).unwrap_or_default();
+            for key in keys {
+                if taken >= per_group || out.deliveries.len() >= max {
+                    break;
+                }
+                let visible = self.messages.get(&key).is_some_and(|m| m.status == Status::Visible);
+                if !visible {
+                    break;
+                }
+                if self.take(key, now, out) {
+                    taken += 1;
+                }
+            }
+            if self.groups.get(&name).is_some_and(|g| g.keys.is_empty()) {
+                self.groups.remove(&name);
+            } else {
+                self.requeue_group(&name);
+            }
+        }
+    }
+
+    /// Delivers one visible message, or moves it out when over the receive limit.
+    /// Returns whether it was delivered.
+    fn take(&mut self, key: u64, now: Instant, out: &mut Received) -> bool {
+        let Some(msg) = self.messages.get(&key) else { return false };
+        if msg.status != Status::Visible {
+            return false; // a stale entry of `ready`
+        }
+        if self.spec.dlq.is_some() && msg.receive_count >= self.spec.max_receives {
+            if let Some(mut stored) = self.remove(key) {
+                stored.reason = Some(format!("received {} times without success", stored.receive_count));
+                out.expired.push(stored);
+            }
+            return false;
+        }
+        let token = self.next_token;
+        self.next_token += 1;
+        let until = now + self.spec.visibility;
+        self.set_status(key, Status::InFlight { token, until });
+        let Some(msg) = self.messages.get_mut(&key) else { return false };
+        msg.receive_count += 1;
+        out.deliveries.push(Delivery {
+            message_id: msg.id.clone(),
+            body: msg.body.clone(),
+            receipt: Receipt { key, token },
+            receive_count: msg.receive_count,
+            group_id: msg.group.clone(),
+            attributes: msg.attributes.clone(),
+            sent_at: msg.sent_at,
+        });
+        true
+    }
+
+    fn check(&self, receipt: &Receipt) -> Result<(), TransportError> {
+        match self.messages.get(&receipt.key).map(|m| m.status) {
+            Some(Status::InFlight { token, .. }) if token == receipt.token => Ok(()),
+            _ => Err(TransportError::StaleReceipt),
+        }
+    }
+
+    /// Deletes a settled message.
+    pub(super) fn ack(&mut self, receipt: &Receipt) -> Result<(), TransportError> {
+        self.check(receipt)?;
+        self.remove(receipt.key);
+        Ok(())
+    }
+
+    /// Takes a message out of the queue whatever its state.
+    pub(super) fn remove(&mut self, key: u64) -> Option<Stored> {
+        let stored = self.messages.remove(&key)?;
+        if self.spec.fifo {
+            let name = stored.group.clone().unwrap_or_default();
+            if let Some(group) = self.groups.get_mut(&name) {
+                if let Some(pos) = group.keys.iter().position(|k| *k == key) {
+                    group.keys.remove(pos);
+                }
+                if matches!(stored.status, Status::InFlight { .. }) {
+                    group.in_flight -= 1;
+                }
+                if group.keys.is_empty() && !group.queued {
+                    self.groups.remove(&name);
+                } else {
+                    self.requeue_group(&name);
+                }
+            }
+        }
+        Some(stored)
+    }
+
+    /// Removes an in-flight message for dead-lettering.
+    pub(super) fn take_in_flight(&mut self, receipt: &Receipt) -> Result<Stored, TransportError> {
+        self.check(receipt)?;
+        self.remove(receipt.key).ok_or(TransportError::StaleReceipt)
+    }
+
+    /// Makes an in-flight message visible again after `delay`.
+    pub(super) fn nack(&mut self, receipt: &Receipt, delay: Duration, now: Instant) -> Result<(), TransportError> {
+        self.check(receipt)?;
+        if delay.is_zero() {
+            self.set_status(receipt.key, Status::Visible);
+            if !self.spec.fifo {
+                self.ready.push_back(receipt.key);
+            }
+        } else if self.spec.fifo {
+            // The message stays in flight (its group locked) until it is due again.
+            self.set_status(receipt.key, Status::InFlight { token: receipt.token, until: now + delay });
+        } else {
+            self.set_status(receipt.key, Status::Hidden(now + delay));
+        }
+        Ok(())
+    }
+
+    /// Extends the visibility timeout of an in-flight message.
+    pub(super) fn extend(&mut self, receipt: &Receipt, visibility: Duration, now: Instant) -> Result<(), TransportError> {
+        self.check(receipt)?;
+        self.set_status(receipt.key, Status::InFlight { token: receipt.token, until: now + visibility });
+        Ok(())
+    }
+
+    /// Messages in arrival order (for dead-letter peeking), with their keys.
+    pub(super) fn iter_ordered(&self) -> Vec<(u64, &Stored)> {
+        let mut all: Vec<(u64, &Stored)> = self.messages.iter().map(|(k, m)| (*k, m)).collect();
+        all.sort_unstable_by_key(|(k, _)| *k);
+        all
+    }
+
+    /// A visible status, for messages added from outside.
+    pub(super) fn visible() -> Status {
+        Status::Visible
+    }
+}

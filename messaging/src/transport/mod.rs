@@ -1,0 +1,214 @@
+//! The transport seam: one small trait every backend implements, plus the
+//! [`DeadLetters`] capability.
+//!
+//! Backends are modules of this one: [`memory`] (always available). Everything
+//! above this seam (publisher, worker, dead-letter tools) is backend-neutral.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use crate::error::TransportError;
+use crate::queue::QueueSpec;
+
+pub mod memory;
+mod url;
+
+pub use url::{connect, DEFAULT_URL};
+
+/// A boxed, sendable future, as used by the object-safe traits of the seam.
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// String attributes carried beside the body (type, version, trace context...).
+pub type Attributes = BTreeMap<String, String>;
+
+/// The transport's id of a message.
+pub type MessageId = String;
+
+/// A message on its way to a queue.
+#[derive(Debug, Clone, Default)]
+pub struct Outgoing {
+    /// The encoded body.
+    pub body: Vec<u8>,
+    /// FIFO message group id.
+    pub group_id: Option<String>,
+    /// FIFO deduplication id (5-minute window).
+    pub dedup_id: Option<String>,
+    /// Per-message delay (standard queues).
+    pub delay: Option<Duration>,
+    /// Message attributes.
+    pub attributes: Attributes,
+}
+
+/// Proof of receipt of one delivery, used to settle it. Stale receipts (the
+/// message was redelivered since) are rejected by the transport.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Receipt {
+    pub(crate) key: u64,
+    pub(crate) token: u64,
+}
+
+/// A message received from a queue.
+#[derive(Debug, Clone)]
+pub struct Delivery {
+    /// The transport's message id (the one `send` returned).
+    pub message_id: MessageId,
+    /// The body as published.
+    pub body: Arc<[u8]>,
+    /// Settles this delivery.
+    pub receipt: Receipt,
+    /// How many times the message has been received, this time included.
+    pub receive_count: u32,
+    /// FIFO message group id.
+    pub group_id: Option<String>,
+    /// Attributes as published.
+    pub attributes: Arc<Attributes>,
+    /// When the message was first sent.
+    pub sent_at: SystemTime,
+}
+
+/// A queue backend. Calls name the queue by its declared name.
+///
+/// The worker relies on SQS-like semantics: a received message is invisible
+/// for the queue's visibility timeout; it is deleted only by [`Transport::ack`];
+/// a FIFO queue never hands out a message while an earlier one of its group
+/// is in flight.
+pub trait Transport: Send + Sync + 'static {
+    /// The `messaging.system` name of the backend (`memory`, `sqlite`, `aws_sqs`...).
+    fn system(&self) -> &'static str;
+
+    /// Makes the queue (and its dead-letter queue) usable, checking that it exists
+    /// with the declared kind where the backend cannot create it.
+    fn declare<'a>(&'a self, spec: &'a QueueSpec) -> BoxFuture<'a, Result<(), TransportError>>;
+
+    /// Sends one message; returns its id.
+    fn send<'a>(&'a self, queue: &'a str, message: Outgoing) -> BoxFuture<'a, Result<MessageId, TransportError>>;
+
+    /// Sends several messages; one result per input, in input order.
+    fn send_batch<'a>(
+        &'a self,
+        queue: &'a str,
+        messages: Vec<Outgoing>,
+    ) -> BoxFuture<'a, Vec<Result<MessageId, TransportError>>>;
+
+    /// Receives up to `max` messages, waiting up to `wait` for the first one.
+    fn receive<'a>(
+        &'a self,
+        queue: &'a str,
+        max: usize,
+        wait: Duration,
+    ) -> BoxFuture<'a, Result<Vec<Delivery>, TransportError>>;
+
+    /// Deletes settled messages; one result per receipt, in order.
+    fn ack<'a>(&'a self, queue: &'a str, receipts: Vec<Receipt>) -> BoxFuture<'a, Vec<Result<(), TransportError>>>;
+
+    /// Makes a delivery visible again after `delay` (zero releases it at once).
+    fn nack<'a>(&'a self, queue: &'a str, receipt: Receipt, delay: Duration) -> BoxFuture<'a, Result<(), TransportError>>;
+
+    /// Pushes the visibility timeout of an in-flight delivery out to `visibility` from now.
+    fn extend<'a>(
+        &'a self,
+        queue: &'a str,
+        receipt: &'a Receipt,
+        visibility: Duration,
+    ) -> BoxFuture<'a, Result<(), TransportError>>;
+
+    /// The most messages one receive/ack call handles.
+    fn max_batch(&self) -> usize {
+        10
+    }
+
+    /// The longest per-message delay the backend accepts.
+    fn max_delay(&self) -> Duration {
+        Duration::from_secs(15 * 60)
+    }
+
+    /// Approximate number of messages in the queue, visible or not.
+    fn depth<'a>(&'a self, queue: &'a str) -> BoxFuture<'a, Result<u64, TransportError>>;
+
+    /// The dead-letter capability, if the backend has it.
+    fn dead_letters(&self) -> Option<&dyn DeadLetters> {
+        None
+    }
+}
+
+/// A message in a dead-letter queue, as [`DeadLetters::peek`] shows it.
+#[derive(Debug, Clone)]
+pub struct DeadLetter {
+    /// The transport's message id.
+    pub message_id: MessageId,
+    /// The body as published.
+    pub body: Arc<[u8]>,
+    /// FIFO group id.
+    pub group_id: Option<String>,
+    /// Attributes as published.
+    pub attributes: Arc<Attributes>,
+    /// How many times it was received before it was dead-lettered.
+    pub receive_count: u32,
+    /// Why it was dead-lettered, when known.
+    pub reason: Option<String>,
+}
+
+impl DeadLetter {
+    /// The envelope's type name, if the body is an envelope.
+    pub fn type_name(&self) -> Option<String> {
+        match crate::envelope::Incoming::parse(&self.body) {
+            Ok(crate::envelope::Incoming::Envelope { name, .. }) => Some(name),
+            _ => None,
+        }
+    }
+}
+
+/// What to redrive from a dead-letter queue back to its source queue.
+#[derive(Clone, Default)]
+pub struct RedriveOptions {
+    /// At most this many messages (all when `None`).
+    pub max: Option<usize>,
+    /// Only messages for which this returns true; the others stay.
+    pub filter: Option<Arc<dyn Fn(&DeadLetter) -> bool + Send + Sync>>,
+}
+
+impl std::fmt::Debug for RedriveOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedriveOptions")
+            .field("max", &self.max)
+            .field("filter", &self.filter.as_ref().map(|_| ".."))
+            .finish()
+    }
+}
+
+/// The result of a redrive.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RedriveOutcome {
+    /// Messages moved back to the source queue.
+    pub moved: usize,
+    /// Messages left in the dead-letter queue by the filter.
+    pub skipped: usize,
+}
+
+/// Dead-letter operations of a backend.
+pub trait DeadLetters: Send + Sync {
+    /// Moves an in-flight delivery of `queue` to its dead-letter queue now
+    /// (a permanent failure).
+    fn dead_letter<'a>(
+        &'a self,
+        queue: &'a str,
+        receipt: Receipt,
+        reason: String,
+    ) -> BoxFuture<'a, Result<(), TransportError>>;
+
+    /// Shows up to `max` dead letters of `queue` without removing them.
+    fn peek<'a>(&'a self, queue: &'a str, max: usize) -> BoxFuture<'a, Result<Vec<DeadLetter>, TransportError>>;
+
+    /// Moves dead letters back to `queue` (republish first, then delete).
+    fn redrive<'a>(
+        &'a self,
+        queue: &'a str,
+        options: RedriveOptions,
+    ) -> BoxFuture<'a, Result<RedriveOutcome, TransportError>>;
+
+    /// Number of dead letters of `queue`.
+    fn depth<'a>(&'a self, queue: &'a str) -> BoxFuture<'a, Result<u64, TransportError>>;
+}

@@ -1,0 +1,94 @@
+//! Batched acknowledgements: receipts queue up while a flush is in progress
+//! and go out together, so acks cost one call per batch under load and add no
+//! delay when idle.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+
+use crate::error::TransportError;
+use crate::transport::{Receipt, Transport};
+
+pub(crate) struct Acker {
+    tx: Mutex<Option<mpsc::UnboundedSender<Receipt>>>,
+    pending: Arc<AtomicUsize>,
+    task: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl Acker {
+    pub(crate) fn start(transport: Arc<dyn Transport>, queue: &'static str) -> Self {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let pending = Arc::new(AtomicUsize::new(0));
+        let task = tokio::spawn(flush_loop(transport, queue, rx, pending.clone()));
+        Acker { tx: Mutex::new(Some(tx)), pending, task: Mutex::new(Some(task)) }
+    }
+
+    /// Queues a receipt for deletion.
+    pub(crate) fn ack(&self, receipt: Receipt) {
+        self.pending.fetch_add(1, Ordering::SeqCst);
+        let sent = match &*self.tx.lock().unwrap_or_else(|p| p.into_inner()) {
+            Some(tx) => tx.send(receipt).is_ok(),
+            None => false,
+        };
+        if !sent {
+            self.pending.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+
+    /// Acks queued but not yet confirmed by the transport.
+    pub(crate) fn pending(&self) -> usize {
+        self.pending.load(Ordering::SeqCst)
+    }
+
+    /// Flushes everything queued and stops.
+    pub(crate) async fn close(&self) {
+        drop(self.tx.lock().unwrap_or_else(|p| p.into_inner()).take());
+        let task = self.task.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(task) = task {
+            let _ = task.await;
+        }
+    }
+}
+
+async fn flush_loop(
+    transport: Arc<dyn Transport>,
+    queue: &'static str,
+    mut rx: mpsc::UnboundedReceiver<Receipt>,
+    pending: Arc<AtomicUsize>,
+) {
+    let max = transport.max_batch().max(1);
+    let mut batch = Vec::with_capacity(max);
+    while rx.recv_many(&mut batch, max).await > 0 {
+        let count = batch.len();
+        let mut attempt = 0;
+        loop {
+            let results = transport.ack(queue, batch.clone()).await;
+            let mut retry = Vec::new();
+            for (receipt, result) in batch.drain(..).zip(results) {
+                match result {
+                    Ok(()) => {}
+                    Err(TransportError::StaleReceipt) => tracing::warn!(
+                        queue,
+                        "an acknowledgement came too late: the message had been redelivered and may be handled twice \
+                         (raise the queue's visibility timeout if handlers are slow)"
+                    ),
+                    Err(e) => {
+                        tracing::warn!(queue, "acknowledgement failed: {e}");
+                        retry.push(receipt);
+                    }
+                }
+            }
+            attempt += 1;
+            if retry.is_empty() || attempt >= 3 {
+                break;
+            }
+            batch = retry;
+            tokio::time::sleep(Duration::from_millis(100 * attempt)).await;
+        }
+        batch.clear();
+        pending.fetch_sub(count, Ordering::SeqCst);
+    }
+}

@@ -1,0 +1,117 @@
+//! Handling one delivery: decode, run the pipeline, settle (ack, retry with
+//! backoff, or dead-letter), report.
+
+use std::panic::AssertUnwindSafe;
+use std::time::Duration;
+
+use futures_util::FutureExt;
+
+use super::Worker;
+use crate::context::MessageContext;
+use crate::error::HandlerError;
+use crate::handler::RetryPolicy;
+use crate::observe::{DispatchEvent, Outcome};
+use crate::transport::Delivery;
+
+impl Worker {
+    /// Handles one delivery to the end. Returns whether it succeeded.
+    pub(super) async fn process(&self, delivery: Delivery) -> bool {
+        let spec = self.routes.spec();
+        let decoded = match self.routes.decode(&delivery.body) {
+            Ok(decoded) => decoded,
+            Err(e) => {
+                tracing::warn!(
+                    queue = spec.name,
+                    message.id = %delivery.message_id,
+                    receive_count = delivery.receive_count,
+                    "message left for redelivery (and the dead-letter queue after {} receives): {e}",
+                    spec.max_receives
+                );
+                let delay = RetryPolicy::default().backoff(delivery.receive_count);
+                self.retry(&delivery, delay).await;
+                self.report(&delivery, Outcome::Undecodable { error: e.to_string() });
+                return false;
+            }
+        };
+        let ctx = MessageContext::new(spec.name, self.transport.system(), &delivery, decoded.type_name, decoded.version);
+        let route = decoded.route;
+        let result = AssertUnwindSafe(self.pipeline.dispatch(decoded.message, route, &ctx))
+            .catch_unwind()
+            .await
+            .unwrap_or_else(|panic| Err(HandlerError::transient(PanicError(panic_message(&panic)))));
+        match result {
+            Ok(()) => {
+                self.acker.ack(delivery.receipt.clone());
+                self.inflight.settle(&delivery.receipt);
+                self.report(&delivery, Outcome::Handled);
+                true
+            }
+            Err(error) if error.is_permanent() => {
+                tracing::warn!(queue = spec.name, message.id = %delivery.message_id, handler = route.entry.name,
+                    "permanent failure, dead-lettering: {error}");
+                self.dead_letter(&delivery, &error).await;
+                self.report(&delivery, Outcome::DeadLettered { error: error.to_string() });
+                false
+            }
+            Err(error) => {
+                let policy = route.entry.retry.unwrap_or_default();
+                let delay = error.requested_delay().unwrap_or_else(|| policy.backoff(delivery.receive_count));
+                tracing::warn!(queue = spec.name, message.id = %delivery.message_id, handler = route.entry.name,
+                    receive_count = delivery.receive_count, retry_in = ?delay, "handler failed: {error}");
+                self.retry(&delivery, delay).await;
+                self.report(&delivery, Outcome::Retried { error: error.to_string() });
+                false
+            }
+        }
+    }
+
+    /// Makes the delivery visible again after `delay`.
+    pub(super) async fn retry(&self, delivery: &Delivery, delay: Duration) {
+        self.inflight.settle(&delivery.receipt);
+        if let Err(e) = self.transport.nack(self.routes.spec().name, delivery.receipt.clone(), delay).await {
+            tracing::warn!(queue = self.routes.spec().name, message.id = %delivery.message_id,
+                "could not schedule the retry ({e}); the message comes back when its visibility times out");
+        }
+    }
+
+    async fn dead_letter(&self, delivery: &Delivery, error: &HandlerError) {
+        let spec = self.routes.spec();
+        let moved = match (self.transport.dead_letters(), spec.dlq) {
+            (Some(dlq), Some(_)) => {
+                self.inflight.settle(&delivery.receipt);
+                dlq.dead_letter(spec.name, delivery.receipt.clone(), error.to_string()).await
+            }
+            _ => Err(crate::error::TransportError::Rejected("no dead-letter queue".into())),
+        };
+        if let Err(e) = moved {
+            let policy = RetryPolicy::default();
+            tracing::error!(queue = spec.name, message.id = %delivery.message_id,
+                "could not dead-letter the message ({e}); it is retried after the longest backoff instead. \
+                 Declare `dlq = \"...\"` on the queue to keep failed messages aside");
+            self.retry(delivery, policy.max).await;
+        }
+    }
+
+    fn report(&self, delivery: &Delivery, outcome: Outcome) {
+        if let Some(observer) = &self.observer {
+            observer.on_dispatch(&DispatchEvent {
+                queue: self.routes.spec().name,
+                message_id: delivery.message_id.clone(),
+                receive_count: delivery.receive_count,
+                outcome,
+            });
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("handler panicked: {0}")]
+struct PanicError(String);
+
+fn panic_message(panic: &Box<dyn std::any::Any + Send>) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "(no message)".to_owned())
+}

@@ -1,0 +1,1 @@
+//! Examples, integration tests and benchmarks of `messaging`.
