@@ -56,3 +56,23 @@ pub trait IdempotencyStore: Send + Sync + 'static {
     /// Gives up the claim held by `processor` so that a redelivery can run.
     fn release<'a>(&'a self, message_id: &'a str, scope: &'a str, processor: &'a str) -> BoxFuture<'a, Result<(), TransportError>>;
 }
+
+impl<T: IdempotencyStore> IdempotencyStore for std::sync::Arc<T> {
+    fn claim<'a>(
+        &'a self,
+        message_id: &'a str,
+        scope: &'a str,
+        processor: &'a str,
+        lease: Duration,
+    ) -> BoxFuture<'a, Result<Claim, TransportError>> {
+        (**self).claim(message_id, scope, processor, lease)
+    }
+
+    fn complete<'a>(&'a self, message_id: &'a str, scope: &'a str, processor: &'a str) -> BoxFuture<'a, Result<(), TransportError>> {
+        (**self).complete(message_id, scope, processor)
+    }
+
+    fn release<'a>(&'a self, message_id: &'a str, scope: &'a str, processor: &'a str) -> BoxFuture<'a, Result<(), TransportError>> {
+        (**self).release(message_id, scope, processor)
+    }
+}

@@ -227,3 +227,6 @@ impl Transport for MemoryTransport {
         Some(self)
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,226 @@
+//! The SQS semantics of `memory://`, checked with tokio's paused clock.
+
+use std::time::Duration;
+
+use super::MemoryTransport;
+use crate::error::TransportError;
+use crate::queue::QueueSpec;
+use crate::transport::{Outgoing, RedriveOptions, Transport};
+
+const SECOND: Duration = Duration::from_secs(1);
+
+fn standard(name: &'static str) -> QueueSpec {
+    QueueSpec { visibility: Duration::from_secs(10), dlq: Some("dead"), max_receives: 3, ..QueueSpec::standard(name) }
+}
+
+fn fifo(name: &'static str) -> QueueSpec {
+    QueueSpec {
+        fifo: true,
+        visibility: Duration::from_secs(10),
+        dlq: Some("dead.fifo"),
+        default_group: Some("default"),
+        ..QueueSpec::standard(name)
+    }
+}
+
+fn body(text: &str) -> Outgoing {
+    Outgoing { body: text.as_bytes().to_vec(), ..Outgoing::default() }
+}
+
+fn grouped(text: &str, group: &str) -> Outgoing {
+    Outgoing { group_id: Some(group.into()), ..body(text) }
+}
+
+async fn setup(spec: QueueSpec) -> MemoryTransport {
+    let t = MemoryTransport::new();
+    t.declare(&spec).await.unwrap();
+    t
+}
+
+fn texts(deliveries: &[crate::transport::Delivery]) -> Vec<String> {
+    deliveries.iter().map(|d| String::from_utf8_lossy(&d.body).into_owned()).collect()
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_received_message_is_invisible_until_its_visibility_times_out() {
+    let t = setup(standard("q")).await;
+    t.send("q", body("a")).await.unwrap();
+    let first = t.receive("q", 10, Duration::ZERO).await.unwrap();
+    assert_eq!(texts(&first), ["a"]);
+    assert_eq!(first[0].receive_count, 1);
+    assert!(t.receive("q", 10, Duration::ZERO).await.unwrap().is_empty(), "in flight, so invisible");
+    tokio::time::advance(Duration::from_secs(11)).await;
+    let again = t.receive("q", 10, Duration::ZERO).await.unwrap();
+    assert_eq!(texts(&again), ["a"]);
+    assert_eq!(again[0].receive_count, 2);
+    assert_eq!(again[0].message_id, first[0].message_id);
+    // The first receipt is stale now: acking with it must not delete the message.
+    let stale = t.ack("q", vec![first[0].receipt.clone()]).await;
+    assert!(matches!(stale[0], Err(TransportError::StaleReceipt)));
+    assert_eq!(t.depth("q").await.unwrap(), 1);
+    assert!(t.ack("q", vec![again[0].receipt.clone()]).await[0].is_ok());
+    assert_eq!(t.depth("q").await.unwrap(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn extend_keeps_a_message_invisible() {
+    let t = setup(standard("q")).await;
+    t.send("q", body("a")).await.unwrap();
+    let d = t.receive("q", 1, Duration::ZERO).await.unwrap().remove(0);
+    tokio::time::advance(Duration::from_secs(8)).await;
+    t.extend("q", &d.receipt, Duration::from_secs(10)).await.unwrap();
+    tokio::time::advance(Duration::from_secs(8)).await;
+    assert!(t.receive("q", 1, Duration::ZERO).await.unwrap().is_empty(), "16 s after receive, still extended");
+    tokio::time::advance(Duration::from_secs(3)).await;
+    assert_eq!(t.receive("q", 1, Duration::ZERO).await.unwrap().len(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn after_max_receives_the_message_moves_to_the_dead_letter_queue() {
+    let t = setup(standard("q")).await;
+    let id = t.send("q", body("poison")).await.unwrap();
+    for n in 1..=3 {
+        let d = t.receive("q", 1, Duration::ZERO).await.unwrap().remove(0);
+        assert_eq!(d.receive_count, n);
+        t.nack("q", d.receipt, Duration::ZERO).await.unwrap();
+    }
+    assert!(t.receive("q", 1, Duration::ZERO).await.unwrap().is_empty(), "moved out on the 4th receive");
+    let dl = t.dead_letters().unwrap();
+    let letters = dl.peek("q", 10).await.unwrap();
+    assert_eq!(letters.len(), 1);
+    assert_eq!(letters[0].message_id, id);
+    assert_eq!(letters[0].receive_count, 3);
+    assert_eq!(dl.depth("q").await.unwrap(), 1);
+    assert_eq!(dl.peek("q", 10).await.unwrap().len(), 1, "peek leaves it there");
+    let outcome = dl.redrive("q", RedriveOptions::default()).await.unwrap();
+    assert_eq!((outcome.moved, outcome.skipped), (1, 0));
+    let back = t.receive("q", 1, Duration::ZERO).await.unwrap();
+    assert_eq!(texts(&back), ["poison"]);
+    assert_eq!(back[0].receive_count, 1, "a redriven message starts over");
+}
+
+#[tokio::test(start_paused = true)]
+async fn delayed_and_backed_off_messages_wait() {
+    let t = setup(standard("q")).await;
+    t.send("q", Outgoing { delay: Some(Duration::from_secs(30)), ..body("later") }).await.unwrap();
+    t.send("q", body("now")).await.unwrap();
+    let now = t.receive("q", 10, Duration::ZERO).await.unwrap();
+    assert_eq!(texts(&now), ["now"]);
+    t.ack("q", vec![now[0].receipt.clone()]).await;
+    tokio::time::advance(Duration::from_secs(29)).await;
+    assert!(t.receive("q", 10, Duration::ZERO).await.unwrap().is_empty());
+    tokio::time::advance(SECOND).await;
+    let d = t.receive("q", 10, Duration::ZERO).await.unwrap().remove(0);
+    assert_eq!(&*d.body, b"later");
+    t.nack("q", d.receipt, Duration::from_secs(5)).await.unwrap();
+    assert!(t.receive("q", 10, Duration::ZERO).await.unwrap().is_empty(), "backing off");
+    tokio::time::advance(Duration::from_secs(5)).await;
+    assert_eq!(t.receive("q", 10, Duration::ZERO).await.unwrap().len(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_long_poll_returns_as_soon_as_a_message_arrives() {
+    let t = setup(standard("q")).await;
+    let sender = t.clone();
+    let start = tokio::time::Instant::now();
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        sender.send("q", body("x")).await.unwrap();
+    });
+    let got = t.receive("q", 10, Duration::from_secs(20)).await.unwrap();
+    assert_eq!(texts(&got), ["x"]);
+    assert!(start.elapsed() < Duration::from_secs(3));
+    t.ack("q", vec![got[0].receipt.clone()]).await;
+    assert!(t.receive("q", 10, Duration::from_secs(20)).await.unwrap().is_empty(), "times out empty");
+}
+
+#[tokio::test(start_paused = true)]
+async fn fifo_hands_out_a_group_in_order_and_one_batch_at_a_time() {
+    let t = setup(fifo("q.fifo")).await;
+    for i in 0..3 {
+        t.send("q.fifo", grouped(&format!("a{i}"), "a")).await.unwrap();
+    }
+    t.send("q.fifo", grouped("b0", "b")).await.unwrap();
+    let first = t.receive("q.fifo", 1, Duration::ZERO).await.unwrap();
+    assert_eq!(texts(&first), ["a0"]);
+    // Group a is locked while a0 is in flight; b is free.
+    assert_eq!(texts(&t.receive("q.fifo", 10, Duration::ZERO).await.unwrap()), ["b0"]);
+    assert!(t.receive("q.fifo", 10, Duration::ZERO).await.unwrap().is_empty());
+    t.ack("q.fifo", vec![first[0].receipt.clone()]).await;
+    let rest = t.receive("q.fifo", 10, Duration::ZERO).await.unwrap();
+    assert_eq!(texts(&rest), ["a1", "a2"], "order kept within the group");
+}
+
+#[tokio::test(start_paused = true)]
+async fn fifo_retry_keeps_the_group_locked_and_in_order() {
+    let t = setup(fifo("q.fifo")).await;
+    for i in 0..3 {
+        t.send("q.fifo", grouped(&format!("a{i}"), "a")).await.unwrap();
+    }
+    let batch = t.receive("q.fifo", 10, Duration::ZERO).await.unwrap();
+    assert_eq!(texts(&batch), ["a0", "a1", "a2"]);
+    // a0 fails with a 5 s backoff; a1 and a2 are released unprocessed.
+    t.nack("q.fifo", batch[0].receipt.clone(), Duration::from_secs(5)).await.unwrap();
+    t.nack("q.fifo", batch[1].receipt.clone(), Duration::ZERO).await.unwrap();
+    t.nack("q.fifo", batch[2].receipt.clone(), Duration::ZERO).await.unwrap();
+    assert!(t.receive("q.fifo", 10, Duration::ZERO).await.unwrap().is_empty(), "a1 must not overtake a0");
+    tokio::time::advance(Duration::from_secs(5)).await;
+    assert_eq!(texts(&t.receive("q.fifo", 10, Duration::ZERO).await.unwrap()), ["a0", "a1", "a2"]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn fifo_deduplicates_within_five_minutes() {
+    let t = setup(fifo("q.fifo")).await;
+    let with_id = |text: &str| Outgoing { dedup_id: Some("order-1".into()), ..grouped(text, "g") };
+    let first = t.send("q.fifo", with_id("one")).await.unwrap();
+    tokio::time::advance(Duration::from_secs(299)).await;
+    assert_eq!(t.send("q.fifo", with_id("two")).await.unwrap(), first, "a duplicate gets the first id");
+    assert_eq!(t.depth("q.fifo").await.unwrap(), 1);
+    tokio::time::advance(Duration::from_secs(2)).await;
+    assert_ne!(t.send("q.fifo", with_id("three")).await.unwrap(), first);
+    assert_eq!(t.depth("q.fifo").await.unwrap(), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn fifo_rejects_a_delay_and_a_missing_group() {
+    let t = setup(fifo("q.fifo")).await;
+    let delayed = Outgoing { delay: Some(SECOND), ..grouped("x", "g") };
+    assert!(matches!(t.send("q.fifo", delayed).await, Err(TransportError::Rejected(_))));
+    assert!(matches!(t.send("q.fifo", body("x")).await, Err(TransportError::Rejected(_))));
+    let batch = t.send_batch("q.fifo", vec![grouped("ok", "g"), body("no group")]).await;
+    assert!(batch[0].is_ok() && batch[1].is_err(), "partial failure is per message");
+}
+
+#[tokio::test(start_paused = true)]
+async fn redrive_is_fifo_correct_and_filters() {
+    let t = setup(fifo("q.fifo")).await;
+    let dl = t.dead_letters().unwrap();
+    for (text, group) in [("keep", "g1"), ("move", "g2")] {
+        t.send("q.fifo", grouped(text, group)).await.unwrap();
+        let d = t.receive("q.fifo", 1, Duration::ZERO).await.unwrap().remove(0);
+        dl.dead_letter("q.fifo", d.receipt, "permanent".into()).await.unwrap();
+    }
+    let letters = dl.peek("q.fifo", 10).await.unwrap();
+    assert_eq!(letters.len(), 2);
+    assert_eq!(letters[0].reason.as_deref(), Some("permanent"));
+    let only_move = RedriveOptions {
+        max: None,
+        filter: Some(std::sync::Arc::new(|l: &crate::transport::DeadLetter| &*l.body == b"move")),
+    };
+    let outcome = dl.redrive("q.fifo", only_move).await.unwrap();
+    assert_eq!((outcome.moved, outcome.skipped), (1, 1));
+    let back = t.receive("q.fifo", 10, Duration::ZERO).await.unwrap();
+    assert_eq!(texts(&back), ["move"]);
+    assert_eq!(back[0].group_id.as_deref(), Some("g2"), "group id kept");
+    assert_eq!(dl.depth("q.fifo").await.unwrap(), 1);
+}
+
+#[tokio::test]
+async fn unknown_queues_and_kind_conflicts_are_errors() {
+    let t = MemoryTransport::new();
+    assert!(matches!(t.send("nope", body("x")).await, Err(TransportError::QueueNotFound(_))));
+    assert!(matches!(t.receive("nope", 1, Duration::ZERO).await, Err(TransportError::QueueNotFound(_))));
+    t.declare(&QueueSpec::standard("q")).await.unwrap();
+    let as_fifo = QueueSpec { fifo: true, ..QueueSpec::standard("q") };
+    assert!(t.declare(&as_fifo).await.is_err());
+}

@@ -1,0 +1,466 @@
+//! The worker, end to end on `memory://` through the test harness:
+//! concurrency, FIFO order, retries, dead letters, heartbeat, panics,
+//! behaviours, idempotency and graceful shutdown.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use messaging::observe::Outcome;
+use messaging::prelude::*;
+use messaging::testing::TestApp;
+
+/// Shared by the handlers of this file: what ran, and how many at once.
+#[derive(Default)]
+struct Recorder {
+    seen: Mutex<Vec<String>>,
+    running: AtomicUsize,
+    max_running: AtomicUsize,
+    calls: AtomicUsize,
+}
+
+impl Recorder {
+    async fn run(&self, label: String, work: Duration) {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        let now = self.running.fetch_add(1, Ordering::SeqCst) + 1;
+        self.max_running.fetch_max(now, Ordering::SeqCst);
+        tokio::time::sleep(work).await;
+        self.seen.lock().unwrap().push(label);
+        self.running.fetch_sub(1, Ordering::SeqCst);
+    }
+    fn seen(&self) -> Vec<String> {
+        self.seen.lock().unwrap().clone()
+    }
+}
+
+#[messaging::message(name = "test.job", v = 1)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Job {
+    n: u32,
+}
+
+#[messaging::message(name = "test.step", v = 1, group = group)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Step {
+    group: String,
+    seq: u32,
+}
+
+async fn start<Q: Queue>(recorder: &Arc<Recorder>) -> TestApp {
+    let r = recorder.clone();
+    TestApp::builder()
+        .only::<Q>()
+        .timeout(Duration::from_secs(20))
+        .setup(move |s| {
+            s.provide(r);
+        })
+        .start()
+        .await
+        .expect("app starts")
+}
+
+async fn publish_jobs<Q: Queue<Kind = messaging::Standard>>(app: &TestApp, count: u32) -> Vec<MessageId> {
+    let jobs: Vec<Job> = (0..count).map(|n| Job { n }).collect();
+    app.publisher().send_batch::<Q, _>(&jobs).await.into_iter().map(|r| r.expect("published")).collect()
+}
+
+// --- concurrency -----------------------------------------------------------
+
+#[messaging::queue("sequential")]
+struct Sequential;
+
+#[messaging::handler(queue = Sequential)]
+async fn sequential(job: Job, rec: State<Arc<Recorder>>) {
+    rec.run(job.n.to_string(), Duration::from_millis(5)).await;
+}
+
+#[tokio::test]
+async fn concurrency_one_is_strictly_sequential_in_order() {
+    let rec = Arc::new(Recorder::default());
+    let app = start::<Sequential>(&rec).await;
+    let ids = publish_jobs::<Sequential>(&app, 30).await;
+    for id in &ids {
+        app.handled(id).await.unwrap();
+    }
+    assert_eq!(rec.max_running.load(Ordering::SeqCst), 1);
+    let expected: Vec<String> = (0..30).map(|n| n.to_string()).collect();
+    assert_eq!(rec.seen(), expected);
+    app.stop().await;
+}
+
+#[messaging::queue("parallel", concurrency = 8)]
+struct Parallel;
+
+#[messaging::handler(queue = Parallel)]
+async fn parallel(job: Job, rec: State<Arc<Recorder>>) {
+    rec.run(job.n.to_string(), Duration::from_millis(30)).await;
+}
+
+#[tokio::test]
+async fn concurrency_eight_runs_up_to_eight_at_once() {
+    let rec = Arc::new(Recorder::default());
+    let app = start::<Parallel>(&rec).await;
+    let ids = publish_jobs::<Parallel>(&app, 40).await;
+    for id in &ids {
+        app.handled(id).await.unwrap();
+    }
+    let max = rec.max_running.load(Ordering::SeqCst);
+    assert!(max > 1 && max <= 8, "max concurrent handlers: {max}");
+    assert_eq!(rec.calls.load(Ordering::SeqCst), 40, "each handled once");
+    app.stop().await;
+}
+
+// --- FIFO --------------------------------------------------------------------
+
+#[messaging::queue("steps.fifo", fifo, concurrency = 8)]
+struct Steps;
+
+#[messaging::handler(queue = Steps)]
+async fn step(step: Step, rec: State<Arc<Recorder>>) {
+    rec.run(format!("{}:{}", step.group, step.seq), Duration::from_millis(3)).await;
+}
+
+#[tokio::test]
+async fn fifo_keeps_order_within_groups_and_runs_groups_in_parallel() {
+    let rec = Arc::new(Recorder::default());
+    let app = start::<Steps>(&rec).await;
+    let mut ids = Vec::new();
+    for seq in 0..20 {
+        for g in 0..10 {
+            // The group comes from the message's `group = group` field.
+            ids.push(app.publisher().send::<Steps, _>(&Step { group: format!("g{g}"), seq }).await.unwrap());
+        }
+    }
+    for id in &ids {
+        app.handled(id).await.unwrap();
+    }
+    let mut per_group: HashMap<String, Vec<u32>> = HashMap::new();
+    for label in rec.seen() {
+        let (g, seq) = label.split_once(':').unwrap();
+        per_group.entry(g.to_owned()).or_default().push(seq.parse().unwrap());
+    }
+    assert_eq!(per_group.len(), 10);
+    for (g, seqs) in per_group {
+        assert_eq!(seqs, (0..20).collect::<Vec<_>>(), "group {g} out of order");
+    }
+    assert!(rec.max_running.load(Ordering::SeqCst) > 1, "distinct groups should overlap");
+    app.stop().await;
+}
+
+// --- retries and dead letters ---------------------------------------------------
+
+#[messaging::queue("flaky", dlq = "flaky-dlq", max_receives = 5)]
+struct Flaky;
+
+
+#[derive(Debug)]
+struct Failure(&'static str);
+impl std::fmt::Display for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.0)
+    }
+}
+impl std::error::Error for Failure {}
+
+#[messaging::handler(queue = Flaky, retry(base = "20ms", max = "100ms"))]
+async fn flaky(job: Job, ctx: MessageContext, rec: State<Arc<Recorder>>) -> Result<(), HandlerError> {
+    rec.run(format!("{}@{}", job.n, ctx.receive_count()), Duration::ZERO).await;
+    if ctx.receive_count() < 3 {
+        return Err(Failure("not yet").into());
+    }
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_failed_message_is_not_acked_and_is_retried_with_backoff() {
+    let rec = Arc::new(Recorder::default());
+    let app = start::<Flaky>(&rec).await;
+    let started = std::time::Instant::now();
+    let id = publish_jobs::<Flaky>(&app, 1).await.remove(0);
+    app.retried(&id, 2).await.unwrap();
+    app.handled(&id).await.unwrap();
+    assert_eq!(rec.seen(), ["0@1", "0@2", "0@3"]);
+    // Two backoffs of at least half of 20 ms and 40 ms.
+    assert!(started.elapsed() >= Duration::from_millis(30));
+    let history = app.history(&id);
+    assert!(matches!(history.as_slice(), [Outcome::Retried { .. }, Outcome::Retried { .. }, Outcome::Handled]), "{history:?}");
+    app.stop().await;
+}
+
+#[messaging::queue("hopeless", dlq = "hopeless-dlq", max_receives = 3)]
+struct Hopeless;
+
+#[messaging::handler(queue = Hopeless, retry(base = "10ms", max = "20ms"))]
+async fn hopeless(_job: Job, rec: State<Arc<Recorder>>) -> Result<(), HandlerError> {
+    rec.run("try".into(), Duration::ZERO).await;
+    Err(HandlerError::transient(Failure("always fails")))
+}
+
+#[tokio::test]
+async fn after_max_receives_a_failing_message_is_dead_lettered_not_lost() {
+    let rec = Arc::new(Recorder::default());
+    let app = start::<Hopeless>(&rec).await;
+    let id = publish_jobs::<Hopeless>(&app, 1).await.remove(0);
+    app.dead_lettered(&id).await.unwrap();
+    assert_eq!(rec.calls.load(Ordering::SeqCst), 3, "received max_receives times");
+    let letters = app.transport().dead_letters().unwrap().peek("hopeless", 10).await.unwrap();
+    assert_eq!(letters.len(), 1);
+    assert_eq!(letters[0].message_id, id);
+    app.stop().await;
+}
+
+#[messaging::queue("poison", dlq = "poison-dlq")]
+struct Poison;
+
+#[messaging::handler(queue = Poison)]
+async fn poison(_job: Job, rec: State<Arc<Recorder>>) -> Result<(), HandlerError> {
+    rec.run("once".into(), Duration::ZERO).await;
+    Err(HandlerError::permanent(Failure("cannot ever work")))
+}
+
+#[tokio::test]
+async fn a_permanent_failure_is_dead_lettered_at_once() {
+    let rec = Arc::new(Recorder::default());
+    let app = start::<Poison>(&rec).await;
+    let id = publish_jobs::<Poison>(&app, 1).await.remove(0);
+    app.dead_lettered(&id).await.unwrap();
+    assert_eq!(rec.calls.load(Ordering::SeqCst), 1);
+    let letters = app.transport().dead_letters().unwrap().peek("poison", 10).await.unwrap();
+    assert_eq!(letters[0].reason.as_deref(), Some("cannot ever work"));
+    app.stop().await;
+}
+
+// --- heartbeat, panics -------------------------------------------------------------
+
+#[messaging::queue("slow", visibility = "1s")]
+struct Slow;
+
+#[messaging::handler(queue = Slow)]
+async fn slow(job: Job, rec: State<Arc<Recorder>>) {
+    rec.run(job.n.to_string(), Duration::from_millis(2_500)).await;
+}
+
+#[tokio::test]
+async fn a_handler_slower_than_the_visibility_timeout_is_not_redelivered() {
+    let rec = Arc::new(Recorder::default());
+    let app = start::<Slow>(&rec).await;
+    // Two messages on a sequential queue: the second waits 2.5 s, received but
+    // unstarted, and must not be redelivered meanwhile either.
+    let ids = publish_jobs::<Slow>(&app, 2).await;
+    for id in &ids {
+        app.handled(id).await.unwrap();
+    }
+    assert_eq!(rec.calls.load(Ordering::SeqCst), 2, "heartbeat kept both invisible");
+    app.stop().await;
+}
+
+#[messaging::queue("panicky")]
+struct Panicky;
+
+#[messaging::handler(queue = Panicky, retry(base = "10ms", max = "10ms"))]
+async fn panicky(_job: Job, ctx: MessageContext) {
+    if ctx.receive_count() == 1 {
+        panic!("handler bug");
+    }
+}
+
+#[tokio::test]
+async fn a_panicking_handler_is_contained_and_retried() {
+    let app = TestApp::builder().only::<Panicky>().start().await.unwrap();
+    let id = publish_jobs::<Panicky>(&app, 1).await.remove(0);
+    app.handled(&id).await.unwrap();
+    let history = app.history(&id);
+    assert!(matches!(&history[0], Outcome::Retried { error } if error.contains("handler bug")), "{history:?}");
+    app.stop().await;
+}
+
+// --- behaviours on single- and multi-type queues -------------------------------------
+
+#[messaging::message(name = "test.other", v = 1)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Other {
+    text: String,
+}
+
+#[messaging::queue("mixed")]
+struct Mixed;
+
+#[messaging::handler(queue = Mixed)]
+async fn mixed_job(_job: Job) {}
+
+#[messaging::handler(queue = Mixed)]
+async fn mixed_other(_other: Other) {}
+
+struct CountingBehaviour(Arc<Mutex<Vec<String>>>);
+
+impl Behaviour for CountingBehaviour {
+    fn handle<'a>(&'a self, ctx: &'a MessageContext, next: Next<'a>) -> messaging::BoxFuture<'a, Result<(), HandlerError>> {
+        Box::pin(async move {
+            let handler = next.handler_name();
+            let result = next.run().await;
+            self.0.lock().unwrap().push(format!("{} {} {}", ctx.queue(), ctx.type_name().unwrap_or("-"), handler));
+            result
+        })
+    }
+}
+
+#[tokio::test]
+async fn behaviours_wrap_single_and_multi_type_queues() {
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let l = log.clone();
+    let app = TestApp::builder()
+        .only::<Mixed>()
+        .only::<Sequential>()
+        .setup(move |s| {
+            s.behaviour(CountingBehaviour(l)).provide(Arc::new(Recorder::default()));
+        })
+        .start()
+        .await
+        .unwrap();
+    let p = app.publisher();
+    let a = p.send::<Mixed, _>(&Job { n: 1 }).await.unwrap();
+    let b = p.send::<Mixed, _>(&Other { text: "x".into() }).await.unwrap();
+    let c = p.send::<Sequential, _>(&Job { n: 2 }).await.unwrap();
+    for id in [&a, &b, &c] {
+        app.handled(id).await.unwrap();
+    }
+    let mut seen = log.lock().unwrap().clone();
+    seen.sort();
+    assert_eq!(
+        seen,
+        [
+            "mixed test.job worker::mixed_job",
+            "mixed test.other worker::mixed_other",
+            "sequential test.job worker::sequential",
+        ]
+    );
+    app.stop().await;
+}
+
+// --- idempotency ---------------------------------------------------------------------
+
+#[messaging::queue("charges")]
+struct Charges;
+
+#[messaging::handler(queue = Charges, idempotent = "charge", lease = "10s", retry(base = "10ms", max = "10ms"))]
+async fn charge(job: Job, rec: State<Arc<Recorder>>) {
+    rec.run(format!("charged {}", job.n), Duration::ZERO).await;
+}
+
+/// Makes the first dispatch of each message fail *after* the handler ran, as
+/// if the process had crashed before acknowledging.
+struct LoseFirstAck(Mutex<Vec<String>>);
+
+impl Behaviour for LoseFirstAck {
+    fn handle<'a>(&'a self, ctx: &'a MessageContext, next: Next<'a>) -> messaging::BoxFuture<'a, Result<(), HandlerError>> {
+        Box::pin(async move {
+            next.run().await?;
+            let mut seen = self.0.lock().unwrap();
+            if seen.contains(&ctx.message_id().to_owned()) {
+                Ok(())
+            } else {
+                seen.push(ctx.message_id().to_owned());
+                Err(HandlerError::transient(Failure("crashed before the ack")))
+            }
+        })
+    }
+}
+
+#[tokio::test]
+async fn an_idempotent_handler_runs_once_when_its_message_is_delivered_twice() {
+    let rec = Arc::new(Recorder::default());
+    let r = rec.clone();
+    let app = TestApp::builder()
+        .only::<Charges>()
+        .setup(move |s| {
+            s.provide(r).behaviour(LoseFirstAck(Mutex::new(Vec::new())));
+        })
+        .start()
+        .await
+        .unwrap();
+    let id = publish_jobs::<Charges>(&app, 1).await.remove(0);
+    app.retried(&id, 1).await.unwrap();
+    app.handled(&id).await.unwrap();
+    assert_eq!(rec.seen(), ["charged 0"], "the side effect happened once");
+    app.stop().await;
+}
+
+/// A store whose first claim finds the message in progress elsewhere.
+struct BusyOnce {
+    inner: messaging::idempotency::MemoryIdempotencyStore,
+    busy: AtomicUsize,
+}
+
+impl messaging::idempotency::IdempotencyStore for BusyOnce {
+    fn claim<'a>(
+        &'a self,
+        message_id: &'a str,
+        scope: &'a str,
+        processor: &'a str,
+        lease: Duration,
+    ) -> messaging::BoxFuture<'a, Result<messaging::idempotency::Claim, messaging::TransportError>> {
+        if self.busy.fetch_sub(1, Ordering::SeqCst) == 1 {
+            return Box::pin(async { Ok(messaging::idempotency::Claim::InProgress) });
+        }
+        self.inner.claim(message_id, scope, processor, lease)
+    }
+    fn complete<'a>(&'a self, m: &'a str, s: &'a str, p: &'a str) -> messaging::BoxFuture<'a, Result<(), messaging::TransportError>> {
+        self.inner.complete(m, s, p)
+    }
+    fn release<'a>(&'a self, m: &'a str, s: &'a str, p: &'a str) -> messaging::BoxFuture<'a, Result<(), messaging::TransportError>> {
+        self.inner.release(m, s, p)
+    }
+}
+
+#[tokio::test]
+async fn a_message_in_progress_elsewhere_is_retried_later() {
+    let rec = Arc::new(Recorder::default());
+    let r = rec.clone();
+    let app = TestApp::builder()
+        .only::<Charges>()
+        .setup(move |s| {
+            s.provide(r).idempotency_store(BusyOnce { inner: Default::default(), busy: AtomicUsize::new(1) });
+        })
+        .start()
+        .await
+        .unwrap();
+    let id = publish_jobs::<Charges>(&app, 1).await.remove(0);
+    app.handled(&id).await.unwrap();
+    let history = app.history(&id);
+    assert!(matches!(&history[0], Outcome::Retried { error } if error.contains("in progress")), "{history:?}");
+    assert_eq!(rec.seen(), ["charged 0"]);
+    app.stop().await;
+}
+
+// --- graceful shutdown -------------------------------------------------------------------
+
+#[messaging::queue("draining", visibility = "30s")]
+struct Draining;
+
+#[messaging::handler(queue = Draining)]
+async fn draining(job: Job, rec: State<Arc<Recorder>>) {
+    rec.run(job.n.to_string(), Duration::from_millis(400)).await;
+}
+
+#[tokio::test]
+async fn shutdown_finishes_the_running_handler_and_releases_the_rest() {
+    let rec = Arc::new(Recorder::default());
+    let app = start::<Draining>(&rec).await;
+    let ids = publish_jobs::<Draining>(&app, 5).await;
+    while rec.running.load(Ordering::SeqCst) == 0 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let transport = app.transport().clone();
+    app.stop().await;
+    assert_eq!(rec.seen(), ["0"], "the in-flight handler finished");
+    // Its ack was flushed, and the four unstarted messages are visible again at
+    // once (not after the 30 s visibility timeout).
+    assert_eq!(transport.depth("draining").await.unwrap(), 4);
+    let back = transport.receive("draining", 10, Duration::from_millis(100)).await.unwrap();
+    let mut back_ids: Vec<_> = back.iter().map(|d| d.message_id.clone()).collect();
+    back_ids.sort();
+    let mut expected = ids[1..].to_vec();
+    expected.sort();
+    assert_eq!(back_ids, expected);
+}
