@@ -76,6 +76,13 @@ pub struct Decoded<'r> {
     pub version: Option<u32>,
 }
 
+impl Decoded<'_> {
+    /// The type the route's handler takes (the type of `message`).
+    pub fn message_type(&self) -> std::any::TypeId {
+        (self.route.entry.message_type)()
+    }
+}
+
 impl Routes {
     /// The queue.
     pub fn spec(&self) -> &QueueSpec {
