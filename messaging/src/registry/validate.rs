@@ -106,7 +106,8 @@ fn check_messages(messages: &[&'static MessageEntry], problems: &mut Vec<String>
                 ));
             }
         }
-        let currents: Vec<_> = entries.iter().filter(|e| e.upcast.is_none()).collect();
+        let mut currents: Vec<_> = versions.values().filter(|e| e.upcast.is_none()).collect();
+        currents.sort_by_key(|e| e.version);
         let current = match currents.as_slice() {
             [only] => only.version,
             [] => {
