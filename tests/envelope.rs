@@ -105,7 +105,7 @@ async fn app() -> (TestApp, Log) {
 }
 
 async fn raw(app: &TestApp, queue: &str, body: &str) -> MessageId {
-    app.transport().send(queue, Outgoing { body: body.as_bytes().to_vec(), ..Outgoing::default() }).await.unwrap()
+    app.transport().send(queue, Outgoing { body: body.as_bytes().to_vec().into(), ..Outgoing::default() }).await.unwrap()
 }
 
 #[tokio::test]

@@ -32,7 +32,7 @@ pub struct DispatchEvent {
     /// The queue.
     pub queue: &'static str,
     /// The transport's message id.
-    pub message_id: String,
+    pub message_id: crate::transport::MessageId,
     /// The receive count of this delivery.
     pub receive_count: u32,
     /// What happened.

@@ -33,7 +33,7 @@ use crate::observe::{DispatchEvent, Observer, Outcome};
 use crate::publish::Publisher;
 use crate::queue::QueueSpec;
 use crate::transport::memory::MemoryTransport;
-use crate::transport::Transport;
+use crate::transport::{MessageId, Transport};
 
 /// A running app on a fresh `memory://` transport.
 pub struct TestApp {
@@ -84,7 +84,7 @@ pub enum TestError {
 
 #[derive(Default)]
 struct EventLog {
-    events: Mutex<HashMap<String, Vec<Outcome>>>,
+    events: Mutex<HashMap<MessageId, Vec<Outcome>>>,
     changed: Notify,
 }
 

@@ -76,7 +76,7 @@ struct SendOptions {
 impl SendOptions {
     /// Encodes `message` for queue `spec`, applying the group/dedup rules.
     fn outgoing<M: Message>(&self, spec: &QueueSpec, message: &M, max_delay: std::time::Duration) -> Result<Outgoing, PublishError> {
-        let body = crate::envelope::encode(message)?;
+        let body = crate::envelope::encode(message)?.into();
         let group_id = if spec.fifo {
             let group = self
                 .group

@@ -13,9 +13,12 @@ use std::time::{Duration, SystemTime};
 use crate::error::TransportError;
 use crate::queue::QueueSpec;
 
+mod id;
 pub mod memory;
 mod url;
 
+pub use bytes::Bytes;
+pub use id::MessageId;
 pub use url::{connect, DEFAULT_URL};
 
 /// A boxed, sendable future, as used by the object-safe traits of the seam.
@@ -24,14 +27,11 @@ pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 /// String attributes carried beside the body (type, version, trace context...).
 pub type Attributes = BTreeMap<String, String>;
 
-/// The transport's id of a message.
-pub type MessageId = String;
-
 /// A message on its way to a queue.
 #[derive(Debug, Clone, Default)]
 pub struct Outgoing {
     /// The encoded body.
-    pub body: Vec<u8>,
+    pub body: Bytes,
     /// FIFO message group id.
     pub group_id: Option<String>,
     /// FIFO deduplication id (5-minute window).
@@ -56,7 +56,7 @@ pub struct Delivery {
     /// The transport's message id (the one `send` returned).
     pub message_id: MessageId,
     /// The body as published.
-    pub body: Arc<[u8]>,
+    pub body: Bytes,
     /// Settles this delivery.
     pub receipt: Receipt,
     /// How many times the message has been received, this time included.
@@ -140,7 +140,7 @@ pub struct DeadLetter {
     /// The transport's message id.
     pub message_id: MessageId,
     /// The body as published.
-    pub body: Arc<[u8]>,
+    pub body: Bytes,
     /// FIFO group id.
     pub group_id: Option<String>,
     /// Attributes as published.

@@ -2,10 +2,12 @@
 //! backoff, or dead-letter), report.
 
 use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::FutureExt;
 
+use super::inflight::Batch;
 use super::Worker;
 use crate::context::MessageContext;
 use crate::error::HandlerError;
@@ -14,8 +16,9 @@ use crate::observe::{DispatchEvent, Outcome};
 use crate::transport::Delivery;
 
 impl Worker {
-    /// Handles one delivery to the end. Returns whether it succeeded.
-    pub(super) async fn process(&self, delivery: Delivery) -> bool {
+    /// Handles message `i` of `batch` to the end. Returns whether it succeeded.
+    pub(super) async fn process(&self, batch: &Arc<Batch>, i: usize) -> bool {
+        let delivery = &batch.deliveries[i];
         let spec = self.routes.spec();
         let decoded = match self.routes.decode(&delivery.body) {
             Ok(decoded) => decoded,
@@ -28,12 +31,13 @@ impl Worker {
                     spec.max_receives
                 );
                 let delay = RetryPolicy::default().backoff(delivery.receive_count);
-                self.retry(&delivery, delay).await;
-                self.report(&delivery, Outcome::Undecodable { error: e.to_string() });
+                self.settle(batch, i);
+                self.release(delivery, delay).await;
+                self.report(delivery, Outcome::Undecodable { error: e.to_string() });
                 return false;
             }
         };
-        let ctx = MessageContext::new(spec.name, self.transport.system(), &delivery, decoded.type_name, decoded.version);
+        let ctx = MessageContext::new(spec.name, self.transport.system(), delivery, decoded.type_name, decoded.version);
         let route = decoded.route;
         let result = AssertUnwindSafe(self.pipeline.dispatch(decoded.message, route, &ctx))
             .catch_unwind()
@@ -42,15 +46,16 @@ impl Worker {
         match result {
             Ok(()) => {
                 self.acker.ack(delivery.receipt.clone());
-                self.inflight.settle(&delivery.receipt);
-                self.report(&delivery, Outcome::Handled);
+                self.settle(batch, i);
+                self.report(delivery, Outcome::Handled);
                 true
             }
             Err(error) if error.is_permanent() => {
                 tracing::warn!(queue = spec.name, message.id = %delivery.message_id, handler = route.entry.name,
                     "permanent failure, dead-lettering: {error}");
-                self.dead_letter(&delivery, &error).await;
-                self.report(&delivery, Outcome::DeadLettered { error: error.to_string() });
+                self.settle(batch, i);
+                self.dead_letter(delivery, &error).await;
+                self.report(delivery, Outcome::DeadLettered { error: error.to_string() });
                 false
             }
             Err(error) => {
@@ -58,16 +63,16 @@ impl Worker {
                 let delay = error.requested_delay().unwrap_or_else(|| policy.backoff(delivery.receive_count));
                 tracing::warn!(queue = spec.name, message.id = %delivery.message_id, handler = route.entry.name,
                     receive_count = delivery.receive_count, retry_in = ?delay, "handler failed: {error}");
-                self.retry(&delivery, delay).await;
-                self.report(&delivery, Outcome::Retried { error: error.to_string() });
+                self.settle(batch, i);
+                self.release(delivery, delay).await;
+                self.report(delivery, Outcome::Retried { error: error.to_string() });
                 false
             }
         }
     }
 
-    /// Makes the delivery visible again after `delay`.
-    pub(super) async fn retry(&self, delivery: &Delivery, delay: Duration) {
-        self.inflight.settle(&delivery.receipt);
+    /// Makes a settled delivery visible again after `delay`.
+    pub(super) async fn release(&self, delivery: &Delivery, delay: Duration) {
         if let Err(e) = self.transport.nack(self.routes.spec().name, delivery.receipt.clone(), delay).await {
             tracing::warn!(queue = self.routes.spec().name, message.id = %delivery.message_id,
                 "could not schedule the retry ({e}); the message comes back when its visibility times out");
@@ -77,10 +82,7 @@ impl Worker {
     async fn dead_letter(&self, delivery: &Delivery, error: &HandlerError) {
         let spec = self.routes.spec();
         let moved = match (self.transport.dead_letters(), spec.dlq) {
-            (Some(dlq), Some(_)) => {
-                self.inflight.settle(&delivery.receipt);
-                dlq.dead_letter(spec.name, delivery.receipt.clone(), error.to_string()).await
-            }
+            (Some(dlq), Some(_)) => dlq.dead_letter(spec.name, delivery.receipt.clone(), error.to_string()).await,
             _ => Err(crate::error::TransportError::Rejected("no dead-letter queue".into())),
         };
         if let Err(e) = moved {
@@ -88,7 +90,7 @@ impl Worker {
             tracing::error!(queue = spec.name, message.id = %delivery.message_id,
                 "could not dead-letter the message ({e}); it is retried after the longest backoff instead. \
                  Declare `dlq = \"...\"` on the queue to keep failed messages aside");
-            self.retry(delivery, policy.max).await;
+            self.release(delivery, policy.max).await;
         }
     }
 

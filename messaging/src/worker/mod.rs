@@ -14,13 +14,15 @@ use std::time::Duration;
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 
+use std::sync::atomic::Ordering;
+
 use self::acker::Acker;
-use self::inflight::InFlight;
+use self::inflight::{Batch, InFlight, Unit};
 use crate::observe::SharedObserver;
 use crate::pipeline::Pipeline;
 use crate::registry::Routes;
 use crate::shutdown::Shutdown;
-use crate::transport::{Delivery, Transport};
+use crate::transport::Transport;
 
 /// Timing of a worker.
 #[derive(Debug, Clone, Copy)]
@@ -39,7 +41,7 @@ pub(crate) struct Worker {
     observer: SharedObserver,
     inflight: Arc<InFlight>,
     acker: Acker,
-    tasks_running: std::sync::atomic::AtomicUsize,
+    lanes_running: std::sync::atomic::AtomicUsize,
 }
 
 /// A running worker's handle, for drain detection.
@@ -52,7 +54,7 @@ impl WorkerHandle {
     /// No message received and unsettled, no ack waiting.
     pub(crate) fn is_idle(&self) -> bool {
         let w = &self.worker;
-        w.inflight.is_empty() && w.acker.pending() == 0 && w.tasks_running.load(std::sync::atomic::Ordering::SeqCst) == 0
+        w.inflight.is_empty() && w.acker.pending() == 0 && w.lanes_running.load(Ordering::SeqCst) == 0
     }
 
     pub(crate) fn queue(&self) -> &'static str {
@@ -76,7 +78,7 @@ impl Worker {
                 observer,
                 inflight: Arc::new(InFlight::default()),
                 acker,
-                tasks_running: Default::default(),
+                lanes_running: Default::default(),
             }),
         }
     }
@@ -90,96 +92,75 @@ impl WorkerHandle {
         let spec = worker.routes.spec().clone();
         let heartbeat = tokio::spawn(worker.inflight.clone().heartbeat(worker.transport.clone(), spec.name, spec.visibility));
         let permits = Arc::new(Semaphore::new(spec.concurrency.max(1)));
-        let mut tasks = JoinSet::new();
+        let mut lanes = JoinSet::new();
         let max = worker.transport.max_batch().max(1);
         let mut failures = 0u32;
         while !shutdown.is_triggered() {
-            while tasks.try_join_next().is_some() {}
-            // Receive only when a handler slot is free, so that prefetch stays
-            // bounded by one batch.
-            let slot = tokio::select! {
+            while lanes.try_join_next().is_some() {}
+            // Receive only when a handler slot is free, so that what is
+            // received but not started stays bounded by one batch.
+            let first = tokio::select! {
                 p = permits.clone().acquire_owned() => p,
                 _ = shutdown.wait() => break,
             };
-            drop(slot);
+            let Ok(first) = first else { break };
             let received = tokio::select! {
                 r = worker.transport.receive(spec.name, max, settings.receive_wait) => r,
                 _ = shutdown.wait() => break,
             };
-            let batch = match received {
-                Ok(batch) => {
+            let deliveries = match received {
+                Ok(deliveries) => {
                     failures = 0;
-                    batch
+                    deliveries
                 }
                 Err(e) => {
                     failures += 1;
                     let pause = Duration::from_millis(100 * u64::from(failures.min(50)));
                     tracing::warn!(queue = spec.name, "receive failed ({e}); retrying in {pause:?}");
+                    drop(first);
                     tokio::select! {
                         _ = tokio::time::sleep(pause) => continue,
                         _ = shutdown.wait() => break,
                     }
                 }
             };
-            if batch.is_empty() {
+            if deliveries.is_empty() {
                 continue;
             }
-            worker.inflight.hold_all(batch.iter().map(|d| &d.receipt));
-            if spec.concurrency <= 1 && spec.fifo {
-                // Strictly sequential, group by group.
-                for chain in group_chains(batch) {
-                    worker.process_chain(chain, &shutdown).await;
+            let batch = Arc::new(Batch::new(deliveries, spec.fifo));
+            worker.inflight.hold(batch.clone());
+            // One lane per free slot (at most one per unit of work); lanes
+            // take messages (or FIFO chains) from the batch until it is empty.
+            let mut slots = vec![first];
+            while slots.len() < batch.units() {
+                match permits.clone().try_acquire_owned() {
+                    Ok(p) => slots.push(p),
+                    Err(_) => break,
                 }
-            } else if spec.concurrency <= 1 {
-                // Strictly sequential: one handler at a time, in receive order.
-                for delivery in batch {
-                    if shutdown.is_triggered() {
-                        break; // the rest is released below
-                    }
-                    worker.process(delivery).await;
-                }
-            } else if spec.fifo {
-                for chain in group_chains(batch) {
-                    let permit = tokio::select! {
-                        p = permits.clone().acquire_owned() => p,
-                        _ = shutdown.wait() => break,
-                    };
-                    let Ok(permit) = permit else { break };
-                    let w = worker.clone();
-                    let stop = shutdown.clone();
-                    w.tasks_running.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-                    tasks.spawn(async move {
-                        w.process_chain(chain, &stop).await;
-                        w.tasks_running.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
-                        drop(permit);
-                    });
-                }
-            } else {
-                for delivery in batch {
-                    let permit = tokio::select! {
-                        p = permits.clone().acquire_owned() => p,
-                        _ = shutdown.wait() => break,
-                    };
-                    let Ok(permit) = permit else { break };
-                    let w = worker.clone();
-                    w.tasks_running.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-                    tasks.spawn(async move {
-                        w.process(delivery).await;
-                        w.tasks_running.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
-                        drop(permit);
-                    });
-                }
+            }
+            for slot in slots {
+                let (w, b, stop) = (worker.clone(), batch.clone(), shutdown.clone());
+                w.lanes_running.fetch_add(1, Ordering::SeqCst);
+                lanes.spawn(async move {
+                    w.lane(&b, &stop).await;
+                    w.lanes_running.fetch_sub(1, Ordering::SeqCst);
+                    drop(slot);
+                });
             }
         }
         // Graceful end: let running handlers finish within the grace period.
-        let finished = tokio::time::timeout(settings.grace, async { while tasks.join_next().await.is_some() {} }).await;
+        let finished = tokio::time::timeout(settings.grace, async { while lanes.join_next().await.is_some() {} }).await;
         if finished.is_err() {
-            tracing::warn!(queue = spec.name, "handlers still running after the grace period of {:?} were stopped; their messages are released", settings.grace);
-            tasks.abort_all();
-            while tasks.join_next().await.is_some() {}
+            tracing::warn!(
+                queue = spec.name,
+                "handlers still running after the grace period of {:?} were stopped; their messages are released",
+                settings.grace
+            );
+            lanes.abort_all();
+            while lanes.join_next().await.is_some() {}
         }
         heartbeat.abort();
-        let held = worker.inflight.take_all();
+        let held = worker.inflight.take_unsettled();
         if !held.is_empty() {
             tracing::info!(queue = spec.name, count = held.len(), "releasing messages that were received but not handled");
         }
@@ -191,32 +172,41 @@ impl WorkerHandle {
 }
 
 impl Worker {
-    /// Handles one FIFO group's messages in order; after a failure the rest
-    /// of the chain is released (not handled out of order).
-    async fn process_chain(&self, chain: Vec<Delivery>, shutdown: &Shutdown) {
-        let mut rest = chain.into_iter();
-        while let Some(delivery) = rest.next() {
-            if shutdown.is_triggered() {
-                return; // unstarted messages stay held and are released at the end
+    /// Handles units of work from `batch` until none is left (or shutdown).
+    /// A FIFO chain runs in order; after a failure the rest of the chain is
+    /// released, not handled out of order.
+    async fn lane(&self, batch: &Arc<Batch>, shutdown: &Shutdown) {
+        while let Some(unit) = batch.claim() {
+            match unit {
+                Unit::One(i) => {
+                    if shutdown.is_triggered() {
+                        return; // unstarted messages stay held and are released at the end
+                    }
+                    self.process(batch, i).await;
+                }
+                Unit::Chain(chain) => {
+                    let mut rest = chain.iter();
+                    for &i in rest.by_ref() {
+                        if shutdown.is_triggered() {
+                            return;
+                        }
+                        if !self.process(batch, i).await {
+                            break;
+                        }
+                    }
+                    for &i in rest {
+                        self.settle(batch, i);
+                        self.release(&batch.deliveries[i], Duration::ZERO).await;
+                    }
+                }
             }
-            if !self.process(delivery).await {
-                break;
-            }
-        }
-        for delivery in rest {
-            self.retry(&delivery, Duration::ZERO).await;
         }
     }
-}
 
-/// Splits a FIFO batch into per-group chains, keeping the order within each.
-fn group_chains(batch: Vec<Delivery>) -> Vec<Vec<Delivery>> {
-    let mut chains: Vec<Vec<Delivery>> = Vec::new();
-    for delivery in batch {
-        match chains.iter_mut().find(|c| c[0].group_id == delivery.group_id) {
-            Some(chain) => chain.push(delivery),
-            None => chains.push(vec![delivery]),
+    /// Marks a message settled, forgetting the batch with its last message.
+    fn settle(&self, batch: &Arc<Batch>, i: usize) {
+        if batch.settle(i) {
+            self.inflight.release_batch(batch);
         }
     }
-    chains
 }

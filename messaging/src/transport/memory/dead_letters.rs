@@ -98,7 +98,7 @@ impl DeadLetters for MemoryTransport {
                 let Some(letter) = dlq_state.remove(key) else { continue };
                 let group_id = letter.group.clone().or_else(|| fifo.then(|| default_group.map(str::to_owned)).flatten());
                 let outgoing = Outgoing {
-                    body: letter.body.to_vec(),
+                    body: letter.body.clone(),
                     group_id,
                     dedup_id: None,
                     delay: None::<Duration>,

@@ -34,13 +34,14 @@ impl std::fmt::Debug for MemoryTransport {
 }
 
 struct MemQueue {
+    fifo: bool,
     state: Mutex<QueueState>,
     notify: Notify,
 }
 
 impl MemQueue {
     fn new(spec: QueueSpec) -> Self {
-        MemQueue { state: Mutex::new(QueueState::new(spec)), notify: Notify::new() }
+        MemQueue { fifo: spec.fifo, state: Mutex::new(QueueState::new(spec)), notify: Notify::new() }
     }
 
     fn lock(&self) -> MutexGuard<'_, QueueState> {
@@ -87,12 +88,15 @@ impl MemoryTransport {
             let notified = queue.notify.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
-            let (received, spec, next_timer) = {
+            let (received, next_timer, spec) = {
                 let mut state = queue.lock();
                 let received = state.receive(max.max(1), Instant::now());
-                (received, state.spec.clone(), state.next_timer())
+                let spec = (!received.expired.is_empty()).then(|| state.spec.clone());
+                (received, state.next_timer(), spec)
             };
-            self.bury(&spec, received.expired);
+            if let Some(spec) = spec {
+                self.bury(&spec, received.expired);
+            }
             let now = Instant::now();
             if !received.deliveries.is_empty() || now >= deadline {
                 return Ok(received.deliveries);
@@ -114,7 +118,7 @@ impl Transport for MemoryTransport {
     fn declare<'a>(&'a self, spec: &'a QueueSpec) -> BoxFuture<'a, Result<(), TransportError>> {
         Box::pin(async move {
             if let Ok(existing) = self.queue(spec.name) {
-                let fifo = existing.lock().spec.fifo;
+                let fifo = existing.fifo;
                 if fifo != spec.fifo {
                     return Err(TransportError::Rejected(format!(
                         "queue `{}` already exists as a {} queue",
@@ -185,7 +189,7 @@ impl Transport for MemoryTransport {
                 receipts.iter().map(|r| state.ack(r)).collect()
             };
             // Acks can unlock FIFO groups.
-            if q.lock().spec.fifo {
+            if q.fifo {
                 q.notify.notify_waiters();
             }
             results

@@ -3,10 +3,12 @@
 //! holds the lock and passes the time in.
 
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap, VecDeque};
+use std::collections::{BinaryHeap, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
+use bytes::Bytes;
+use rustc_hash::FxHashMap as HashMap;
 use tokio::time::Instant;
 
 use crate::error::TransportError;
@@ -30,7 +32,7 @@ pub(super) enum Status {
 #[derive(Debug, Clone)]
 pub(super) struct Stored {
     pub(super) id: MessageId,
-    pub(super) body: Arc<[u8]>,
+    pub(super) body: Bytes,
     pub(super) group: Option<String>,
     pub(super) attributes: Arc<Attributes>,
     pub(super) sent_at: SystemTime,
@@ -68,7 +70,11 @@ pub(super) struct QueueState {
     /// FIFO queues: the groups, and those that can hand out their head.
     groups: HashMap<String, Group>,
     ready_groups: VecDeque<String>,
+    /// Delays, backoffs and extended visibilities, earliest first.
     timers: BinaryHeap<Reverse<(Instant, u64, u32)>>,
+    /// Visibility timeouts set at receive: all `now + visibility`, so they
+    /// arrive in deadline order and need no heap.
+    leases: VecDeque<(Instant, u64, u32)>,
     dedup: HashMap<String, (Instant, MessageId)>,
     dedup_order: VecDeque<(Instant, String)>,
 }
@@ -79,12 +85,13 @@ impl QueueState {
             spec,
             next_key: 1,
             next_token: 1,
-            messages: HashMap::new(),
+            messages: HashMap::default(),
             ready: VecDeque::new(),
-            groups: HashMap::new(),
+            groups: HashMap::default(),
             ready_groups: VecDeque::new(),
             timers: BinaryHeap::new(),
-            dedup: HashMap::new(),
+            leases: VecDeque::new(),
+            dedup: HashMap::default(),
             dedup_order: VecDeque::new(),
         }
     }
@@ -112,7 +119,7 @@ impl QueueState {
                 }
             }
         }
-        let id = uuid::Uuid::new_v4().to_string();
+        let id = MessageId::random();
         if self.spec.fifo {
             if let Some(dedup) = msg.dedup_id.clone() {
                 self.dedup.insert(dedup.clone(), (now, id.clone()));
@@ -126,7 +133,7 @@ impl QueueState {
         self.insert(
             Stored {
                 id: id.clone(),
-                body: msg.body.into(),
+                body: msg.body,
                 group: msg.group_id,
                 attributes: Arc::new(msg.attributes),
                 sent_at: SystemTime::now(),
@@ -168,11 +175,18 @@ impl QueueState {
     }
 
     fn set_status(&mut self, key: u64, status: Status) {
+        self.set_status_with(key, status, false);
+    }
+
+    /// Changes a message's status; `monotonic` deadlines (visibility set at
+    /// receive) go to the lease queue instead of the heap.
+    fn set_status_with(&mut self, key: u64, status: Status, monotonic: bool) {
         let Some(msg) = self.messages.get_mut(&key) else { return };
         let was_in_flight = matches!(msg.status, Status::InFlight { .. });
         msg.status = status;
         msg.epoch = msg.epoch.wrapping_add(1);
         match status {
+            Status::InFlight { until, .. } if monotonic => self.leases.push_back((until, key, msg.epoch)),
             Status::Hidden(at) | Status::InFlight { until: at, .. } => self.timers.push(Reverse((at, key, msg.epoch))),
             Status::Visible => {}
         }
@@ -214,19 +228,43 @@ impl QueueState {
                 break;
             }
             self.timers.pop();
-            let current = self.messages.get(&key).is_some_and(|m| m.epoch == epoch);
-            if current {
-                self.set_status(key, Status::Visible);
-                if !self.spec.fifo {
-                    self.ready.push_back(key);
-                }
+            self.expire(key, epoch);
+        }
+        while let Some((at, key, epoch)) = self.leases.front().copied() {
+            if at > now {
+                break;
+            }
+            self.leases.pop_front();
+            self.expire(key, epoch);
+        }
+    }
+
+    /// A timer fired: the message becomes visible unless it changed since.
+    fn expire(&mut self, key: u64, epoch: u32) {
+        let current = self.messages.get(&key).is_some_and(|m| m.epoch == epoch);
+        if current {
+            self.set_status(key, Status::Visible);
+            if !self.spec.fifo {
+                self.ready.push_back(key);
             }
         }
     }
 
-    /// When the next timer fires, if any.
-    pub(super) fn next_timer(&self) -> Option<Instant> {
-        self.timers.peek().map(|Reverse((at, _, _))| *at)
+    /// When the next timer fires, if any. Stale lease entries at the front
+    /// (settled messages) are dropped first so that they cause no wake-ups.
+    pub(super) fn next_timer(&mut self) -> Option<Instant> {
+        while let Some((_, key, epoch)) = self.leases.front().copied() {
+            if self.messages.get(&key).is_some_and(|m| m.epoch == epoch) {
+                break;
+            }
+            self.leases.pop_front();
+        }
+        let lease = self.leases.front().map(|(at, _, _)| *at);
+        let timer = self.timers.peek().map(|Reverse((at, _, _))| *at);
+        match (lease, timer) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     }
 
     /// Hands out up to `max` visible messages, making them in flight.
@@ -291,7 +329,7 @@ impl QueueState {
         let token = self.next_token;
         self.next_token += 1;
         let until = now + self.spec.visibility;
-        self.set_status(key, Status::InFlight { token, until });
+        self.set_status_with(key, Status::InFlight { token, until }, true);
         let Some(msg) = self.messages.get_mut(&key) else { return false };
         msg.receive_count += 1;
         out.deliveries.push(Delivery {

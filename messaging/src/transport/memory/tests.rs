@@ -24,7 +24,7 @@ fn fifo(name: &'static str) -> QueueSpec {
 }
 
 fn body(text: &str) -> Outgoing {
-    Outgoing { body: text.as_bytes().to_vec(), ..Outgoing::default() }
+    Outgoing { body: text.as_bytes().to_vec().into(), ..Outgoing::default() }
 }
 
 fn grouped(text: &str, group: &str) -> Outgoing {

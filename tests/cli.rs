@@ -1,0 +1,90 @@
+//! The command line every `#[messaging::main]` binary gets, exercised on the
+//! orders example: `run` (default, here draining), `validate`, `queues`,
+//! transport selection, and graceful exit on SIGTERM.
+
+use std::path::PathBuf;
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+/// The example binary, built on demand when the test runs on its own.
+fn orders() -> Command {
+    let exe = std::env::current_exe().unwrap();
+    let dir = exe.parent().and_then(|deps| deps.parent()).unwrap().to_path_buf();
+    let bin: PathBuf = dir.join("examples").join(format!("orders{}", std::env::consts::EXE_SUFFIX));
+    if !bin.exists() {
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let status = Command::new(cargo)
+            .args(["build", "--example", "orders"])
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .status()
+            .unwrap();
+        assert!(status.success(), "building the orders example failed");
+    }
+    let mut cmd = Command::new(bin);
+    cmd.env_remove("MESSAGING_URL").env("RUST_LOG", "warn");
+    cmd
+}
+
+fn run(cmd: &mut Command) -> Output {
+    cmd.stdin(Stdio::null()).output().unwrap()
+}
+
+fn stdout(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[test]
+fn run_handles_the_demo_orders_and_exits() {
+    let out = run(&mut orders());
+    let text = stdout(&out);
+    assert!(out.status.success(), "{text}\n{}", String::from_utf8_lossy(&out.stderr));
+    for line in [
+        "handled order A1 for ada (coupon: WELCOME; v2)",
+        "handled order A2 for grace (coupon: none; v2)",
+        "handled order A3 for linus (coupon: none; arrived as v1, upcast to v2)",
+        "sent confirmation of order A3 to linus@example.com",
+    ] {
+        assert!(text.contains(line), "missing `{line}` in:\n{text}");
+    }
+}
+
+#[test]
+fn validate_and_queues() {
+    let out = run(orders().arg("validate"));
+    assert!(out.status.success());
+    assert!(stdout(&out).starts_with("ok: 2 queue(s), 2 handler(s) on memory"), "{}", stdout(&out));
+    let out = run(orders().args(["--transport", "memory://", "queues"]));
+    assert!(out.status.success());
+    let text = stdout(&out);
+    assert!(text.contains("orders.fifo") && text.contains("fifo") && text.contains("orders-dlq.fifo"), "{text}");
+    assert!(text.contains("emails") && text.contains("standard"), "{text}");
+}
+
+#[test]
+fn a_bad_transport_url_is_a_clear_error() {
+    let out = run(orders().env("MESSAGING_URL", "carrier-pigeon://coop"));
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("unknown scheme `carrier-pigeon`"), "{err}");
+    let out = run(orders().args(["--transport", "no-scheme", "validate"]));
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("expected SCHEME://"));
+    let out = run(orders().args(["run", "--drain", "--serve"]));
+    assert_eq!(out.status.code(), Some(2), "clap rejects conflicting flags");
+}
+
+#[cfg(unix)]
+#[test]
+fn serve_mode_stops_gracefully_on_sigterm() {
+    let mut child = orders().args(["run", "--serve"]).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    // Give it time to handle the demo orders, then ask it to stop.
+    std::thread::sleep(Duration::from_millis(1500));
+    assert!(child.try_wait().unwrap().is_none(), "--serve keeps running after the demo");
+    let status = Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap();
+    assert!(status.success());
+    let started = Instant::now();
+    let out = child.wait_with_output().unwrap();
+    assert!(started.elapsed() < Duration::from_secs(10));
+    assert!(out.status.success(), "exit status {:?}", out.status);
+    assert!(stdout(&out).contains("handled order A3"));
+}
