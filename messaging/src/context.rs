@@ -3,99 +3,98 @@
 use std::sync::Arc;
 use std::time::SystemTime;
 
-use crate::transport::{Attributes, Delivery, MessageId};
+use crate::transport::{Attributes, Delivery};
+use crate::worker::Batch;
 
-/// Facts about the delivery being handled. Cheap to clone.
-#[derive(Debug, Clone)]
+/// Facts about the delivery being handled. Cheap to clone: it points into
+/// the received batch rather than copying the delivery.
+#[derive(Clone)]
 pub struct MessageContext {
-    inner: Arc<Inner>,
-}
-
-#[derive(Debug)]
-struct Inner {
+    batch: Arc<Batch>,
+    index: usize,
     queue: &'static str,
     system: &'static str,
-    message_id: MessageId,
-    receive_count: u32,
-    group_id: Option<String>,
-    attributes: Arc<Attributes>,
-    sent_at: SystemTime,
-    type_name: Option<String>,
+    type_name: Option<&'static str>,
     version: Option<u32>,
+}
+
+impl std::fmt::Debug for MessageContext {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MessageContext")
+            .field("queue", &self.queue)
+            .field("message_id", &self.message_id())
+            .field("receive_count", &self.receive_count())
+            .field("type_name", &self.type_name)
+            .field("wire_version", &self.version)
+            .finish_non_exhaustive()
+    }
 }
 
 impl MessageContext {
     pub(crate) fn new(
         queue: &'static str,
         system: &'static str,
-        delivery: &Delivery,
-        type_name: Option<String>,
+        batch: &Arc<Batch>,
+        index: usize,
+        type_name: Option<&'static str>,
         version: Option<u32>,
     ) -> Self {
-        MessageContext {
-            inner: Arc::new(Inner {
-                queue,
-                system,
-                message_id: delivery.message_id.clone(),
-                receive_count: delivery.receive_count,
-                group_id: delivery.group_id.clone(),
-                attributes: delivery.attributes.clone(),
-                sent_at: delivery.sent_at,
-                type_name,
-                version,
-            }),
-        }
+        MessageContext { batch: batch.clone(), index, queue, system, type_name, version }
+    }
+
+    fn delivery(&self) -> &Delivery {
+        &self.batch.deliveries[self.index]
     }
 
     /// The queue the message was received from.
     pub fn queue(&self) -> &'static str {
-        self.inner.queue
+        self.queue
     }
 
     /// The transport's `messaging.system` name (`memory`, `sqlite`, `aws_sqs`...).
     pub fn system(&self) -> &'static str {
-        self.inner.system
+        self.system
     }
 
     /// The transport's id of the message (stable across redeliveries).
     pub fn message_id(&self) -> &str {
-        &self.inner.message_id
+        &self.delivery().message_id
     }
 
     /// How many times the message has been received, this time included.
     pub fn receive_count(&self) -> u32 {
-        self.inner.receive_count
+        self.delivery().receive_count
     }
 
     /// The FIFO message group id.
     pub fn group_id(&self) -> Option<&str> {
-        self.inner.group_id.as_deref()
+        self.delivery().group_id.as_deref()
     }
 
     /// All message attributes.
     pub fn attributes(&self) -> &Attributes {
-        &self.inner.attributes
+        &self.delivery().attributes
     }
 
     /// One message attribute.
     pub fn attribute(&self, key: &str) -> Option<&str> {
-        self.inner.attributes.get(key).map(String::as_str)
+        self.delivery().attributes.get(key).map(String::as_str)
     }
 
     /// When the message was sent, as the transport recorded it.
     pub fn sent_at(&self) -> SystemTime {
-        self.inner.sent_at
+        self.delivery().sent_at
     }
 
     /// The envelope's logical type name; `None` for a bare body.
-    pub fn type_name(&self) -> Option<&str> {
-        self.inner.type_name.as_deref()
+    pub fn type_name(&self) -> Option<&'static str> {
+        self.type_name
     }
 
     /// The version the message had on the wire (before upcasting); `None` for
     /// a bare body.
     pub fn wire_version(&self) -> Option<u32> {
-        self.inner.version
+        self.version
     }
 
     /// The producer's W3C `traceparent`, if the message carries one.

@@ -39,7 +39,7 @@ pub enum Incoming<'a> {
     /// A well-formed envelope.
     Envelope {
         /// The logical type name.
-        name: String,
+        name: std::borrow::Cow<'a, str>,
         /// The schema version.
         version: u32,
         /// The raw JSON of the payload.
@@ -113,7 +113,7 @@ impl<'a> Incoming<'a> {
         if probe.v.is_none() && probe.data.is_none() {
             return Ok(Incoming::Bare(body));
         }
-        let name: String = serde_json::from_str(ty.get())
+        let name: std::borrow::Cow<'a, str> = serde_json::from_str::<std::borrow::Cow<'a, str>>(ty.get())
             .map_err(|_| DecodeError::MalformedEnvelope(format!("`type` must be a string, found {}", ty.get())))?;
         if name.is_empty() {
             return Err(DecodeError::MalformedEnvelope("`type` is empty".into()));
@@ -197,7 +197,7 @@ mod tests {
         let env = br#"{"type":"orders.placed","v":2,"data":{"order_id":"A1"}}"#;
         match Incoming::parse(env) {
             Ok(Incoming::Envelope { name, version, data }) => {
-                assert_eq!(name, "orders.placed");
+                assert_eq!(&*name, "orders.placed");
                 assert_eq!(version, 2);
                 assert_eq!(data.get(), r#"{"order_id":"A1"}"#);
             }
@@ -230,7 +230,7 @@ mod tests {
         let body = encode_envelope("a\"b", 3, &serde_json::json!({"k": [1, 2]})).unwrap();
         match Incoming::parse(&body).unwrap() {
             Incoming::Envelope { name, version, data } => {
-                assert_eq!((name.as_str(), version), ("a\"b", 3));
+                assert_eq!((&*name, version), ("a\"b", 3));
                 assert_eq!(data.get(), r#"{"k":[1,2]}"#);
             }
             other => panic!("unexpected {other:?}"),

@@ -2,7 +2,8 @@
 //! [`MessageContext`], [`State`] and [`Publisher`].
 
 use std::any::{Any, TypeId};
-use std::collections::HashMap;
+
+use rustc_hash::FxHashMap as HashMap;
 use std::ops::Deref;
 use std::sync::Arc;
 

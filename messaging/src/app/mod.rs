@@ -96,7 +96,8 @@ impl App {
         self.validate()?;
         let App { registry, mut setup } = self;
         let publisher = setup.publisher();
-        let resources = Arc::new(Resources::new(std::mem::take(&mut setup.states), publisher));
+        let states = std::mem::take(&mut setup.states).into_iter().collect();
+        let resources = Arc::new(Resources::new(states, publisher));
         let pipeline = Arc::new(Pipeline {
             behaviours: std::mem::take(&mut setup.behaviours),
             resources,

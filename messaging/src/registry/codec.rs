@@ -71,7 +71,7 @@ pub struct Decoded<'r> {
     /// The handler it goes to.
     pub route: &'r Route,
     /// The envelope's name, if it had one.
-    pub type_name: Option<String>,
+    pub type_name: Option<&'static str>,
     /// The version on the wire, if enveloped.
     pub version: Option<u32>,
 }
@@ -114,11 +114,11 @@ impl Routes {
         let no_handler = |name: &str| DecodeError::NoHandler { queue: self.spec.name.to_owned(), name: name.to_owned() };
         match Incoming::parse(body)? {
             Incoming::Envelope { name, version, data } => {
-                let route = self.routes.iter().find(|r| r.entry.message_name == Some(name.as_str()));
-                match (route, self.chains.get(name.as_str())) {
+                let route = self.routes.iter().find(|r| r.entry.message_name == Some(&*name));
+                match (route, self.chains.get(&*name)) {
                     (Some(route), Some(chain)) => {
                         let message = chain.decode(&name, version, data.get().as_bytes())?;
-                        Ok(Decoded { message, route, type_name: Some(name), version: Some(version) })
+                        Ok(Decoded { message, route, type_name: route.entry.message_name, version: Some(version) })
                     }
                     // A name this service knows, but not handled here: no silent loss.
                     (None, Some(_)) => Err(no_handler(&name)),

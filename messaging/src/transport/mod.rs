@@ -155,7 +155,7 @@ impl DeadLetter {
     /// The envelope's type name, if the body is an envelope.
     pub fn type_name(&self) -> Option<String> {
         match crate::envelope::Incoming::parse(&self.body) {
-            Ok(crate::envelope::Incoming::Envelope { name, .. }) => Some(name),
+            Ok(crate::envelope::Incoming::Envelope { name, .. }) => Some(name.into_owned()),
             _ => None,
         }
     }

@@ -13,9 +13,15 @@ use crate::error::TransportError;
 use crate::transport::{Receipt, Transport};
 
 pub(crate) struct Acker {
-    tx: Mutex<Option<mpsc::UnboundedSender<Receipt>>>,
+    tx: mpsc::UnboundedSender<Command>,
     pending: Arc<AtomicUsize>,
     task: Mutex<Option<JoinHandle<()>>>,
+}
+
+enum Command {
+    Ack(Receipt),
+    /// Flush what came before, then stop.
+    Close,
 }
 
 impl Acker {
@@ -23,17 +29,13 @@ impl Acker {
         let (tx, rx) = mpsc::unbounded_channel();
         let pending = Arc::new(AtomicUsize::new(0));
         let task = tokio::spawn(flush_loop(transport, queue, rx, pending.clone()));
-        Acker { tx: Mutex::new(Some(tx)), pending, task: Mutex::new(Some(task)) }
+        Acker { tx, pending, task: Mutex::new(Some(task)) }
     }
 
     /// Queues a receipt for deletion.
     pub(crate) fn ack(&self, receipt: Receipt) {
         self.pending.fetch_add(1, Ordering::SeqCst);
-        let sent = match &*self.tx.lock().unwrap_or_else(|p| p.into_inner()) {
-            Some(tx) => tx.send(receipt).is_ok(),
-            None => false,
-        };
-        if !sent {
+        if self.tx.send(Command::Ack(receipt)).is_err() {
             self.pending.fetch_sub(1, Ordering::SeqCst);
         }
     }
@@ -45,7 +47,7 @@ impl Acker {
 
     /// Flushes everything queued and stops.
     pub(crate) async fn close(&self) {
-        drop(self.tx.lock().unwrap_or_else(|p| p.into_inner()).take());
+        let _ = self.tx.send(Command::Close);
         let task = self.task.lock().unwrap_or_else(|p| p.into_inner()).take();
         if let Some(task) = task {
             let _ = task.await;
@@ -56,12 +58,23 @@ impl Acker {
 async fn flush_loop(
     transport: Arc<dyn Transport>,
     queue: &'static str,
-    mut rx: mpsc::UnboundedReceiver<Receipt>,
+    mut rx: mpsc::UnboundedReceiver<Command>,
     pending: Arc<AtomicUsize>,
 ) {
     let max = transport.max_batch().max(1);
+    let mut commands = Vec::with_capacity(max);
     let mut batch = Vec::with_capacity(max);
-    while rx.recv_many(&mut batch, max).await > 0 {
+    let mut closing = false;
+    while !closing && rx.recv_many(&mut commands, max).await > 0 {
+        for command in commands.drain(..) {
+            match command {
+                Command::Ack(receipt) => batch.push(receipt),
+                Command::Close => closing = true,
+            }
+        }
+        if batch.is_empty() {
+            continue;
+        }
         let count = batch.len();
         let mut attempt = 0;
         loop {

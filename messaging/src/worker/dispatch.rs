@@ -37,7 +37,7 @@ impl Worker {
                 return false;
             }
         };
-        let ctx = MessageContext::new(spec.name, self.transport.system(), delivery, decoded.type_name, decoded.version);
+        let ctx = MessageContext::new(spec.name, self.transport.system(), batch, i, decoded.type_name, decoded.version);
         let route = decoded.route;
         let result = AssertUnwindSafe(self.pipeline.dispatch(decoded.message, route, &ctx))
             .catch_unwind()

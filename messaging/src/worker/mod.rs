@@ -17,7 +17,8 @@ use tokio::task::JoinSet;
 use std::sync::atomic::Ordering;
 
 use self::acker::Acker;
-use self::inflight::{Batch, InFlight, Unit};
+pub(crate) use self::inflight::Batch;
+use self::inflight::{InFlight, Unit};
 use crate::observe::SharedObserver;
 use crate::pipeline::Pipeline;
 use crate::registry::Routes;

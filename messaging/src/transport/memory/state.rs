@@ -1,6 +1,10 @@
 //! The state of one in-memory queue: visibility, receive counts, delays,
 //! FIFO groups and deduplication, as on Amazon SQS. Pure data; the caller
 //! holds the lock and passes the time in.
+//!
+//! Messages live in a slab (a vector with a free list), so lookups cost no
+//! hashing; receipts carry a per-receive token, so a reused slot never
+//! accepts a stale receipt.
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
@@ -39,8 +43,20 @@ pub(super) struct Stored {
     pub(super) receive_count: u32,
     pub(super) reason: Option<String>,
     status: Status,
-    /// Bumped on every status change; timer entries with an older epoch are stale.
-    epoch: u32,
+    /// Bumped on every status change; timer entries with another epoch are stale.
+    epoch: u64,
+    /// Arrival order in this queue.
+    seq: u64,
+}
+
+/// Attributes behind an `Arc`, sharing one allocation for the common empty case.
+fn shared_attributes(attributes: Attributes) -> Arc<Attributes> {
+    static EMPTY: std::sync::OnceLock<Arc<Attributes>> = std::sync::OnceLock::new();
+    if attributes.is_empty() {
+        EMPTY.get_or_init(Default::default).clone()
+    } else {
+        Arc::new(attributes)
+    }
 }
 
 /// What a receive did besides returning deliveries.
@@ -62,19 +78,22 @@ struct Group {
 #[derive(Debug)]
 pub(super) struct QueueState {
     pub(super) spec: QueueSpec,
-    next_key: u64,
+    slots: Vec<Option<Stored>>,
+    free: Vec<u64>,
+    live: usize,
+    next_seq: u64,
     next_token: u64,
-    messages: HashMap<u64, Stored>,
+    next_epoch: u64,
     /// Standard queues: visible keys in arrival order (may hold stale keys).
     ready: VecDeque<u64>,
     /// FIFO queues: the groups, and those that can hand out their head.
     groups: HashMap<String, Group>,
     ready_groups: VecDeque<String>,
     /// Delays, backoffs and extended visibilities, earliest first.
-    timers: BinaryHeap<Reverse<(Instant, u64, u32)>>,
+    timers: BinaryHeap<Reverse<(Instant, u64, u64)>>,
     /// Visibility timeouts set at receive: all `now + visibility`, so they
     /// arrive in deadline order and need no heap.
-    leases: VecDeque<(Instant, u64, u32)>,
+    leases: VecDeque<(Instant, u64, u64)>,
     dedup: HashMap<String, (Instant, MessageId)>,
     dedup_order: VecDeque<(Instant, String)>,
 }
@@ -83,9 +102,12 @@ impl QueueState {
     pub(super) fn new(spec: QueueSpec) -> Self {
         QueueState {
             spec,
-            next_key: 1,
+            slots: Vec::new(),
+            free: Vec::new(),
+            live: 0,
+            next_seq: 0,
             next_token: 1,
-            messages: HashMap::default(),
+            next_epoch: 1,
             ready: VecDeque::new(),
             groups: HashMap::default(),
             ready_groups: VecDeque::new(),
@@ -97,7 +119,15 @@ impl QueueState {
     }
 
     pub(super) fn len(&self) -> usize {
-        self.messages.len()
+        self.live
+    }
+
+    fn get(&self, key: u64) -> Option<&Stored> {
+        self.slots.get(key as usize).and_then(Option::as_ref)
+    }
+
+    fn get_mut(&mut self, key: u64) -> Option<&mut Stored> {
+        self.slots.get_mut(key as usize).and_then(Option::as_mut)
     }
 
     /// Stores a message; a FIFO duplicate within the window returns the first id.
@@ -135,28 +165,39 @@ impl QueueState {
                 id: id.clone(),
                 body: msg.body,
                 group: msg.group_id,
-                attributes: Arc::new(msg.attributes),
+                attributes: shared_attributes(msg.attributes),
                 sent_at: SystemTime::now(),
                 receive_count: 0,
                 reason: None,
                 status: Status::Visible,
                 epoch: 0,
+                seq: 0,
             },
             status,
         );
         Ok(id)
     }
 
-    /// Adds an existing message (redrive, dead-lettering) at the back.
+    /// Adds a message (new, redriven or dead-lettered) at the back.
     pub(super) fn insert(&mut self, mut stored: Stored, status: Status) {
-        let key = self.next_key;
-        self.next_key += 1;
         stored.status = Status::Visible;
-        if self.spec.fifo {
-            let group = stored.group.clone().unwrap_or_default();
+        stored.seq = self.next_seq;
+        self.next_seq += 1;
+        let group = self.spec.fifo.then(|| stored.group.clone().unwrap_or_default());
+        let key = match self.free.pop() {
+            Some(key) => {
+                self.slots[key as usize] = Some(stored);
+                key
+            }
+            None => {
+                self.slots.push(Some(stored));
+                (self.slots.len() - 1) as u64
+            }
+        };
+        self.live += 1;
+        if let Some(group) = group {
             self.groups.entry(group).or_default().keys.push_back(key);
         }
-        self.messages.insert(key, stored);
         self.set_status(key, status);
         if !self.spec.fifo && status == Status::Visible {
             self.ready.push_back(key);
@@ -181,18 +222,21 @@ impl QueueState {
     /// Changes a message's status; `monotonic` deadlines (visibility set at
     /// receive) go to the lease queue instead of the heap.
     fn set_status_with(&mut self, key: u64, status: Status, monotonic: bool) {
-        let Some(msg) = self.messages.get_mut(&key) else { return };
+        let epoch = self.next_epoch;
+        self.next_epoch += 1;
+        let fifo = self.spec.fifo;
+        let Some(msg) = self.slots.get_mut(key as usize).and_then(Option::as_mut) else { return };
         let was_in_flight = matches!(msg.status, Status::InFlight { .. });
         msg.status = status;
-        msg.epoch = msg.epoch.wrapping_add(1);
+        msg.epoch = epoch;
+        let group = if fifo { Some(msg.group.clone().unwrap_or_default()) } else { None };
         match status {
-            Status::InFlight { until, .. } if monotonic => self.leases.push_back((until, key, msg.epoch)),
-            Status::Hidden(at) | Status::InFlight { until: at, .. } => self.timers.push(Reverse((at, key, msg.epoch))),
+            Status::InFlight { until, .. } if monotonic => self.leases.push_back((until, key, epoch)),
+            Status::Hidden(at) | Status::InFlight { until: at, .. } => self.timers.push(Reverse((at, key, epoch))),
             Status::Visible => {}
         }
-        let is_in_flight = matches!(status, Status::InFlight { .. });
-        if self.spec.fifo {
-            let name = msg.group.clone().unwrap_or_default();
+        if let Some(name) = group {
+            let is_in_flight = matches!(status, Status::InFlight { .. });
             if let Some(group) = self.groups.get_mut(&name) {
                 match (was_in_flight, is_in_flight) {
                     (false, true) => group.in_flight += 1,
@@ -206,17 +250,15 @@ impl QueueState {
 
     /// Puts a FIFO group on the ready list if its head can be handed out.
     fn requeue_group(&mut self, name: &str) {
-        let Some(group) = self.groups.get_mut(name) else { return };
-        if group.queued || group.in_flight > 0 {
-            return;
-        }
-        let head_visible = group
-            .keys
-            .front()
-            .and_then(|k| self.messages.get(k))
-            .is_some_and(|m| m.status == Status::Visible);
+        let head = match self.groups.get(name) {
+            Some(group) if !group.queued && group.in_flight == 0 => group.keys.front().copied(),
+            _ => return,
+        };
+        let head_visible = head.and_then(|k| self.get(k)).is_some_and(|m| m.status == Status::Visible);
         if head_visible {
-            group.queued = true;
+            if let Some(group) = self.groups.get_mut(name) {
+                group.queued = true;
+            }
             self.ready_groups.push_back(name.to_owned());
         }
     }
@@ -240,9 +282,8 @@ impl QueueState {
     }
 
     /// A timer fired: the message becomes visible unless it changed since.
-    fn expire(&mut self, key: u64, epoch: u32) {
-        let current = self.messages.get(&key).is_some_and(|m| m.epoch == epoch);
-        if current {
+    fn expire(&mut self, key: u64, epoch: u64) {
+        if self.get(key).is_some_and(|m| m.epoch == epoch) {
             self.set_status(key, Status::Visible);
             if !self.spec.fifo {
                 self.ready.push_back(key);
@@ -254,7 +295,7 @@ impl QueueState {
     /// (settled messages) are dropped first so that they cause no wake-ups.
     pub(super) fn next_timer(&mut self) -> Option<Instant> {
         while let Some((_, key, epoch)) = self.leases.front().copied() {
-            if self.messages.get(&key).is_some_and(|m| m.epoch == epoch) {
+            if self.get(key).is_some_and(|m| m.epoch == epoch) {
                 break;
             }
             self.leases.pop_front();
@@ -270,7 +311,7 @@ impl QueueState {
     /// Hands out up to `max` visible messages, making them in flight.
     pub(super) fn receive(&mut self, max: usize, now: Instant) -> Received {
         self.tick(now);
-        let mut out = Received { deliveries: Vec::new(), expired: Vec::new() };
+        let mut out = Received { deliveries: Vec::with_capacity(max.min(self.live)), expired: Vec::new() };
         if self.spec.fifo {
             self.receive_fifo(max, now, &mut out);
         } else {
@@ -296,8 +337,7 @@ impl QueueState {
                 if taken >= per_group || out.deliveries.len() >= max {
                     break;
                 }
-                let visible = self.messages.get(&key).is_some_and(|m| m.status == Status::Visible);
-                if !visible {
+                if !self.get(key).is_some_and(|m| m.status == Status::Visible) {
                     break;
                 }
                 if self.take(key, now, out) {
@@ -315,7 +355,7 @@ impl QueueState {
     /// Delivers one visible message, or moves it out when over the receive limit.
     /// Returns whether it was delivered.
     fn take(&mut self, key: u64, now: Instant, out: &mut Received) -> bool {
-        let Some(msg) = self.messages.get(&key) else { return false };
+        let Some(msg) = self.get(key) else { return false };
         if msg.status != Status::Visible {
             return false; // a stale entry of `ready`
         }
@@ -330,7 +370,7 @@ impl QueueState {
         self.next_token += 1;
         let until = now + self.spec.visibility;
         self.set_status_with(key, Status::InFlight { token, until }, true);
-        let Some(msg) = self.messages.get_mut(&key) else { return false };
+        let Some(msg) = self.get_mut(key) else { return false };
         msg.receive_count += 1;
         out.deliveries.push(Delivery {
             message_id: msg.id.clone(),
@@ -345,7 +385,7 @@ impl QueueState {
     }
 
     fn check(&self, receipt: &Receipt) -> Result<(), TransportError> {
-        match self.messages.get(&receipt.key).map(|m| m.status) {
+        match self.get(receipt.key).map(|m| m.status) {
             Some(Status::InFlight { token, .. }) if token == receipt.token => Ok(()),
             _ => Err(TransportError::StaleReceipt),
         }
@@ -360,7 +400,9 @@ impl QueueState {
 
     /// Takes a message out of the queue whatever its state.
     pub(super) fn remove(&mut self, key: u64) -> Option<Stored> {
-        let stored = self.messages.remove(&key)?;
+        let stored = self.slots.get_mut(key as usize)?.take()?;
+        self.free.push(key);
+        self.live -= 1;
         if self.spec.fifo {
             let name = stored.group.clone().unwrap_or_default();
             if let Some(group) = self.groups.get_mut(&name) {
@@ -412,8 +454,9 @@ impl QueueState {
 
     /// Messages in arrival order (for dead-letter peeking), with their keys.
     pub(super) fn iter_ordered(&self) -> Vec<(u64, &Stored)> {
-        let mut all: Vec<(u64, &Stored)> = self.messages.iter().map(|(k, m)| (*k, m)).collect();
-        all.sort_unstable_by_key(|(k, _)| *k);
+        let mut all: Vec<(u64, &Stored)> =
+            self.slots.iter().enumerate().filter_map(|(k, m)| m.as_ref().map(|m| (k as u64, m))).collect();
+        all.sort_unstable_by_key(|(_, m)| m.seq);
         all
     }
 
