@@ -70,6 +70,40 @@ struct Note {
 
 type Log = Arc<Mutex<Vec<String>>>;
 
+/// Everything logged at WARN or above by this test binary.
+#[derive(Clone, Default)]
+struct Captured(Arc<Mutex<Vec<u8>>>);
+
+impl std::io::Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Captured {
+    type Writer = Captured;
+    fn make_writer(&'a self) -> Captured {
+        self.clone()
+    }
+}
+
+fn warnings() -> &'static Captured {
+    static CAPTURED: std::sync::OnceLock<Captured> = std::sync::OnceLock::new();
+    CAPTURED.get_or_init(|| {
+        let captured = Captured::default();
+        tracing_subscriber::fmt()
+            .with_writer(captured.clone())
+            .with_ansi(false)
+            .with_max_level(tracing::Level::WARN)
+            .init();
+        captured
+    })
+}
+
 #[messaging::handler(queue = Single)]
 async fn on_single(p: Placed, ctx: MessageContext, log: State<Log>) {
     log.lock().unwrap().push(format!("single {} {:?} {} wire={:?}", p.order_id, p.coupon, p.total_cents, ctx.wire_version()));
@@ -167,6 +201,7 @@ async fn multi_type_queues_route_by_type_name() {
 
 #[tokio::test]
 async fn what_cannot_be_decoded_is_left_for_the_dead_letter_queue() {
+    let captured = warnings();
     let (app, log) = app().await;
     let cases = [
         ("env-single", r#"{"type":"env.placed","v":4,"data":{"order_id":"N"}}"#, "newer than the current v3"),
@@ -191,6 +226,11 @@ async fn what_cannot_be_decoded_is_left_for_the_dead_letter_queue() {
         );
     }
     assert!(log.lock().unwrap().is_empty(), "no handler ran");
+    let logged = String::from_utf8_lossy(&captured.0.lock().unwrap()).into_owned();
+    for id in &ids {
+        let line = logged.lines().find(|l| l.contains(id.as_str()) && l.contains("left for redelivery"));
+        assert!(line.is_some_and(|l| l.contains("WARN")), "no WARN line for {id} in:\n{logged}");
+    }
     let dlq = app.transport().dead_letters().unwrap();
     assert_eq!(dlq.depth("env-single").await.unwrap(), 5);
     assert_eq!(dlq.depth("env-multi").await.unwrap(), 2);
