@@ -8,6 +8,7 @@ pub mod error;
 pub mod extract;
 pub mod handler;
 pub mod idempotency;
+pub mod identity;
 pub mod message;
 pub mod observe;
 pub mod pipeline;

@@ -1,0 +1,272 @@
+//! One test per row of the transition table in DESIGN.md §4.
+
+use super::*;
+
+const LEASE: i64 = 1_000;
+
+fn queue(rules: QueueRules) -> IdentityQueue {
+    IdentityQueue::new(rules)
+}
+
+fn msg(identity: Option<&str>, payload: &str) -> Enqueue {
+    Enqueue {
+        identity: identity.map(str::to_owned),
+        message_id: format!("m-{payload}"),
+        payload: payload.as_bytes().to_vec(),
+        priority: 0,
+        process_at: None,
+        status: None,
+        group: None,
+    }
+}
+
+fn status(q: &IdentityQueue, id: RowId) -> Status {
+    q.row(id).expect("row exists").status
+}
+
+fn payload(q: &IdentityQueue, id: RowId) -> String {
+    String::from_utf8(q.row(id).expect("row exists").payload.clone()).expect("utf8")
+}
+
+#[test]
+fn enqueue_without_identity_always_inserts() {
+    let mut q = queue(QueueRules::default());
+    let a = q.enqueue(0, msg(None, "x"));
+    let b = q.enqueue(0, msg(None, "x"));
+    assert!(matches!(a, EnqueueOutcome::Inserted(_)) && matches!(b, EnqueueOutcome::Inserted(_)));
+    assert_ne!(a.row(), b.row());
+    let later = q.enqueue(0, Enqueue { process_at: Some(500), ..msg(None, "later") });
+    assert_eq!(status(&q, later.row()), Status::Sleeping);
+}
+
+#[test]
+fn at_most_one_row_per_identity_whatever_its_status() {
+    for terminal in [Status::Pending, Status::Sleeping, Status::Error, Status::Processed] {
+        let mut q = queue(QueueRules { retention_ms: 10_000, max_attempts: 1, ..QueueRules::default() });
+        let id = q.enqueue(0, msg(Some("k"), "v1")).row();
+        match terminal {
+            Status::Sleeping => {
+                q.enqueue(0, Enqueue { process_at: Some(50), ..msg(Some("k"), "v1b") });
+            }
+            Status::Error => {
+                let l = q.lease(0, 1, LEASE).remove(0);
+                q.fail(1, id, l.token, 2, "boom").unwrap();
+            }
+            Status::Processed => {
+                let l = q.lease(0, 1, LEASE).remove(0);
+                q.complete(1, id, l.token).unwrap();
+            }
+            _ => {}
+        }
+        assert_eq!(status(&q, id), terminal);
+        let out = q.enqueue(5, msg(Some("k"), "v2"));
+        assert_eq!(out, EnqueueOutcome::Updated(id), "from {terminal:?}");
+        assert_eq!(status(&q, id), Status::Pending, "Error → Pending too");
+        assert_eq!(payload(&q, id), "v2");
+        assert_eq!(q.row(id).unwrap().attempts, 0, "attempts reset");
+        assert_eq!(q.rows().count(), 1);
+    }
+}
+
+#[test]
+fn idempotent_queues_discard_an_unchanged_payload() {
+    let mut q = queue(QueueRules { idempotent: true, ..QueueRules::default() });
+    let id = q.enqueue(0, msg(Some("k"), "same")).row();
+    assert_eq!(q.enqueue(1, msg(Some("k"), "same")), EnqueueOutcome::Discarded(id));
+    assert_eq!(q.enqueue(1, msg(Some("k"), "changed")), EnqueueOutcome::Updated(id));
+    // In AwaitingRelease the newest version is the deferred one.
+    let l = q.lease(2, 1, LEASE).remove(0);
+    assert_eq!(q.enqueue(3, msg(Some("k"), "changed")), EnqueueOutcome::Discarded(id), "equals the leased version");
+    assert_eq!(q.enqueue(3, msg(Some("k"), "v3")), EnqueueOutcome::Deferred(id));
+    assert_eq!(q.enqueue(4, msg(Some("k"), "v3")), EnqueueOutcome::Discarded(id), "equals the deferred version");
+    assert_eq!(q.enqueue(4, msg(Some("k"), "changed")), EnqueueOutcome::Deferred(id), "differs from the deferred one");
+    q.complete(5, id, l.token).unwrap();
+    assert_eq!(payload(&q, id), "changed");
+}
+
+#[test]
+fn enqueue_while_leased_defers_the_new_version() {
+    let mut q = queue(QueueRules::default());
+    let id = q.enqueue(0, msg(Some("k"), "v1")).row();
+    let l = q.lease(0, 1, LEASE).remove(0);
+    let deferred = Enqueue { priority: 7, process_at: Some(100), ..msg(Some("k"), "v2") };
+    assert_eq!(q.enqueue(10, deferred), EnqueueOutcome::Deferred(id));
+    assert_eq!(status(&q, id), Status::AwaitingRelease);
+    assert_eq!(payload(&q, id), "v1", "the lease holder keeps its version");
+    assert!(q.lease(20, 10, LEASE).is_empty(), "nobody else can lease the newer version");
+    // A later enqueue replaces the deferred values.
+    assert_eq!(q.enqueue(30, msg(Some("k"), "v3")), EnqueueOutcome::Deferred(id));
+    assert_eq!(q.row(id).unwrap().deferred.as_ref().unwrap().payload, b"v3");
+    assert_eq!(q.row(id).unwrap().deferred.as_ref().unwrap().priority, 0);
+    q.complete(40, id, l.token).unwrap();
+    assert_eq!(status(&q, id), Status::Pending);
+    assert_eq!(payload(&q, id), "v3");
+    assert_eq!(q.previous("k"), Some(&b"v1"[..]), "the processed version is the previous message");
+    let again = q.lease(50, 1, LEASE).remove(0);
+    assert_eq!(again.payload, b"v3");
+    assert_eq!(again.attempts, 1, "the new version starts its own attempts");
+}
+
+#[test]
+fn deferred_destinations_future_due_and_custom() {
+    for (process_at, custom, release_at, expected) in [
+        (Some(1_000), None, 10, Status::Sleeping),
+        (Some(5), None, 10, Status::Pending),
+        (None, Some(Status::Error), 10, Status::Error),
+    ] {
+        let mut q = queue(QueueRules::default());
+        let id = q.enqueue(0, msg(Some("k"), "v1")).row();
+        let l = q.lease(0, 1, LEASE).remove(0);
+        q.enqueue(1, Enqueue { process_at, status: custom, ..msg(Some("k"), "v2") });
+        q.release(release_at, id, l.token).unwrap();
+        assert_eq!(status(&q, id), expected, "{process_at:?} {custom:?}");
+    }
+}
+
+#[test]
+fn the_old_processors_failure_never_overwrites_the_newer_enqueue() {
+    let mut q = queue(QueueRules { max_attempts: 1, ..QueueRules::default() });
+    let id = q.enqueue(0, msg(Some("k"), "v1")).row();
+    let l = q.lease(0, 1, LEASE).remove(0);
+    q.enqueue(1, msg(Some("k"), "v2"));
+    q.fail(2, id, l.token, 500, "old attempt failed").unwrap();
+    assert_eq!(status(&q, id), Status::Pending, "not Error: the newer version applies");
+    assert_eq!(payload(&q, id), "v2");
+    assert_eq!(q.row(id).unwrap().error, None);
+    let l = q.lease(3, 1, LEASE).remove(0);
+    q.enqueue(4, msg(Some("k"), "v3"));
+    q.dead_letter(5, id, l.token, "permanent").unwrap();
+    assert_eq!((status(&q, id), payload(&q, id).as_str()), (Status::Pending, "v3"));
+}
+
+#[test]
+fn complete_keeps_or_deletes_by_retention_and_records_previous() {
+    let mut q = queue(QueueRules { retention_ms: 0, ..QueueRules::default() });
+    let id = q.enqueue(0, msg(Some("k"), "v1")).row();
+    let l = q.lease(0, 1, LEASE).remove(0);
+    q.complete(1, id, l.token).unwrap();
+    assert!(q.row(id).is_none(), "retention 0 deletes");
+    assert_eq!(q.previous("k"), Some(&b"v1"[..]), "…but the previous version is recorded");
+    assert!(matches!(q.enqueue(2, msg(Some("k"), "v2")), EnqueueOutcome::Inserted(_)));
+
+    let mut q = queue(QueueRules { retention_ms: 100, ..QueueRules::default() });
+    let id = q.enqueue(0, msg(Some("k"), "v1")).row();
+    let l = q.lease(0, 1, LEASE).remove(0);
+    q.complete(10, id, l.token).unwrap();
+    assert_eq!(status(&q, id), Status::Processed);
+    assert_eq!(q.purge(109), 0);
+    assert_eq!(q.purge(110), 1);
+    assert!(q.by_identity("k").is_none());
+}
+
+#[test]
+fn fail_backs_off_then_dead_letters() {
+    let mut q = queue(QueueRules { max_attempts: 2, ..QueueRules::default() });
+    let id = q.enqueue(0, msg(None, "x")).row();
+    let l = q.lease(0, 1, LEASE).remove(0);
+    q.fail(1, id, l.token, 100, "first").unwrap();
+    assert_eq!(status(&q, id), Status::Sleeping);
+    assert!(q.lease(99, 1, LEASE).is_empty(), "backing off");
+    let l = q.lease(100, 1, LEASE).remove(0);
+    assert_eq!(l.attempts, 2);
+    q.fail(101, id, l.token, 200, "second").unwrap();
+    assert_eq!(status(&q, id), Status::Error);
+    assert_eq!(q.row(id).unwrap().error.as_deref(), Some("second"));
+    assert!(q.redrive(id));
+    assert_eq!((status(&q, id), q.row(id).unwrap().attempts), (Status::Pending, 0));
+}
+
+#[test]
+fn release_charges_no_attempt() {
+    let mut q = queue(QueueRules::default());
+    let id = q.enqueue(0, msg(None, "x")).row();
+    let l = q.lease(0, 1, LEASE).remove(0);
+    q.release(1, id, l.token).unwrap();
+    assert_eq!((status(&q, id), q.row(id).unwrap().attempts), (Status::Pending, 0));
+}
+
+#[test]
+fn lease_expiry_is_abandonment() {
+    let mut q = queue(QueueRules { retry_abandoned: true, max_attempts: 2, ..QueueRules::default() });
+    let id = q.enqueue(0, msg(None, "x")).row();
+    q.lease(0, 1, LEASE);
+    assert_eq!(q.expire(LEASE), vec![id]);
+    assert_eq!(status(&q, id), Status::Pending, "retried, attempt counted");
+    q.lease(LEASE, 1, LEASE);
+    q.expire(2 * LEASE);
+    assert_eq!(status(&q, id), Status::Error, "out of attempts");
+
+    let mut q = queue(QueueRules { retry_abandoned: false, ..QueueRules::default() });
+    let id = q.enqueue(0, msg(None, "x")).row();
+    q.lease(0, 1, LEASE);
+    q.expire(LEASE);
+    assert_eq!(status(&q, id), Status::Error);
+
+    // AwaitingRelease: the deferred values apply as on release.
+    let mut q = queue(QueueRules::default());
+    let id = q.enqueue(0, msg(Some("k"), "v1")).row();
+    q.lease(0, 1, LEASE);
+    q.enqueue(1, msg(Some("k"), "v2"));
+    q.expire(LEASE);
+    assert_eq!((status(&q, id), payload(&q, id).as_str()), (Status::Pending, "v2"));
+}
+
+#[test]
+fn stale_tokens_are_fenced() {
+    let mut q = queue(QueueRules::default());
+    let id = q.enqueue(0, msg(None, "x")).row();
+    let first = q.lease(0, 1, LEASE).remove(0);
+    // The lease expires and another processor takes the message.
+    let second = q.lease(LEASE, 1, LEASE).remove(0);
+    assert_ne!(first.token, second.token);
+    assert_eq!(q.complete(LEASE + 1, id, first.token), Err(LeaseLost));
+    assert_eq!(q.fail(LEASE + 1, id, first.token, 0, "late"), Err(LeaseLost));
+    assert_eq!(q.release(LEASE + 1, id, first.token), Err(LeaseLost));
+    assert_eq!(q.extend(LEASE + 1, id, first.token, LEASE), Err(LeaseLost));
+    assert_eq!(status(&q, id), Status::Processing, "no change");
+    // An expired lease is lost even before anyone re-leases.
+    assert_eq!(q.complete(2 * LEASE, id, second.token), Err(LeaseLost));
+}
+
+#[test]
+fn extend_pushes_the_expiry_out() {
+    let mut q = queue(QueueRules::default());
+    let id = q.enqueue(0, msg(Some("k"), "x")).row();
+    let l = q.lease(0, 1, LEASE).remove(0);
+    q.extend(900, id, l.token, LEASE).unwrap();
+    assert!(q.expire(1_500).is_empty());
+    q.enqueue(1_600, msg(Some("k"), "y"));
+    q.extend(1_800, id, l.token, LEASE).unwrap();
+    assert_eq!(q.row(id).unwrap().lease_expires, Some(2_800), "AwaitingRelease extends too");
+}
+
+#[test]
+fn leasing_order_is_priority_then_enqueue_order() {
+    let mut q = queue(QueueRules::default());
+    let low = q.enqueue(0, msg(None, "low")).row();
+    let high = q.enqueue(1, Enqueue { priority: 5, ..msg(None, "high") }).row();
+    let low2 = q.enqueue(2, msg(None, "low2")).row();
+    let due = q.enqueue(3, Enqueue { process_at: Some(10), priority: 9, ..msg(None, "sleeper") }).row();
+    let order: Vec<RowId> = q.lease(5, 10, LEASE).into_iter().map(|l| l.id).collect();
+    assert_eq!(order, vec![high, low, low2], "the sleeper is not due yet");
+    assert_eq!(q.lease(10, 10, LEASE).remove(0).id, due);
+}
+
+#[test]
+fn fifo_groups_lease_one_at_a_time_in_order() {
+    let mut q = queue(QueueRules { fifo: true, ..QueueRules::default() });
+    let g = |p: &str, group: &str| Enqueue { group: Some(group.into()), ..msg(None, p) };
+    let a1 = q.enqueue(0, g("a1", "a")).row();
+    let a2 = q.enqueue(1, g("a2", "a")).row();
+    let b1 = q.enqueue(2, g("b1", "b")).row();
+    let first: Vec<RowId> = q.lease(3, 10, LEASE).into_iter().map(|l| l.id).collect();
+    assert_eq!(first, vec![a1, b1]);
+    assert!(q.lease(4, 10, LEASE).is_empty(), "both groups are busy");
+    let token = q.row(a1).unwrap().lease_token.unwrap();
+    q.fail(5, a1, token, 50, "retry").unwrap();
+    assert!(q.lease(6, 10, LEASE).is_empty(), "a2 waits for a1's retry");
+    assert_eq!(q.lease(50, 10, LEASE).remove(0).id, a1);
+    let token = q.row(a1).unwrap().lease_token.unwrap();
+    q.complete(51, a1, token).unwrap();
+    assert_eq!(q.lease(52, 10, LEASE).remove(0).id, a2);
+}
