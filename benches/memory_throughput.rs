@@ -124,7 +124,10 @@ fn main() {
     let messages: u64 = std::env::var("MESSAGES").ok().and_then(|v| v.parse().ok()).unwrap_or(1_000_000);
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime");
     runtime.block_on(async {
-        println!("memory:// end to end, {messages} messages, {} worker threads", std::thread::available_parallelism().map_or(0, |n| n.get()));
+        println!(
+            "memory:// end to end, {messages} messages, {} worker threads",
+            std::thread::available_parallelism().map_or(0, |n| n.get())
+        );
         let base = rate(messages, baseline(messages).await);
         println!("{:<36} {:>12.0} msgs/s   1.00 x baseline", "baseline (mpsc + serde_json)", base);
         let seq = rate(messages, framework::<Sequential>(messages).await);

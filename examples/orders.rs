@@ -66,7 +66,12 @@ pub struct Db {
 }
 
 #[messaging::handler(queue = Orders, idempotent = "order-finalize", lease = "20s")]
-async fn finalize(order: OrderPlaced, ctx: MessageContext, db: State<Db>, publisher: Publisher) -> Result<(), HandlerError> {
+async fn finalize(
+    order: OrderPlaced,
+    ctx: MessageContext,
+    db: State<Db>,
+    publisher: Publisher,
+) -> Result<(), HandlerError> {
     let how = match ctx.wire_version() {
         Some(1) => "arrived as v1, upcast to v2",
         Some(_) => "v2",
@@ -79,7 +84,8 @@ async fn finalize(order: OrderPlaced, ctx: MessageContext, db: State<Db>, publis
         order.customer_id,
         order.coupon.as_deref().unwrap_or("none")
     );
-    let email = ConfirmationEmail { order_id: order.order_id.clone(), to: format!("{}@example.com", order.customer_id) };
+    let email =
+        ConfirmationEmail { order_id: order.order_id.clone(), to: format!("{}@example.com", order.customer_id) };
     publisher.send::<Emails, _>(&email).await?;
     Ok(())
 }

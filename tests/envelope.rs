@@ -106,7 +106,13 @@ fn warnings() -> &'static Captured {
 
 #[messaging::handler(queue = Single)]
 async fn on_single(p: Placed, ctx: MessageContext, log: State<Log>) {
-    log.lock().unwrap().push(format!("single {} {:?} {} wire={:?}", p.order_id, p.coupon, p.total_cents, ctx.wire_version()));
+    log.lock().unwrap().push(format!(
+        "single {} {:?} {} wire={:?}",
+        p.order_id,
+        p.coupon,
+        p.total_cents,
+        ctx.wire_version()
+    ));
 }
 
 #[messaging::handler(queue = Multi)]
@@ -139,7 +145,10 @@ async fn app() -> (TestApp, Log) {
 }
 
 async fn raw(app: &TestApp, queue: &str, body: &str) -> MessageId {
-    app.transport().send(queue, Outgoing { body: body.as_bytes().to_vec().into(), ..Outgoing::default() }).await.unwrap()
+    app.transport()
+        .send(queue, Outgoing { body: body.as_bytes().to_vec().into(), ..Outgoing::default() })
+        .await
+        .unwrap()
 }
 
 #[tokio::test]
@@ -154,11 +163,7 @@ async fn every_version_arrives_as_the_current_one() {
     app.handled(&c).await.unwrap();
     assert_eq!(
         *log.lock().unwrap(),
-        [
-            "single A None 0 wire=Some(1)",
-            "single B Some(\"C10\") 0 wire=Some(2)",
-            "single C None 42 wire=Some(3)",
-        ]
+        ["single A None 0 wire=Some(1)", "single B Some(\"C10\") 0 wire=Some(2)", "single C None 42 wire=Some(3)",]
     );
     app.stop().await;
 }
@@ -221,7 +226,9 @@ async fn what_cannot_be_decoded_is_left_for_the_dead_letter_queue() {
         let history = app.history(id);
         assert_eq!(history.len(), 2, "received max_receives times: {history:?}");
         assert!(
-            history.iter().all(|o| matches!(o, messaging::observe::Outcome::Undecodable { error } if error.contains(why))),
+            history
+                .iter()
+                .all(|o| matches!(o, messaging::observe::Outcome::Undecodable { error } if error.contains(why))),
             "{body}: expected `{why}` in {history:?}"
         );
     }

@@ -153,7 +153,6 @@ async fn fifo_keeps_order_within_groups_and_runs_groups_in_parallel() {
 #[messaging::queue("flaky", dlq = "flaky-dlq", max_receives = 5)]
 struct Flaky;
 
-
 #[derive(Debug)]
 struct Failure(&'static str);
 impl std::fmt::Display for Failure {
@@ -184,7 +183,10 @@ async fn a_failed_message_is_not_acked_and_is_retried_with_backoff() {
     // Two backoffs of at least half of 20 ms and 40 ms.
     assert!(started.elapsed() >= Duration::from_millis(30));
     let history = app.history(&id);
-    assert!(matches!(history.as_slice(), [Outcome::Retried { .. }, Outcome::Retried { .. }, Outcome::Handled]), "{history:?}");
+    assert!(
+        matches!(history.as_slice(), [Outcome::Retried { .. }, Outcome::Retried { .. }, Outcome::Handled]),
+        "{history:?}"
+    );
     app.stop().await;
 }
 
@@ -295,7 +297,11 @@ async fn mixed_other(_other: Other) {}
 struct CountingBehaviour(Arc<Mutex<Vec<String>>>);
 
 impl Behaviour for CountingBehaviour {
-    fn handle<'a>(&'a self, ctx: &'a MessageContext, next: Next<'a>) -> messaging::BoxFuture<'a, Result<(), HandlerError>> {
+    fn handle<'a>(
+        &'a self,
+        ctx: &'a MessageContext,
+        next: Next<'a>,
+    ) -> messaging::BoxFuture<'a, Result<(), HandlerError>> {
         Box::pin(async move {
             let handler = next.handler_name();
             let result = next.run().await;
@@ -353,7 +359,11 @@ async fn charge(job: Job, rec: State<Arc<Recorder>>) {
 struct LoseFirstAck(Mutex<Vec<String>>);
 
 impl Behaviour for LoseFirstAck {
-    fn handle<'a>(&'a self, ctx: &'a MessageContext, next: Next<'a>) -> messaging::BoxFuture<'a, Result<(), HandlerError>> {
+    fn handle<'a>(
+        &'a self,
+        ctx: &'a MessageContext,
+        next: Next<'a>,
+    ) -> messaging::BoxFuture<'a, Result<(), HandlerError>> {
         Box::pin(async move {
             next.run().await?;
             let mut seen = self.0.lock().unwrap();
@@ -405,10 +415,20 @@ impl messaging::idempotency::IdempotencyStore for BusyOnce {
         }
         self.inner.claim(message_id, scope, processor, lease)
     }
-    fn complete<'a>(&'a self, m: &'a str, s: &'a str, p: &'a str) -> messaging::BoxFuture<'a, Result<(), messaging::TransportError>> {
+    fn complete<'a>(
+        &'a self,
+        m: &'a str,
+        s: &'a str,
+        p: &'a str,
+    ) -> messaging::BoxFuture<'a, Result<(), messaging::TransportError>> {
         self.inner.complete(m, s, p)
     }
-    fn release<'a>(&'a self, m: &'a str, s: &'a str, p: &'a str) -> messaging::BoxFuture<'a, Result<(), messaging::TransportError>> {
+    fn release<'a>(
+        &'a self,
+        m: &'a str,
+        s: &'a str,
+        p: &'a str,
+    ) -> messaging::BoxFuture<'a, Result<(), messaging::TransportError>> {
         self.inner.release(m, s, p)
     }
 }

@@ -173,11 +173,13 @@ impl<'a> Reader<'a> {
         match &arg.value {
             Value::Expr(Expr::Path(p)) if p.qself.is_none() => Some(p.path.clone()),
             Value::Expr(e) => {
-                self.errors.push(span_of(e), format!("`{}` takes a type name, e.g. `{} = {example}`", arg.key, arg.key));
+                self.errors
+                    .push(span_of(e), format!("`{}` takes a type name, e.g. `{} = {example}`", arg.key, arg.key));
                 None
             }
             _ => {
-                self.errors.push(arg.key.span(), format!("`{}` takes a type name, e.g. `{} = {example}`", arg.key, arg.key));
+                self.errors
+                    .push(arg.key.span(), format!("`{}` takes a type name, e.g. `{} = {example}`", arg.key, arg.key));
                 None
             }
         }
@@ -185,9 +187,14 @@ impl<'a> Reader<'a> {
 
     pub(crate) fn ident(&mut self, arg: &Arg) -> Option<Ident> {
         match &arg.value {
-            Value::Expr(Expr::Path(p)) if p.qself.is_none() && p.path.get_ident().is_some() => p.path.get_ident().cloned(),
+            Value::Expr(Expr::Path(p)) if p.qself.is_none() && p.path.get_ident().is_some() => {
+                p.path.get_ident().cloned()
+            }
             _ => {
-                self.errors.push(arg.key.span(), format!("`{}` takes a field name, e.g. `{} = customer_id`", arg.key, arg.key));
+                self.errors.push(
+                    arg.key.span(),
+                    format!("`{}` takes a field name, e.g. `{} = customer_id`", arg.key, arg.key),
+                );
                 None
             }
         }
@@ -208,7 +215,10 @@ impl<'a> Reader<'a> {
         match &arg.value {
             Value::List(items) => Some(items),
             _ => {
-                self.errors.push(arg.key.span(), format!("`{}` takes a list, e.g. `{}(base = \"1s\", max = \"5m\")`", arg.key, arg.key));
+                self.errors.push(
+                    arg.key.span(),
+                    format!("`{}` takes a list, e.g. `{}(base = \"1s\", max = \"5m\")`", arg.key, arg.key),
+                );
                 None
             }
         }
@@ -223,7 +233,9 @@ fn span_of(e: &Expr) -> Span {
 pub(crate) fn parse_duration_ms(text: &str) -> Result<u64, String> {
     let split = text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len());
     let (number, unit) = text.split_at(split);
-    let n: u64 = number.parse().map_err(|_| format!("`{text}` is not a duration; write e.g. \"500ms\", \"30s\", \"5m\" or \"1h\""))?;
+    let n: u64 = number
+        .parse()
+        .map_err(|_| format!("`{text}` is not a duration; write e.g. \"500ms\", \"30s\", \"5m\" or \"1h\""))?;
     let factor = match unit {
         "ms" => 1,
         "s" => 1_000,
@@ -234,8 +246,40 @@ pub(crate) fn parse_duration_ms(text: &str) -> Result<u64, String> {
     n.checked_mul(factor).ok_or_else(|| format!("`{text}` is too long"))
 }
 
+/// Names people reach for, and the option they mean (when the macro has it).
+const ALIASES: &[(&str, &str)] = &[
+    ("version", "v"),
+    ("ver", "v"),
+    ("dead_letter", "dlq"),
+    ("dead_letter_queue", "dlq"),
+    ("deadletter", "dlq"),
+    ("group_id", "group"),
+    ("group_id", "default_group"),
+    ("group", "default_group"),
+    ("message_group", "group"),
+    ("dedup_id", "id"),
+    ("message_id", "id"),
+    ("identity", "id"),
+    ("upcast_to", "upcast"),
+    ("max_concurrency", "concurrency"),
+    ("parallelism", "concurrency"),
+    ("visibility_timeout", "visibility"),
+    ("max_receive_count", "max_receives"),
+    ("idempotency", "idempotent"),
+    ("idempotency_scope", "idempotent"),
+    ("scope", "idempotent"),
+    ("backoff", "retry"),
+];
+
 /// The known option closest to a misspelt one, if any is close.
 fn closest(name: &str, known: &[&'static str]) -> Option<&'static str> {
+    let alias = ALIASES
+        .iter()
+        .filter(|(alias, _)| *alias == name)
+        .find_map(|(_, meant)| known.iter().find(|k| *k == meant).copied());
+    if alias.is_some() {
+        return alias;
+    }
     known
         .iter()
         .map(|k| (edit_distance(name, k), *k))

@@ -57,9 +57,10 @@ fn parse_args(args: Args, errors: &mut Errors) -> Option<HandlerArgs> {
         match arg.key.to_string().as_str() {
             "queue" => queue = reader.path(arg, "Orders"),
             "idempotent" => match reader.string(arg) {
-                Some(s) if s.value().is_empty() || s.value().len() > 128 => {
-                    reader.errors.push(s.span(), "the idempotency scope is 1 to 128 characters, e.g. `idempotent = \"order-finalize\"`")
-                }
+                Some(s) if s.value().is_empty() || s.value().len() > 128 => reader.errors.push(
+                    s.span(),
+                    "the idempotency scope is 1 to 128 characters, e.g. `idempotent = \"order-finalize\"`",
+                ),
                 other => scope = other,
             },
             "lease" => {
@@ -90,7 +91,11 @@ fn parse_args(args: Args, errors: &mut Errors) -> Option<HandlerArgs> {
         }
     }
     if let (Some(span), None) = (lease_span, &scope) {
-        errors.push(span, "`lease` applies only with `idempotent = \"scope\"`");
+        errors.push(
+            span,
+            "`lease` is how long an idempotent handler holds its claim, so it needs \
+             `idempotent = \"scope\"`: add it, or remove `lease`",
+        );
     }
     if lease == Some(0) {
         errors.push(lease_span.unwrap_or_else(Span::call_site), "`lease` must be longer than zero");
@@ -108,7 +113,8 @@ fn parse_args(args: Args, errors: &mut Errors) -> Option<HandlerArgs> {
 fn parse_signature(func: &ItemFn, errors: &mut Errors) -> Option<Signature> {
     let sig = &func.sig;
     if sig.asyncness.is_none() {
-        errors.push(sig.fn_token.span(), format!("a handler must be an `async fn`: write `async fn {}(..)`", sig.ident));
+        errors
+            .push(sig.fn_token.span(), format!("a handler must be an `async fn`: write `async fn {}(..)`", sig.ident));
     }
     if !sig.generics.params.is_empty() {
         errors.push(sig.generics.params.span(), "a handler cannot be generic; write one handler per message type");
@@ -142,23 +148,28 @@ fn generate(func: &ItemFn, args: &HandlerArgs, sig: &Signature) -> TokenStream {
     let queue = &args.queue;
     let message = &sig.message;
     let arg_names: Vec<_> = (0..sig.extractors.len()).map(|i| format_ident!("__arg{}", i)).collect();
-    let extractors = &sig.extractors;
-    let extract = extractors.iter().zip(&arg_names).map(|(ty, name)| {
+    // Every use of a user's type is spanned at it and goes through its trait
+    // (`<T as Trait>::item`), so that a type that is not a queue, a message or
+    // an extractor is reported once, at the user's token, in the trait's words.
+    let extract = sig.extractors.iter().zip(&arg_names).map(|(ty, name)| {
         quote_spanned! {ty.span()=>
-            let #name = <#ty as ::messaging::__private::FromContext>::from_context(&ctx, &resources)?;
+            let #name = <#ty as ::messaging::FromContext>::from_context(&ctx, &resources)?;
         }
     });
-    let checks = extractors.iter().map(|ty| {
-        quote_spanned! {ty.span()=> const _: fn() = ::messaging::__private::assert_extractor::<#ty>; }
+    let requirements = sig.extractors.iter().map(|ty| {
+        quote_spanned! {ty.span()=> <#ty as ::messaging::FromContext>::requirement() }
     });
-    let message_check = quote_spanned! {message.span()=> const _: fn() = ::messaging::__private::assert_message::<#message>; };
-    let queue_check = quote_spanned! {queue.span()=> const _: fn() = ::messaging::__private::assert_queue::<#queue>; };
-    let output_span = match &func.sig.output {
-        ReturnType::Default => func.sig.ident.span(),
-        ReturnType::Type(_, ty) => ty.span(),
-    };
-    let call = quote_spanned! {output_span=>
-        ::messaging::__private::IntoHandlerResult::into_handler_result(#fn_name(message, #(#arg_names),*).await)
+    let queue_spec = quote_spanned! {queue.span()=> <#queue as ::messaging::Queue>::SPEC };
+    let message_type = quote_spanned! {message.span()=> type Message: ::messaging::Message; };
+    let output = quote_spanned! {func.sig.ident.span()=> output };
+    let into_result = match &func.sig.output {
+        ReturnType::Default => quote! { let () = #output; ::core::result::Result::Ok(()) },
+        ReturnType::Type(_, ty) if !mentions_impl(ty) => quote_spanned! {ty.span()=>
+            <#ty as ::messaging::__private::IntoHandlerResult>::into_handler_result(#output)
+        },
+        ReturnType::Type(_, ty) => quote_spanned! {ty.span()=>
+            ::messaging::__private::IntoHandlerResult::into_handler_result(#output)
+        },
     };
     let idempotency = match &args.idempotent {
         Some((scope, lease)) => quote! {
@@ -182,57 +193,100 @@ fn generate(func: &ItemFn, args: &HandlerArgs, sig: &Signature) -> TokenStream {
         #func
 
         const _: () = {
-            #message_check
-            #queue_check
-            #(#checks)*
+            // What is particular to this handler. Everything else is generic
+            // over it, so that it type-checks even if the message type is wrong.
+            trait Handler: ::core::marker::Send + ::core::marker::Sync + 'static {
+                #message_type
+                fn call(
+                    message: Self::Message,
+                    ctx: ::messaging::MessageContext,
+                    resources: ::std::sync::Arc<::messaging::extract::Resources>,
+                ) -> ::messaging::BoxFuture<'static, ::core::result::Result<(), ::messaging::HandlerError>>;
+            }
 
-            struct Handler;
+            struct This;
 
-            impl ::messaging::__private::ErasedHandler for Handler {
+            impl Handler for This {
+                type Message = #message;
+                fn call(
+                    message: Self::Message,
+                    ctx: ::messaging::MessageContext,
+                    resources: ::std::sync::Arc<::messaging::extract::Resources>,
+                ) -> ::messaging::BoxFuture<'static, ::core::result::Result<(), ::messaging::HandlerError>> {
+                    ::std::boxed::Box::pin(async move {
+                        #(#extract)*
+                        let #output = #fn_name(message, #(#arg_names),*).await;
+                        #into_result
+                    })
+                }
+            }
+
+            struct Erased<S>(::core::marker::PhantomData<fn() -> S>);
+
+            impl<S: Handler> ::messaging::__private::ErasedHandler for Erased<S> {
                 fn call(
                     &self,
                     message: ::messaging::__private::AnyMessage,
                     ctx: ::messaging::MessageContext,
                     resources: ::std::sync::Arc<::messaging::extract::Resources>,
                 ) -> ::messaging::BoxFuture<'static, ::core::result::Result<(), ::messaging::HandlerError>> {
-                    ::std::boxed::Box::pin(async move {
-                        let message = ::messaging::__private::downcast::<#message>(message)?;
-                        #(#extract)*
-                        #call
-                    })
+                    match ::messaging::__private::downcast::<S::Message>(message) {
+                        ::core::result::Result::Ok(message) => S::call(message, ctx, resources),
+                        ::core::result::Result::Err(e) => {
+                            ::std::boxed::Box::pin(async move { ::core::result::Result::Err(e) })
+                        }
+                    }
                 }
             }
 
+            fn make<S: Handler>() -> ::std::sync::Arc<dyn ::messaging::__private::ErasedHandler> {
+                ::std::sync::Arc::new(Erased::<S>(::core::marker::PhantomData))
+            }
+
             fn queue() -> ::messaging::QueueSpec {
-                <#queue as ::messaging::Queue>::SPEC
+                #queue_spec
             }
 
             fn requirements() -> ::std::vec::Vec<::messaging::__private::Requirement> {
                 let all: ::std::vec::Vec<::core::option::Option<::messaging::__private::Requirement>> =
-                    ::std::vec![#(::messaging::__private::requirement::<#extractors>()),*];
+                    ::std::vec![#(#requirements),*];
                 all.into_iter().flatten().collect()
             }
 
-            fn make() -> ::std::sync::Arc<dyn ::messaging::__private::ErasedHandler> {
-                ::std::sync::Arc::new(Handler)
-            }
+            struct Entry<S>(::core::marker::PhantomData<S>);
 
-            ::messaging::__private::inventory::submit! {
-                ::messaging::__private::HandlerEntry {
+            impl<S: Handler> Entry<S> {
+                const ENTRY: ::messaging::__private::HandlerEntry = ::messaging::__private::HandlerEntry {
                     name: ::core::concat!(::core::module_path!(), "::", ::core::stringify!(#fn_name)),
                     queue_type: ::core::stringify!(#queue),
                     queue,
-                    message_type: ::messaging::__private::type_id::<#message>,
+                    message_type: ::messaging::__private::type_id::<S::Message>,
                     message_type_name: ::core::stringify!(#message),
-                    message_name: <#message as ::messaging::Message>::NAME,
-                    message_version: <#message as ::messaging::Message>::VERSION,
-                    decode: ::messaging::__private::decode::<#message>,
+                    message_name: <S::Message as ::messaging::Message>::NAME,
+                    message_version: <S::Message as ::messaging::Message>::VERSION,
+                    decode: ::messaging::__private::decode::<S::Message>,
                     idempotency: #idempotency,
                     retry: #retry,
                     requirements,
-                    handler: make,
-                }
+                    handler: make::<S>,
+                };
+            }
+
+            ::messaging::__private::inventory::submit! {
+                Entry::<This>::ENTRY
             }
         };
     }
+}
+
+/// Whether a type mentions `impl Trait`, which cannot be named in a path.
+fn mentions_impl(ty: &Type) -> bool {
+    fn walk(tokens: TokenStream) -> bool {
+        tokens.into_iter().any(|t| match t {
+            proc_macro2::TokenTree::Ident(i) => i == "impl",
+            proc_macro2::TokenTree::Group(g) => walk(g.stream()),
+            _ => false,
+        })
+    }
+    walk(quote!(#ty))
 }

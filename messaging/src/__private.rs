@@ -33,19 +33,12 @@ pub fn upcast<A: Message, B: Message + From<A>>(message: AnyMessage) -> Option<A
 
 /// Takes the handler's message out of the erased box.
 pub fn downcast<M: Message>(message: AnyMessage) -> Result<M, HandlerError> {
-    message.downcast::<M>().map(|m| *m).map_err(|_| {
-        HandlerError::permanent(WrongType(std::any::type_name::<M>()))
-    })
+    message.downcast::<M>().map(|m| *m).map_err(|_| HandlerError::permanent(WrongType(std::any::type_name::<M>())))
 }
 
 #[derive(Debug, thiserror::Error)]
 #[error("internal: the decoded message is not a `{0}`")]
 struct WrongType(&'static str);
-
-/// A field used as `group = ..` / `id = ..`.
-pub fn identity<T: IdentityField + ?Sized>(field: &T) -> Option<String> {
-    field.identity()
-}
 
 /// What a `#[messaging::main]` body returns.
 pub trait IntoSetupResult {
@@ -64,21 +57,3 @@ impl<E: Into<Box<dyn std::error::Error + Send + Sync>>> IntoSetupResult for Resu
         self.map_err(Into::into)
     }
 }
-
-/// The requirement of an extractor type.
-pub fn requirement<T: FromContext>() -> Option<Requirement> {
-    T::requirement()
-}
-
-/// Compile-time check helpers: each is a function whose bounds produce the
-/// error message at the user's token.
-pub fn assert_message<M: Message>() {}
-
-/// Checks that `T` is an extractor.
-pub fn assert_extractor<T: FromContext>() {}
-
-/// Checks that `Q` is a declared queue.
-pub fn assert_queue<Q: crate::queue::Queue>() {}
-
-/// Checks the upcast target can be built from the source.
-pub fn assert_upcast<A, B: From<A>>() {}

@@ -21,7 +21,11 @@ pub fn encode<M: Message>(message: &M) -> Result<Vec<u8>, serde_json::Error> {
 }
 
 /// Serializes `data` in an envelope with the given name and version.
-pub fn encode_envelope<T: Serialize + ?Sized>(name: &str, version: u32, data: &T) -> Result<Vec<u8>, serde_json::Error> {
+pub fn encode_envelope<T: Serialize + ?Sized>(
+    name: &str,
+    version: u32,
+    data: &T,
+) -> Result<Vec<u8>, serde_json::Error> {
     let mut out = Vec::with_capacity(64);
     out.extend_from_slice(b"{\"type\":");
     serde_json::to_writer(&mut out, name)?;
@@ -123,7 +127,8 @@ impl<'a> Incoming<'a> {
             .ok()
             .filter(|v: &u32| *v >= 1)
             .ok_or_else(|| DecodeError::MalformedEnvelope(format!("`v` must be an integer ≥ 1, found {}", v.get())))?;
-        let data = probe.data.ok_or_else(|| DecodeError::MalformedEnvelope(format!("`{name}` v{version} has no `data`")))?;
+        let data =
+            probe.data.ok_or_else(|| DecodeError::MalformedEnvelope(format!("`{name}` v{version} has no `data`")))?;
         Ok(Incoming::Envelope { name, version, data })
     }
 }

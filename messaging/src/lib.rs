@@ -55,8 +55,8 @@ pub use messaging_macros::main;
 /// The names most apps need: `use messaging::prelude::*;`.
 pub mod prelude {
     pub use crate::{
-        Behaviour, HandlerError, Message, MessageContext, MessageId, Next, PublishError, Publisher, Queue, RunMode, Setup,
-        State,
+        Behaviour, HandlerError, Message, MessageContext, MessageId, Next, PublishError, Publisher, Queue, RunMode,
+        Setup, State,
     };
     pub use serde::{Deserialize, Serialize};
 }

@@ -58,9 +58,9 @@ pub trait Message: Serialize + DeserializeOwned + Send + Sync + 'static {
 /// Converts a field used as `#[message(group = ..)]` or `#[message(id = ..)]` to
 /// the string the transport needs. Implemented for string-like and integer types.
 #[diagnostic::on_unimplemented(
-    message = "`{Self}` cannot be used as a message group id or identity",
-    label = "this field must be string-like (String, &str, Uuid-like Display types are not accepted implicitly)",
-    note = "use a `String` (or an integer) field, or pass the value explicitly with `.group(..)` / `.dedup_id(..)`"
+    message = "`{Self}` cannot be a message group id or identity",
+    label = "`group = ..` and `id = ..` name a string or integer field, not a `{Self}`",
+    note = "name a field of type `String`, `&'static str`, `Cow<str>`, an integer or an `Option` of one; or remove the option and pass the value at the call: `.group(..)` / `.dedup_id(..)`"
 )]
 pub trait IdentityField {
     /// The value as a string, `None` when absent or empty.

@@ -75,7 +75,12 @@ pub(crate) struct Pipeline {
 
 impl Pipeline {
     /// Runs behaviours and handler for one decoded message.
-    pub(crate) async fn dispatch(&self, message: AnyMessage, route: &Route, ctx: &MessageContext) -> Result<(), HandlerError> {
+    pub(crate) async fn dispatch(
+        &self,
+        message: AnyMessage,
+        route: &Route,
+        ctx: &MessageContext,
+    ) -> Result<(), HandlerError> {
         if self.behaviours.is_empty() {
             return self.invoke(message, route, ctx).await;
         }
@@ -101,12 +106,17 @@ impl Pipeline {
         match self.idempotency.claim(id, spec.scope, &processor, spec.lease).await {
             Err(e) => Err(HandlerError::transient(e)),
             Ok(Claim::Completed) => {
-                tracing::debug!(message.id = id, scope = spec.scope, "already completed; acknowledging without running");
+                tracing::debug!(
+                    message.id = id,
+                    scope = spec.scope,
+                    "already completed; acknowledging without running"
+                );
                 Ok(())
             }
-            Ok(Claim::InProgress) => {
-                Err(HandlerError::transient(MessageInProgress { message_id: id.to_owned(), scope: spec.scope.to_owned() }))
-            }
+            Ok(Claim::InProgress) => Err(HandlerError::transient(MessageInProgress {
+                message_id: id.to_owned(),
+                scope: spec.scope.to_owned(),
+            })),
             Ok(Claim::Claimed) => {
                 let result = route.handler.call(message, ctx.clone(), self.resources.clone()).await;
                 let settle = match &result {

@@ -51,16 +51,22 @@ impl std::fmt::Debug for TestApp {
     }
 }
 
+/// A deferred change to the app's [`Setup`].
+type Configure = Box<dyn FnOnce(&mut Setup) + Send>;
+
 /// Configures a [`TestApp`].
 pub struct TestAppBuilder {
     only: Option<Vec<&'static str>>,
-    configure: Vec<Box<dyn FnOnce(&mut Setup) + Send>>,
+    configure: Vec<Configure>,
     timeout: Duration,
 }
 
 impl std::fmt::Debug for TestAppBuilder {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("TestAppBuilder").field("only", &self.only).field("timeout", &self.timeout).finish_non_exhaustive()
+        f.debug_struct("TestAppBuilder")
+            .field("only", &self.only)
+            .field("timeout", &self.timeout)
+            .finish_non_exhaustive()
     }
 }
 
@@ -137,7 +143,9 @@ impl TestApp {
         self.wait_for(
             message_id,
             &expected,
-            |h| h.iter().filter(|o| matches!(o, Outcome::Retried { .. } | Outcome::Undecodable { .. })).count() >= times,
+            |h| {
+                h.iter().filter(|o| matches!(o, Outcome::Retried { .. } | Outcome::Undecodable { .. })).count() >= times
+            },
             false,
         )
         .await
@@ -146,8 +154,13 @@ impl TestApp {
     /// Waits until the message is in a dead-letter queue (after a permanent
     /// failure or after the receive limit).
     pub async fn dead_lettered(&self, message_id: &str) -> Result<(), TestError> {
-        self.wait_for(message_id, "dead-lettered", |h| h.iter().any(|o| matches!(o, Outcome::DeadLettered { .. })), true)
-            .await
+        self.wait_for(
+            message_id,
+            "dead-lettered",
+            |h| h.iter().any(|o| matches!(o, Outcome::DeadLettered { .. })),
+            true,
+        )
+        .await
     }
 
     async fn wait_for(

@@ -39,7 +39,9 @@ impl App {
         for spec in registry.queues() {
             if let Err(e) = transport.declare(spec).await {
                 problems.push(match e {
-                    TransportError::QueueNotFound(_) => format!("queue `{}` does not exist on {}", spec.name, transport.system()),
+                    TransportError::QueueNotFound(_) => {
+                        format!("queue `{}` does not exist on {}", spec.name, transport.system())
+                    }
                     other => format!("queue `{}`: {other}", spec.name),
                 });
             }
@@ -108,7 +110,8 @@ impl App {
         let mut workers = JoinSet::new();
         let mut handles = Vec::new();
         for routes in registry.routes() {
-            let handle = Worker::new(routes.clone(), setup.transport.clone(), pipeline.clone(), setup.observer.clone());
+            let handle =
+                Worker::start(routes.clone(), setup.transport.clone(), pipeline.clone(), setup.observer.clone());
             handles.push(handle.clone());
             workers.spawn(handle.run(settings, shutdown.clone()));
         }

@@ -66,7 +66,12 @@ impl IdempotencyStore for MemoryIdempotencyStore {
         })
     }
 
-    fn complete<'a>(&'a self, message_id: &'a str, scope: &'a str, processor: &'a str) -> BoxFuture<'a, Result<(), TransportError>> {
+    fn complete<'a>(
+        &'a self,
+        message_id: &'a str,
+        scope: &'a str,
+        processor: &'a str,
+    ) -> BoxFuture<'a, Result<(), TransportError>> {
         Box::pin(async move {
             self.with(|entries| match entries.get_mut(&(message_id.to_owned(), scope.to_owned())) {
                 Some(e) if e.processor.as_deref() == Some(processor) => {
@@ -79,7 +84,12 @@ impl IdempotencyStore for MemoryIdempotencyStore {
         })
     }
 
-    fn release<'a>(&'a self, message_id: &'a str, scope: &'a str, processor: &'a str) -> BoxFuture<'a, Result<(), TransportError>> {
+    fn release<'a>(
+        &'a self,
+        message_id: &'a str,
+        scope: &'a str,
+        processor: &'a str,
+    ) -> BoxFuture<'a, Result<(), TransportError>> {
         Box::pin(async move {
             self.with(|entries| {
                 let key = (message_id.to_owned(), scope.to_owned());

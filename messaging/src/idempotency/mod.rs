@@ -51,10 +51,20 @@ pub trait IdempotencyStore: Send + Sync + 'static {
     ) -> BoxFuture<'a, Result<Claim, TransportError>>;
 
     /// Marks the claim held by `processor` completed.
-    fn complete<'a>(&'a self, message_id: &'a str, scope: &'a str, processor: &'a str) -> BoxFuture<'a, Result<(), TransportError>>;
+    fn complete<'a>(
+        &'a self,
+        message_id: &'a str,
+        scope: &'a str,
+        processor: &'a str,
+    ) -> BoxFuture<'a, Result<(), TransportError>>;
 
     /// Gives up the claim held by `processor` so that a redelivery can run.
-    fn release<'a>(&'a self, message_id: &'a str, scope: &'a str, processor: &'a str) -> BoxFuture<'a, Result<(), TransportError>>;
+    fn release<'a>(
+        &'a self,
+        message_id: &'a str,
+        scope: &'a str,
+        processor: &'a str,
+    ) -> BoxFuture<'a, Result<(), TransportError>>;
 }
 
 impl<T: IdempotencyStore> IdempotencyStore for std::sync::Arc<T> {
@@ -68,11 +78,21 @@ impl<T: IdempotencyStore> IdempotencyStore for std::sync::Arc<T> {
         (**self).claim(message_id, scope, processor, lease)
     }
 
-    fn complete<'a>(&'a self, message_id: &'a str, scope: &'a str, processor: &'a str) -> BoxFuture<'a, Result<(), TransportError>> {
+    fn complete<'a>(
+        &'a self,
+        message_id: &'a str,
+        scope: &'a str,
+        processor: &'a str,
+    ) -> BoxFuture<'a, Result<(), TransportError>> {
         (**self).complete(message_id, scope, processor)
     }
 
-    fn release<'a>(&'a self, message_id: &'a str, scope: &'a str, processor: &'a str) -> BoxFuture<'a, Result<(), TransportError>> {
+    fn release<'a>(
+        &'a self,
+        message_id: &'a str,
+        scope: &'a str,
+        processor: &'a str,
+    ) -> BoxFuture<'a, Result<(), TransportError>> {
         (**self).release(message_id, scope, processor)
     }
 }

@@ -469,7 +469,11 @@ impl IdentityQueue {
             row.lease_token = None;
             row.lease_expires = None;
             row.error = Some("lease expired (processor abandoned the message)".to_owned());
-            row.status = if rules.retry_abandoned && row.attempts < rules.max_attempts { Status::Pending } else { Status::Error };
+            row.status = if rules.retry_abandoned && row.attempts < rules.max_attempts {
+                Status::Pending
+            } else {
+                Status::Error
+            };
         }
         abandoned
     }

@@ -1,8 +1,9 @@
 //! [`BatchBuilder`]: many messages, one result each.
 
-use std::future::{Future, IntoFuture};
+use std::future::Future;
 use std::marker::PhantomData;
 use std::pin::Pin;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use super::state::{DelaySupported, GroupResolved, Grouped, Ungrouped};
@@ -20,12 +21,13 @@ pub struct BatchBuilder<'a, Q, M, G> {
     publisher: &'a Publisher,
     messages: &'a [M],
     options: SendOptions,
+    sending: Option<Sending<'a, Vec<Result<MessageId, PublishError>>>>,
     _state: PhantomData<fn() -> (Q, G)>,
 }
 
 impl<'a, Q: Queue, M: Message> BatchBuilder<'a, Q, M, Ungrouped> {
     pub(super) fn new(publisher: &'a Publisher, messages: &'a [M]) -> Self {
-        BatchBuilder { publisher, messages, options: SendOptions::default(), _state: PhantomData }
+        BatchBuilder { publisher, messages, options: SendOptions::default(), sending: None, _state: PhantomData }
     }
 }
 
@@ -34,7 +36,7 @@ impl<'a, Q: Queue, M: Message, G> BatchBuilder<'a, Q, M, G> {
     pub fn group(self, group: impl Into<String>) -> BatchBuilder<'a, Q, M, Grouped> {
         let mut options = self.options;
         options.group = Some(group.into());
-        BatchBuilder { publisher: self.publisher, messages: self.messages, options, _state: PhantomData }
+        BatchBuilder { publisher: self.publisher, messages: self.messages, options, sending: None, _state: PhantomData }
     }
 
     /// Adds a message attribute to every message.
@@ -53,7 +55,7 @@ impl<'a, Q: Queue, M: Message, G> BatchBuilder<'a, Q, M, G> {
     }
 }
 
-impl<'a, Q, M, G> IntoFuture for BatchBuilder<'a, Q, M, G>
+impl<'a, Q, M, G> Future for BatchBuilder<'a, Q, M, G>
 where
     Q: Queue,
     M: Message,
@@ -61,9 +63,26 @@ where
     (Q::Kind, G, Q::HasDefaultGroup, M::HasGroup): GroupResolved<Q, M>,
 {
     type Output = Vec<Result<MessageId, PublishError>>;
-    type IntoFuture = Pin<Box<dyn Future<Output = Self::Output> + Send + 'a>>;
 
-    fn into_future(self) -> Self::IntoFuture {
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.get_mut();
+        if this.sending.is_none() {
+            this.sending = Some(this.start());
+        }
+        match this.sending.as_mut() {
+            Some(sending) => sending.as_mut().poll(cx),
+            None => Poll::Pending, // just set above
+        }
+    }
+}
+
+impl<'a, Q, M, G> BatchBuilder<'a, Q, M, G>
+where
+    Q: Queue,
+    M: Message,
+    G: 'a,
+{
+    fn start(&self) -> Sending<'a, Vec<Result<MessageId, PublishError>>> {
         let transport = self.publisher.transport.clone();
         let max_delay = transport.max_delay();
         let mut results: Vec<Option<Result<MessageId, PublishError>>> = Vec::with_capacity(self.messages.len());
@@ -86,15 +105,20 @@ where
                 let mut sent = sent.into_iter();
                 for index in indices {
                     let result = sent.next().unwrap_or_else(|| {
-                        Err(crate::error::TransportError::Backend("the transport returned too few batch results".into()))
+                        Err(crate::error::TransportError::Backend(
+                            "the transport returned too few batch results".into(),
+                        ))
                     });
                     results[index] = Some(result.map_err(PublishError::from));
                 }
             }
             results
                 .into_iter()
-                .map(|r| r.unwrap_or_else(|| Err(PublishError::Transport(crate::error::TransportError::Closed))))
+                .map(|r| r.unwrap_or(Err(PublishError::Transport(crate::error::TransportError::Closed))))
                 .collect()
         })
     }
 }
+
+/// The boxed send in progress.
+type Sending<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;

@@ -75,14 +75,16 @@ struct SendOptions {
 
 impl SendOptions {
     /// Encodes `message` for queue `spec`, applying the group/dedup rules.
-    fn outgoing<M: Message>(&self, spec: &QueueSpec, message: &M, max_delay: std::time::Duration) -> Result<Outgoing, PublishError> {
+    fn outgoing<M: Message>(
+        &self,
+        spec: &QueueSpec,
+        message: &M,
+        max_delay: std::time::Duration,
+    ) -> Result<Outgoing, PublishError> {
         let body = crate::envelope::encode(message)?.into();
         let group_id = if spec.fifo {
-            let group = self
-                .group
-                .clone()
-                .or_else(|| message.group_id())
-                .or_else(|| spec.default_group.map(str::to_owned));
+            let group =
+                self.group.clone().or_else(|| message.group_id()).or_else(|| spec.default_group.map(str::to_owned));
             match group {
                 Some(g) if !g.is_empty() => Some(g),
                 _ => return Err(PublishError::EmptyGroup { queue: spec.name }),

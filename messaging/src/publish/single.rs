@@ -1,8 +1,9 @@
 //! [`SendBuilder`]: one message.
 
-use std::future::{Future, IntoFuture};
+use std::future::Future;
 use std::marker::PhantomData;
 use std::pin::Pin;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use super::state::{DelaySupported, GroupResolved, Grouped, Ungrouped};
@@ -13,18 +14,19 @@ use crate::queue::Queue;
 use crate::transport::MessageId;
 
 /// A send of one message to queue `Q`, configured by chained calls and sent by
-/// `.await`. Created by [`Publisher::send`].
+/// `.await` (the builder is itself the future). Created by [`Publisher::send`].
 #[must_use = "a send does nothing until it is `.await`ed"]
 pub struct SendBuilder<'a, Q, M, G> {
     publisher: &'a Publisher,
     message: &'a M,
     options: SendOptions,
+    sending: Option<Sending<'a, Result<MessageId, PublishError>>>,
     _state: PhantomData<fn() -> (Q, G)>,
 }
 
 impl<'a, Q: Queue, M: Message> SendBuilder<'a, Q, M, Ungrouped> {
     pub(super) fn new(publisher: &'a Publisher, message: &'a M) -> Self {
-        SendBuilder { publisher, message, options: SendOptions::default(), _state: PhantomData }
+        SendBuilder { publisher, message, options: SendOptions::default(), sending: None, _state: PhantomData }
     }
 }
 
@@ -33,7 +35,7 @@ impl<'a, Q: Queue, M: Message, G> SendBuilder<'a, Q, M, G> {
     pub fn group(self, group: impl Into<String>) -> SendBuilder<'a, Q, M, Grouped> {
         let mut options = self.options;
         options.group = Some(group.into());
-        SendBuilder { publisher: self.publisher, message: self.message, options, _state: PhantomData }
+        SendBuilder { publisher: self.publisher, message: self.message, options, sending: None, _state: PhantomData }
     }
 
     /// Sets the deduplication id (FIFO queues drop a repeat within five minutes).
@@ -59,7 +61,7 @@ impl<'a, Q: Queue, M: Message, G> SendBuilder<'a, Q, M, G> {
     }
 }
 
-impl<'a, Q, M, G> IntoFuture for SendBuilder<'a, Q, M, G>
+impl<'a, Q, M, G> Future for SendBuilder<'a, Q, M, G>
 where
     Q: Queue,
     M: Message,
@@ -67,11 +69,31 @@ where
     (Q::Kind, G, Q::HasDefaultGroup, M::HasGroup): GroupResolved<Q, M>,
 {
     type Output = Result<MessageId, PublishError>;
-    type IntoFuture = Pin<Box<dyn Future<Output = Self::Output> + Send + 'a>>;
 
-    fn into_future(self) -> Self::IntoFuture {
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.get_mut();
+        if this.sending.is_none() {
+            this.sending = Some(this.start());
+        }
+        match this.sending.as_mut() {
+            Some(sending) => sending.as_mut().poll(cx),
+            None => Poll::Pending, // just set above
+        }
+    }
+}
+
+impl<'a, Q, M, G> SendBuilder<'a, Q, M, G>
+where
+    Q: Queue,
+    M: Message,
+    G: 'a,
+{
+    fn start(&self) -> Sending<'a, Result<MessageId, PublishError>> {
         let transport = self.publisher.transport.clone();
         let outgoing = self.options.outgoing(&Q::SPEC, self.message, transport.max_delay());
         Box::pin(async move { Ok(transport.send(Q::SPEC.name, outgoing?).await?) })
     }
 }
+
+/// The boxed send in progress.
+type Sending<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;

@@ -20,16 +20,21 @@ pub struct Grouped;
 )]
 pub trait GroupResolved<Q, M> {}
 
+// `do_not_recommend`: the error shows the message above, not these tuples.
+#[diagnostic::do_not_recommend]
 impl<Q, M, G, A, B> GroupResolved<Q, M> for (Standard, G, A, B) {}
+#[diagnostic::do_not_recommend]
 impl<Q, M, A, B> GroupResolved<Q, M> for (Fifo, Grouped, A, B) {}
+#[diagnostic::do_not_recommend]
 impl<Q, M, B> GroupResolved<Q, M> for (Fifo, Ungrouped, Yes, B) {}
+#[diagnostic::do_not_recommend]
 impl<Q, M> GroupResolved<Q, M> for (Fifo, Ungrouped, No, Yes) {}
 
 /// Holds for queue kinds that accept a per-message delay (standard queues).
 #[diagnostic::on_unimplemented(
     message = "FIFO queue `{Q}` does not accept a per-message delay",
     label = "`.delay(..)` is only available on standard queues",
-    note = "remove `.delay(..)`; on a FIFO queue, delay delivery with the queue's own delivery delay, or publish to a standard queue"
+    note = "remove `.delay(..)`, or publish to a standard queue: a FIFO queue delivers each group in order, so one message cannot be held back on its own"
 )]
 pub trait DelaySupported<Q> {}
 

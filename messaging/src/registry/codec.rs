@@ -111,7 +111,8 @@ impl Routes {
     /// service does not know) as its handler's type: the legacy fallback. A
     /// multi-type queue routes by the envelope's name only.
     pub fn decode<'r>(&'r self, body: &[u8]) -> Result<Decoded<'r>, DecodeError> {
-        let no_handler = |name: &str| DecodeError::NoHandler { queue: self.spec.name.to_owned(), name: name.to_owned() };
+        let no_handler =
+            |name: &str| DecodeError::NoHandler { queue: self.spec.name.to_owned(), name: name.to_owned() };
         match Incoming::parse(body)? {
             Incoming::Envelope { name, version, data } => {
                 let route = self.routes.iter().find(|r| r.entry.message_name == Some(&*name));

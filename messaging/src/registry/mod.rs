@@ -82,7 +82,10 @@ pub struct HandlerEntry {
 
 impl std::fmt::Debug for HandlerEntry {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("HandlerEntry").field("name", &self.name).field("queue", &self.queue_type).finish_non_exhaustive()
+        f.debug_struct("HandlerEntry")
+            .field("name", &self.name)
+            .field("queue", &self.queue_type)
+            .finish_non_exhaustive()
     }
 }
 

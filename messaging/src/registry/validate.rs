@@ -142,7 +142,9 @@ fn check_messages(messages: &[&'static MessageEntry], problems: &mut Vec<String>
         let min = entries.first().map_or(current, |e| e.version);
         for v in min..current {
             if !versions.contains_key(&v) {
-                problems.push(format!("`{name}` has a gap in its upcast chain: v{v} is missing between v{min} and v{current}"));
+                problems.push(format!(
+                    "`{name}` has a gap in its upcast chain: v{v} is missing between v{min} and v{current}"
+                ));
             }
         }
         chains.insert(name, Chain { current, versions });

@@ -105,7 +105,12 @@ pub trait Transport: Send + Sync + 'static {
     fn ack<'a>(&'a self, queue: &'a str, receipts: Vec<Receipt>) -> BoxFuture<'a, Vec<Result<(), TransportError>>>;
 
     /// Makes a delivery visible again after `delay` (zero releases it at once).
-    fn nack<'a>(&'a self, queue: &'a str, receipt: Receipt, delay: Duration) -> BoxFuture<'a, Result<(), TransportError>>;
+    fn nack<'a>(
+        &'a self,
+        queue: &'a str,
+        receipt: Receipt,
+        delay: Duration,
+    ) -> BoxFuture<'a, Result<(), TransportError>>;
 
     /// Pushes the visibility timeout of an in-flight delivery out to `visibility` from now.
     fn extend<'a>(
@@ -161,13 +166,16 @@ impl DeadLetter {
     }
 }
 
+/// A predicate choosing dead letters.
+pub type DeadLetterFilter = Arc<dyn Fn(&DeadLetter) -> bool + Send + Sync>;
+
 /// What to redrive from a dead-letter queue back to its source queue.
 #[derive(Clone, Default)]
 pub struct RedriveOptions {
     /// At most this many messages (all when `None`).
     pub max: Option<usize>,
     /// Only messages for which this returns true; the others stay.
-    pub filter: Option<Arc<dyn Fn(&DeadLetter) -> bool + Send + Sync>>,
+    pub filter: Option<DeadLetterFilter>,
 }
 
 impl std::fmt::Debug for RedriveOptions {

@@ -66,11 +66,7 @@ impl Batch {
     }
 
     fn unsettled_receipts(&self) -> impl Iterator<Item = &Receipt> + '_ {
-        self.deliveries
-            .iter()
-            .zip(&self.settled)
-            .filter(|(_, s)| !s.load(Ordering::Acquire))
-            .map(|(d, _)| &d.receipt)
+        self.deliveries.iter().zip(&self.settled).filter(|(_, s)| !s.load(Ordering::Acquire)).map(|(d, _)| &d.receipt)
     }
 }
 
@@ -126,7 +122,12 @@ impl InFlight {
 
     /// Extends the visibility of unsettled messages of batches held for a third
     /// of the visibility timeout or longer, until the task is aborted.
-    pub(crate) async fn heartbeat(self: Arc<Self>, transport: Arc<dyn Transport>, queue: &'static str, visibility: Duration) {
+    pub(crate) async fn heartbeat(
+        self: Arc<Self>,
+        transport: Arc<dyn Transport>,
+        queue: &'static str,
+        visibility: Duration,
+    ) {
         let period = (visibility / 3).max(Duration::from_millis(50));
         let mut tick = tokio::time::interval(period);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

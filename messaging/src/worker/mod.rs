@@ -64,7 +64,7 @@ impl WorkerHandle {
 }
 
 impl Worker {
-    pub(crate) fn new(
+    pub(crate) fn start(
         routes: Arc<Routes>,
         transport: Arc<dyn Transport>,
         pipeline: Arc<Pipeline>,
@@ -91,7 +91,8 @@ impl WorkerHandle {
     pub(crate) async fn run(self, settings: WorkerSettings, shutdown: Shutdown) {
         let worker = self.worker;
         let spec = worker.routes.spec().clone();
-        let heartbeat = tokio::spawn(worker.inflight.clone().heartbeat(worker.transport.clone(), spec.name, spec.visibility));
+        let heartbeat =
+            tokio::spawn(worker.inflight.clone().heartbeat(worker.transport.clone(), spec.name, spec.visibility));
         let permits = Arc::new(Semaphore::new(spec.concurrency.max(1)));
         let mut lanes = JoinSet::new();
         let max = worker.transport.max_batch().max(1);
@@ -163,7 +164,11 @@ impl WorkerHandle {
         heartbeat.abort();
         let held = worker.inflight.take_unsettled();
         if !held.is_empty() {
-            tracing::info!(queue = spec.name, count = held.len(), "releasing messages that were received but not handled");
+            tracing::info!(
+                queue = spec.name,
+                count = held.len(),
+                "releasing messages that were received but not handled"
+            );
         }
         for receipt in held {
             let _ = worker.transport.nack(spec.name, receipt, Duration::ZERO).await;

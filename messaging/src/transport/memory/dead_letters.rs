@@ -13,7 +13,9 @@ impl MemoryTransport {
     fn dlq_name(&self, queue: &str) -> Result<&'static str, TransportError> {
         let q = self.queue(queue)?;
         let dlq = q.lock().spec.dlq;
-        dlq.ok_or_else(|| TransportError::Rejected(format!("queue `{queue}` has no dead-letter queue (declare `dlq = \"...\"`)")))
+        dlq.ok_or_else(|| {
+            TransportError::Rejected(format!("queue `{queue}` has no dead-letter queue (declare `dlq = \"...\"`)"))
+        })
     }
 }
 
@@ -96,7 +98,8 @@ impl DeadLetters for MemoryTransport {
             for key in chosen {
                 // Republish first, then delete: a message is never in neither queue.
                 let Some(letter) = dlq_state.remove(key) else { continue };
-                let group_id = letter.group.clone().or_else(|| fifo.then(|| default_group.map(str::to_owned)).flatten());
+                let group_id =
+                    letter.group.clone().or_else(|| fifo.then(|| default_group.map(str::to_owned)).flatten());
                 let outgoing = Outgoing {
                     body: letter.body.clone(),
                     group_id,

@@ -182,7 +182,9 @@ impl Transport for MemoryTransport {
         Box::pin(async move {
             let q = match self.queue(queue) {
                 Ok(q) => q,
-                Err(_) => return receipts.iter().map(|_| Err(TransportError::QueueNotFound(queue.to_owned()))).collect(),
+                Err(_) => {
+                    return receipts.iter().map(|_| Err(TransportError::QueueNotFound(queue.to_owned()))).collect()
+                }
             };
             let results: Vec<_> = {
                 let mut state = q.lock();
@@ -196,7 +198,12 @@ impl Transport for MemoryTransport {
         })
     }
 
-    fn nack<'a>(&'a self, queue: &'a str, receipt: Receipt, delay: Duration) -> BoxFuture<'a, Result<(), TransportError>> {
+    fn nack<'a>(
+        &'a self,
+        queue: &'a str,
+        receipt: Receipt,
+        delay: Duration,
+    ) -> BoxFuture<'a, Result<(), TransportError>> {
         Box::pin(async move {
             let q = self.queue(queue)?;
             q.lock().nack(&receipt, delay, Instant::now())?;

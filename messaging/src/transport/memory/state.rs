@@ -140,7 +140,10 @@ impl QueueState {
                 )));
             }
             if msg.group_id.as_deref().is_none_or(str::is_empty) {
-                return Err(TransportError::Rejected(format!("FIFO queue `{}` needs a message group id", self.spec.name)));
+                return Err(TransportError::Rejected(format!(
+                    "FIFO queue `{}` needs a message group id",
+                    self.spec.name
+                )));
             }
             self.forget_old_dedup_ids(now);
             if let Some(dedup) = &msg.dedup_id {
@@ -446,7 +449,12 @@ impl QueueState {
     }
 
     /// Extends the visibility timeout of an in-flight message.
-    pub(super) fn extend(&mut self, receipt: &Receipt, visibility: Duration, now: Instant) -> Result<(), TransportError> {
+    pub(super) fn extend(
+        &mut self,
+        receipt: &Receipt,
+        visibility: Duration,
+        now: Instant,
+    ) -> Result<(), TransportError> {
         self.check(receipt)?;
         self.set_status(receipt.key, Status::InFlight { token: receipt.token, until: now + visibility });
         Ok(())

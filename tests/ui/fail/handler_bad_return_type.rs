@@ -1,0 +1,17 @@
+use messaging::prelude::*;
+
+#[messaging::queue("emails")]
+pub struct Emails;
+
+#[messaging::message(name = "emails.welcome", v = 1)]
+#[derive(Serialize, Deserialize)]
+pub struct Welcome {
+    pub to: String,
+}
+
+#[messaging::handler(queue = Emails)]
+async fn welcome(mail: Welcome) -> bool {
+    !mail.to.is_empty()
+}
+
+fn main() {}

@@ -1,0 +1,16 @@
+use messaging::prelude::*;
+
+pub struct Emails;
+
+#[messaging::message(name = "emails.welcome", v = 1)]
+#[derive(Serialize, Deserialize)]
+pub struct Welcome {
+    pub to: String,
+}
+
+#[messaging::handler(queue = Emails)]
+async fn welcome(mail: Welcome) {
+    let _ = mail.to;
+}
+
+fn main() {}

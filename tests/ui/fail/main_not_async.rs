@@ -1,0 +1,2 @@
+#[messaging::main]
+fn main() {}

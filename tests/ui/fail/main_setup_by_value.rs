@@ -1,0 +1,4 @@
+#[messaging::main]
+async fn main(setup: messaging::Setup) {
+    let _ = setup;
+}

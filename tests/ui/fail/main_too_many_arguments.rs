@@ -1,0 +1,4 @@
+#[messaging::main]
+async fn main(setup: &mut messaging::Setup, verbose: bool) {
+    let _ = (setup, verbose);
+}

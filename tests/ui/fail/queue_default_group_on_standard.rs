@@ -1,0 +1,4 @@
+#[messaging::queue("emails", default_group = "emails")]
+pub struct Emails;
+
+fn main() {}

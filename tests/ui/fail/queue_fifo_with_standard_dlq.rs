@@ -1,0 +1,4 @@
+#[messaging::queue("orders.fifo", fifo, dlq = "orders-dlq")]
+pub struct Orders;
+
+fn main() {}

@@ -1,0 +1,4 @@
+#[messaging::queue("orders", fifo)]
+pub struct Orders;
+
+fn main() {}

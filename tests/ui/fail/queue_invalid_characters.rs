@@ -1,0 +1,4 @@
+#[messaging::queue("orders/eu west")]
+pub struct Orders;
+
+fn main() {}

@@ -1,0 +1,4 @@
+#[messaging::queue("orders-of-the-european-union-region-for-customers-with-a-premium-subscription-plan")]
+pub struct Orders;
+
+fn main() {}

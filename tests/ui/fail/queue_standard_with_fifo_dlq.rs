@@ -1,0 +1,4 @@
+#[messaging::queue("emails", dlq = "emails-dlq.fifo")]
+pub struct Emails;
+
+fn main() {}
