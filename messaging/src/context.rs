@@ -3,6 +3,7 @@
 use std::sync::Arc;
 use std::time::SystemTime;
 
+use crate::idempotency::ClaimState;
 use crate::transport::{Attributes, Delivery};
 use crate::worker::Batch;
 
@@ -16,6 +17,7 @@ pub struct MessageContext {
     system: &'static str,
     type_name: Option<&'static str>,
     version: Option<u32>,
+    claim: Option<Arc<ClaimState>>,
 }
 
 impl std::fmt::Debug for MessageContext {
@@ -39,7 +41,16 @@ impl MessageContext {
         type_name: Option<&'static str>,
         version: Option<u32>,
     ) -> Self {
-        MessageContext { batch: batch.clone(), index, queue, system, type_name, version }
+        MessageContext { batch: batch.clone(), index, queue, system, type_name, version, claim: None }
+    }
+
+    /// The same context with the idempotency claim taken for this dispatch.
+    pub(crate) fn with_claim(&self, claim: Arc<ClaimState>) -> Self {
+        MessageContext { claim: Some(claim), ..self.clone() }
+    }
+
+    pub(crate) fn claim(&self) -> Option<Arc<ClaimState>> {
+        self.claim.clone()
     }
 
     fn delivery(&self) -> &Delivery {

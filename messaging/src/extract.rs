@@ -48,17 +48,29 @@ impl Resources {
 /// Something a handler needs to have been set up (checked at startup).
 #[derive(Debug, Clone, Copy)]
 pub struct Requirement {
-    /// The state's type.
+    /// The type required.
     pub type_id: TypeId,
     /// Its name, for error messages.
     pub type_name: &'static str,
+    /// What must be true.
+    pub kind: RequirementKind,
+}
+
+/// What an extractor needs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum RequirementKind {
+    /// A state of the type, provided with `setup.provide(..)`.
+    State,
+    /// The handler is declared `idempotent = ".."`.
+    IdempotentHandler,
 }
 
 /// A handler argument after the message.
 #[diagnostic::on_unimplemented(
     message = "`{Self}` cannot be a handler argument",
     label = "not an extractor",
-    note = "after the message, a handler takes only `MessageContext`, `State<T>` (provided with `setup.provide(..)`) or `Publisher`"
+    note = "after the message, a handler takes only `MessageContext`, `State<T>` (provided with `setup.provide(..)`), `Publisher` or `IdempotencyClaim`"
 )]
 pub trait FromContext: Sized + Send + 'static {
     /// Builds the argument for one delivery.
@@ -114,6 +126,10 @@ impl<T: Send + Sync + 'static> FromContext for State<T> {
     }
 
     fn requirement() -> Option<Requirement> {
-        Some(Requirement { type_id: TypeId::of::<T>(), type_name: std::any::type_name::<T>() })
+        Some(Requirement {
+            type_id: TypeId::of::<T>(),
+            type_name: std::any::type_name::<T>(),
+            kind: RequirementKind::State,
+        })
     }
 }

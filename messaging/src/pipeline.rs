@@ -9,7 +9,9 @@ use crate::context::MessageContext;
 use crate::error::HandlerError;
 use crate::extract::Resources;
 use crate::handler::{AnyMessage, IdempotencySpec};
-use crate::idempotency::{Claim, IdempotencyStore, MessageInProgress};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use crate::idempotency::{Claim, ClaimState, IdempotencyStore, MessageInProgress};
 use crate::registry::Route;
 use crate::transport::BoxFuture;
 
@@ -118,8 +120,16 @@ impl Pipeline {
                 scope: spec.scope.to_owned(),
             })),
             Ok(Claim::Claimed) => {
-                let result = route.handler.call(message, ctx.clone(), self.resources.clone()).await;
+                let claim = Arc::new(ClaimState {
+                    message_id: id.to_owned(),
+                    scope: spec.scope,
+                    processor: processor.clone(),
+                    completed: AtomicBool::new(false),
+                });
+                let result = route.handler.call(message, ctx.with_claim(claim.clone()), self.resources.clone()).await;
                 let settle = match &result {
+                    // The handler completed it in its own transaction.
+                    Ok(()) if claim.completed.load(Ordering::Acquire) => Ok(()),
                     Ok(()) => self.idempotency.complete(id, spec.scope, &processor).await,
                     Err(_) => self.idempotency.release(id, spec.scope, &processor).await,
                 };

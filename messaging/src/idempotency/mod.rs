@@ -8,11 +8,22 @@
 //! with the error [`MessageInProgress`]; [`Claim::Completed`] acknowledges
 //! without running it.
 
+mod claim;
 mod memory;
+#[cfg(feature = "postgres")]
+mod postgres;
+#[cfg(feature = "sqlite")]
+mod sqlite;
 
 use std::time::Duration;
 
+pub(crate) use claim::ClaimState;
+pub use claim::IdempotencyClaim;
 pub use memory::MemoryIdempotencyStore;
+#[cfg(feature = "postgres")]
+pub use postgres::PostgresIdempotencyStore;
+#[cfg(feature = "sqlite")]
+pub use sqlite::SqliteIdempotencyStore;
 
 use crate::error::TransportError;
 use crate::transport::BoxFuture;

@@ -1,0 +1,142 @@
+//! [`IdempotencyClaim`]: the idempotency claim of the message being handled, for
+//! handlers that want their side effect and the claim's completion to commit
+//! in one database transaction (exactly once, even across a crash).
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use crate::context::MessageContext;
+use crate::error::HandlerError;
+use crate::extract::{FromContext, Requirement, RequirementKind, Resources};
+
+/// The claim the framework took before calling an `idempotent = ".."` handler.
+#[derive(Debug)]
+pub(crate) struct ClaimState {
+    pub(crate) message_id: String,
+    pub(crate) scope: &'static str,
+    pub(crate) processor: String,
+    pub(crate) completed: AtomicBool,
+}
+
+/// The idempotency claim of the message being handled. Only for handlers with
+/// `idempotent = "scope"` (checked at startup).
+///
+/// By default the framework completes the claim after the handler returns.
+/// Between the side effect and that completion a crash would leave the claim
+/// open, and the message would run again once the lease expires. When the
+/// side effect is a write to the same database as the claims, complete the
+/// claim in that write's transaction instead:
+///
+/// ```ignore
+/// #[messaging::handler(queue = Orders, idempotent = "order-finalize", lease = "20s")]
+/// async fn finalize(order: OrderPlaced, claim: IdempotencyClaim, db: State<PgPool>) -> Result<(), HandlerError> {
+///     let mut tx = db.begin().await?;
+///     sqlx::query("INSERT INTO invoices (order_id) VALUES ($1)").bind(&order.order_id).execute(&mut *tx).await?;
+///     claim.complete_in_postgres(&mut tx).await?;   // fails, and rolls back, if the claim was lost
+///     tx.commit().await?;
+///     Ok(())
+/// }
+/// ```
+#[derive(Debug, Clone)]
+pub struct IdempotencyClaim {
+    state: Arc<ClaimState>,
+}
+
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+#[derive(Debug, thiserror::Error)]
+#[error("the idempotency claim on `{message_id}` (scope `{scope}`) was lost: its lease expired and another delivery took it")]
+struct ClaimLost {
+    message_id: String,
+    scope: &'static str,
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("`IdempotencyClaim` is only available in handlers with `idempotent = \"scope\"`")]
+struct NotIdempotent;
+
+impl IdempotencyClaim {
+    /// The message id the claim is on.
+    pub fn message_id(&self) -> &str {
+        &self.state.message_id
+    }
+
+    /// The idempotency scope.
+    pub fn scope(&self) -> &'static str {
+        self.state.scope
+    }
+
+    /// Whether the claim was completed already (by `complete_in_*`).
+    pub fn is_completed(&self) -> bool {
+        self.state.completed.load(Ordering::Acquire)
+    }
+
+    #[cfg(any(feature = "postgres", feature = "sqlite"))]
+    fn lost(&self) -> HandlerError {
+        HandlerError::transient(ClaimLost { message_id: self.state.message_id.clone(), scope: self.state.scope })
+    }
+
+    /// Completes the claim inside `tx`, a transaction on the PostgreSQL
+    /// database that holds the claims (`messaging_idempotency`). Commit `tx`
+    /// for the completion to count; on error, roll back.
+    #[cfg(feature = "postgres")]
+    pub async fn complete_in_postgres(&self, tx: &mut sqlx::PgConnection) -> Result<(), HandlerError> {
+        let done = sqlx::query(
+            "UPDATE messaging_idempotency SET completed = TRUE, completed_at = $4, lease_expires_at = NULL \
+             WHERE message_id = $1 AND scope = $2 AND processor_id = $3 AND NOT completed",
+        )
+        .bind(&self.state.message_id)
+        .bind(self.state.scope)
+        .bind(&self.state.processor)
+        .bind(crate::transport::sql::now_ms())
+        .execute(tx)
+        .await
+        .map_err(HandlerError::transient)?;
+        self.finish(done.rows_affected())
+    }
+
+    /// Completes the claim inside `tx`, a transaction on the SQLite database
+    /// that holds the claims. Commit `tx` for the completion to count.
+    #[cfg(feature = "sqlite")]
+    pub async fn complete_in_sqlite(&self, tx: &mut sqlx::SqliteConnection) -> Result<(), HandlerError> {
+        let done = sqlx::query(
+            "UPDATE messaging_idempotency SET completed = 1, completed_at = ?4, lease_expires_at = NULL \
+             WHERE message_id = ?1 AND scope = ?2 AND processor_id = ?3 AND completed = 0",
+        )
+        .bind(&self.state.message_id)
+        .bind(self.state.scope)
+        .bind(&self.state.processor)
+        .bind(crate::transport::sql::now_ms())
+        .execute(tx)
+        .await
+        .map_err(HandlerError::transient)?;
+        self.finish(done.rows_affected())
+    }
+
+    #[cfg(any(feature = "postgres", feature = "sqlite"))]
+    fn finish(&self, rows: u64) -> Result<(), HandlerError> {
+        if rows == 1 {
+            self.state.completed.store(true, Ordering::Release);
+            Ok(())
+        } else {
+            Err(self.lost())
+        }
+    }
+
+    pub(crate) fn new(state: Arc<ClaimState>) -> Self {
+        IdempotencyClaim { state }
+    }
+}
+
+impl FromContext for IdempotencyClaim {
+    fn from_context(ctx: &MessageContext, _: &Resources) -> Result<Self, HandlerError> {
+        ctx.claim().map(IdempotencyClaim::new).ok_or_else(|| HandlerError::permanent(NotIdempotent))
+    }
+
+    fn requirement() -> Option<Requirement> {
+        Some(Requirement {
+            type_id: std::any::TypeId::of::<IdempotencyClaim>(),
+            type_name: "IdempotencyClaim",
+            kind: RequirementKind::IdempotentHandler,
+        })
+    }
+}

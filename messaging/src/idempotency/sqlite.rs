@@ -1,0 +1,264 @@
+//! The SQLite idempotency store.
+//!
+//! Claims live in the table `messaging_idempotency` (see
+//! `migrations/sqlite`). A claim is one atomic
+//! `INSERT ... ON CONFLICT DO UPDATE ... WHERE ... RETURNING` statement, so
+//! concurrent deliveries of one message, in any number of processes sharing
+//! the database file, get exactly one [`Claim::Claimed`]. Booleans are
+//! INTEGER 0/1. Times are milliseconds since the Unix epoch
+//! taken from the application's clock.
+
+use std::time::{Duration, SystemTime};
+
+use sqlx::sqlite::{SqlitePool, SqlitePoolOptions};
+use sqlx::Row;
+
+use super::{Claim, IdempotencyStore};
+use crate::error::TransportError;
+use crate::transport::BoxFuture;
+
+/// Inserts an unclaimed row or takes the existing one over when it is not
+/// completed and free (no holder, expired lease) or held by the same processor.
+/// Returns a row only when this caller got the claim.
+const CLAIM: &str = "\
+INSERT INTO messaging_idempotency (message_id, scope, processor_id, lease_expires_at, completed)
+VALUES (?1, ?2, ?3, ?4, 0)
+ON CONFLICT (message_id, scope) DO UPDATE
+SET processor_id = excluded.processor_id, lease_expires_at = excluded.lease_expires_at
+WHERE messaging_idempotency.completed = 0
+  AND (messaging_idempotency.processor_id IS NULL
+       OR messaging_idempotency.lease_expires_at IS NULL
+       OR messaging_idempotency.lease_expires_at <= ?5
+       OR messaging_idempotency.processor_id = excluded.processor_id)
+RETURNING processor_id";
+
+const READ: &str = "\
+SELECT completed, processor_id, lease_expires_at FROM messaging_idempotency WHERE message_id = ?1 AND scope = ?2";
+
+const COMPLETE: &str = "\
+UPDATE messaging_idempotency SET completed = 1, completed_at = ?4, lease_expires_at = NULL
+WHERE message_id = ?1 AND scope = ?2 AND processor_id = ?3 AND completed = 0";
+
+const RELEASE: &str = "\
+UPDATE messaging_idempotency SET processor_id = NULL, lease_expires_at = NULL
+WHERE message_id = ?1 AND scope = ?2 AND processor_id = ?3 AND completed = 0";
+
+const PURGE: &str = "DELETE FROM messaging_idempotency WHERE completed = 1 AND completed_at < ?1";
+
+/// How many times a claim is retried when the row changed between the claim
+/// statement and the read that explains why the claim was refused.
+const CLAIM_ATTEMPTS: usize = 3;
+
+/// Idempotency claims in a SQLite database file, shared by every process using the file.
+///
+/// The table `messaging_idempotency` must exist: run the `migrate` command, or
+/// provision it from `migrations/sqlite`.
+#[derive(Debug, Clone)]
+pub struct SqliteIdempotencyStore {
+    pool: SqlitePool,
+}
+
+impl SqliteIdempotencyStore {
+    /// A store on an existing connection pool.
+    pub fn new(pool: SqlitePool) -> Self {
+        Self { pool }
+    }
+
+    /// Connects a pool to `url` (`sqlite://FILE`; add `?mode=rwc` to create the file).
+    ///
+    /// An in-memory database (`sqlite::memory:`) lives only as long as a
+    /// connection to it is open, so the store then keeps exactly one
+    /// connection open for its whole life.
+    pub async fn connect(url: &str) -> Result<Self, TransportError> {
+        let mut options = SqlitePoolOptions::new();
+        if url.contains(":memory:") || url.contains("mode=memory") {
+            options = options.max_connections(1).min_connections(1).idle_timeout(None).max_lifetime(None);
+        }
+        let pool = options
+            .connect(url)
+            .await
+            .map_err(|e| TransportError::Backend(format!("connecting the sqlite idempotency store failed: {e}")))?;
+        Ok(Self::new(pool))
+    }
+
+    /// Deletes the completed claims whose completion is older than
+    /// `older_than`; returns how many were deleted. A later delivery of a
+    /// purged message is claimed (and run) again, so keep completed claims
+    /// longer than messages can be redelivered.
+    pub async fn purge(&self, older_than: Duration) -> Result<u64, TransportError> {
+        self.purge_at(older_than, SystemTime::now()).await
+    }
+
+    /// The connection pool.
+    #[doc(hidden)]
+    pub fn pool(&self) -> &SqlitePool {
+        &self.pool
+    }
+
+    /// Runs the framework's SQLite migrations (tests and the `migrate` command).
+    #[doc(hidden)]
+    pub async fn migrate(&self) -> Result<(), TransportError> {
+        sqlx::migrate!("./migrations/sqlite")
+            .run(&self.pool)
+            .await
+            .map_err(|e| TransportError::Backend(format!("running the sqlite migrations failed: {e}")))
+    }
+
+    /// Runs one raw SQL statement; returns the number of rows affected (test setup).
+    #[doc(hidden)]
+    pub async fn execute_sql(&self, sql: &str) -> Result<u64, TransportError> {
+        sqlx::raw_sql(sql)
+            .execute(&self.pool)
+            .await
+            .map(|r| r.rows_affected())
+            .map_err(|e| TransportError::Backend(format!("sql on sqlite failed: {e}")))
+    }
+
+    /// Closes the pool.
+    #[doc(hidden)]
+    pub async fn close(&self) {
+        self.pool.close().await;
+    }
+
+    /// [`IdempotencyStore::claim`] at the time `now`.
+    #[doc(hidden)]
+    pub async fn claim_at(
+        &self,
+        message_id: &str,
+        scope: &str,
+        processor: &str,
+        lease: Duration,
+        now: SystemTime,
+    ) -> Result<Claim, TransportError> {
+        let now = millis(now);
+        let expires = now.saturating_add(duration_millis(lease));
+        for _ in 0..CLAIM_ATTEMPTS {
+            let claimed = sqlx::query(CLAIM)
+                .bind(message_id)
+                .bind(scope)
+                .bind(processor)
+                .bind(expires)
+                .bind(now)
+                .fetch_all(&self.pool)
+                .await
+                .map_err(|e| backend("claim", e))?;
+            if !claimed.is_empty() {
+                return Ok(Claim::Claimed);
+            }
+            let row = sqlx::query(READ)
+                .bind(message_id)
+                .bind(scope)
+                .fetch_optional(&self.pool)
+                .await
+                .map_err(|e| backend("claim", e))?;
+            let Some(row) = row else {
+                // Purged between the two statements: claim again.
+                continue;
+            };
+            let completed: i64 = row.try_get("completed").map_err(|e| backend("claim", e))?;
+            let holder: Option<String> = row.try_get("processor_id").map_err(|e| backend("claim", e))?;
+            let expiry: Option<i64> = row.try_get("lease_expires_at").map_err(|e| backend("claim", e))?;
+            if completed != 0 {
+                return Ok(Claim::Completed);
+            }
+            let free = holder.is_none() || expiry.is_none_or(|e| e <= now);
+            if !free && holder.as_deref() != Some(processor) {
+                return Ok(Claim::InProgress);
+            }
+            // Released or expired between the two statements: claim again.
+        }
+        Ok(Claim::InProgress)
+    }
+
+    /// [`IdempotencyStore::complete`] at the time `now`.
+    #[doc(hidden)]
+    pub async fn complete_at(
+        &self,
+        message_id: &str,
+        scope: &str,
+        processor: &str,
+        now: SystemTime,
+    ) -> Result<(), TransportError> {
+        let done = sqlx::query(COMPLETE)
+            .bind(message_id)
+            .bind(scope)
+            .bind(processor)
+            .bind(millis(now))
+            .execute(&self.pool)
+            .await
+            .map_err(|e| backend("complete", e))?;
+        if done.rows_affected() == 0 {
+            return Err(TransportError::StaleReceipt);
+        }
+        Ok(())
+    }
+
+    /// [`SqliteIdempotencyStore::purge`] at the time `now`.
+    #[doc(hidden)]
+    pub async fn purge_at(&self, older_than: Duration, now: SystemTime) -> Result<u64, TransportError> {
+        let cutoff = millis(now).saturating_sub(duration_millis(older_than));
+        let done = sqlx::query(PURGE).bind(cutoff).execute(&self.pool).await.map_err(|e| backend("purge", e))?;
+        Ok(done.rows_affected())
+    }
+}
+
+impl IdempotencyStore for SqliteIdempotencyStore {
+    fn claim<'a>(
+        &'a self,
+        message_id: &'a str,
+        scope: &'a str,
+        processor: &'a str,
+        lease: Duration,
+    ) -> BoxFuture<'a, Result<Claim, TransportError>> {
+        Box::pin(self.claim_at(message_id, scope, processor, lease, SystemTime::now()))
+    }
+
+    fn complete<'a>(
+        &'a self,
+        message_id: &'a str,
+        scope: &'a str,
+        processor: &'a str,
+    ) -> BoxFuture<'a, Result<(), TransportError>> {
+        Box::pin(self.complete_at(message_id, scope, processor, SystemTime::now()))
+    }
+
+    fn release<'a>(
+        &'a self,
+        message_id: &'a str,
+        scope: &'a str,
+        processor: &'a str,
+    ) -> BoxFuture<'a, Result<(), TransportError>> {
+        Box::pin(async move {
+            sqlx::query(RELEASE)
+                .bind(message_id)
+                .bind(scope)
+                .bind(processor)
+                .execute(&self.pool)
+                .await
+                .map_err(|e| backend("release", e))?;
+            Ok(())
+        })
+    }
+}
+
+/// Milliseconds since the Unix epoch (0 before it, saturating far after it).
+fn millis(at: SystemTime) -> i64 {
+    at.duration_since(SystemTime::UNIX_EPOCH).map(duration_millis).unwrap_or(0)
+}
+
+fn duration_millis(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+/// Says which operation failed; a missing table says how to create it.
+fn backend(op: &str, err: sqlx::Error) -> TransportError {
+    if let sqlx::Error::Database(db) = &err {
+        if db.message().contains("no such table") {
+            return TransportError::Backend(format!(
+                "idempotency {op} on sqlite failed: the table `messaging_idempotency` is missing; \
+                 run the `migrate` command (or provision the table from the framework's sqlite migrations): {err}"
+            ));
+        }
+    }
+    TransportError::Backend(format!("idempotency {op} on sqlite failed: {err}"))
+}
