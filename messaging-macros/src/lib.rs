@@ -24,7 +24,8 @@ use proc_macro::TokenStream;
 /// Options: the name (first, or `name = ".."`); `fifo`; `dlq = ".."`;
 /// `default_group = ".."` (FIFO only); `concurrency = N` (default 1, strictly
 /// sequential); `visibility = "30s"`; `max_receives = N` (default 5, then the
-/// dead-letter queue). Checked at compile time: a FIFO name ends with `.fifo`
+/// dead-letter queue); `idempotent` (database queues: an enqueue whose payload
+/// equals the stored version of the same identity is discarded). Checked at compile time: a FIFO name ends with `.fifo`
 /// and a standard one does not, the DLQ has the queue's kind, names use
 /// letters, digits, `-`, `_`, `.` and at most 80 characters.
 ///

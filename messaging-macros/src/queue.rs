@@ -7,7 +7,8 @@ use syn::{Ident, ItemStruct, LitStr};
 
 use crate::attr::{with_error, Args, Errors, Reader};
 
-const KNOWN: &[&str] = &["name", "fifo", "dlq", "default_group", "concurrency", "visibility", "max_receives"];
+const KNOWN: &[&str] =
+    &["name", "fifo", "dlq", "default_group", "concurrency", "visibility", "max_receives", "idempotent"];
 
 /// The checked options of one queue.
 struct QueueArgs {
@@ -18,6 +19,7 @@ struct QueueArgs {
     concurrency: u64,
     visibility_ms: u64,
     max_receives: u64,
+    idempotent: bool,
 }
 
 pub(crate) fn expand(args: TokenStream, item: TokenStream) -> TokenStream {
@@ -56,6 +58,7 @@ fn parse(args: Args, strukt: &ItemStruct, errors: &mut Errors) -> QueueArgs {
     }
     let mut name = args.positional;
     let (mut fifo, mut dlq, mut default_group) = (None, None, None);
+    let mut idempotent = false;
     let (mut concurrency, mut visibility_ms, mut max_receives) = (1, 30_000, 5);
     {
         let mut reader = Reader::new("queue", KNOWN, errors);
@@ -64,6 +67,7 @@ fn parse(args: Args, strukt: &ItemStruct, errors: &mut Errors) -> QueueArgs {
                 continue;
             }
             match arg.key.to_string().as_str() {
+                "idempotent" => idempotent = reader.flag(arg),
                 "name" => {
                     if name.is_some() {
                         reader.errors.push(
@@ -158,6 +162,7 @@ fn parse(args: Args, strukt: &ItemStruct, errors: &mut Errors) -> QueueArgs {
         concurrency,
         visibility_ms,
         max_receives,
+        idempotent,
     }
 }
 
@@ -225,6 +230,7 @@ fn generate(strukt: &ItemStruct, q: &QueueArgs) -> TokenStream {
     let concurrency = q.concurrency as usize;
     let visibility = q.visibility_ms;
     let max_receives = q.max_receives as u32;
+    let idempotent = q.idempotent;
     quote! {
         #strukt
 
@@ -239,6 +245,7 @@ fn generate(strukt: &ItemStruct, q: &QueueArgs) -> TokenStream {
                 concurrency: #concurrency,
                 visibility: ::messaging::__private::Duration::from_millis(#visibility),
                 max_receives: #max_receives,
+                idempotent: #idempotent,
             };
         }
 

@@ -34,6 +34,8 @@ enum Command {
     Validate,
     /// List the declared queues with their kinds, options and depths.
     Queues,
+    /// Create or upgrade the database tables (sqlite://, postgres://), then exit.
+    Migrate,
 }
 
 #[derive(Debug, Default, clap::Args)]
@@ -47,6 +49,9 @@ struct RunArgs {
     /// How long in-flight handlers may finish after a shutdown signal, e.g. 30s.
     #[arg(long, value_parser = parse_duration)]
     grace: Option<Duration>,
+    /// Create or upgrade the database tables before starting.
+    #[arg(long)]
+    migrate: bool,
 }
 
 /// Parses `250ms`, `30s`, `5m`, `1h`.
@@ -86,9 +91,18 @@ pub fn run_main(hook: SetupHook) -> ExitCode {
 
 async fn execute(cli: Cli, hook: SetupHook) -> Result<(), Error> {
     let url = cli.transport.unwrap_or_else(|| transport::DEFAULT_URL.to_owned());
-    let transport = transport::connect(&url)?;
+    let transport = transport::connect(&url).await?;
+    let command = cli.command.unwrap_or(Command::Run(RunArgs::default()));
+    if matches!(command, Command::Migrate | Command::Run(RunArgs { migrate: true, .. })) {
+        transport.migrate().await?;
+        if matches!(command, Command::Migrate) {
+            println!("migrated: {} ({url}) is ready", transport.system());
+            return Ok(());
+        }
+    }
     let mut app = App::new(transport.clone()).await?;
-    match cli.command.unwrap_or(Command::Run(RunArgs::default())) {
+    match command {
+        Command::Migrate => Ok(()),
         Command::Queues => {
             print_queues(&app).await;
             Ok(())

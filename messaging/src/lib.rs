@@ -29,11 +29,16 @@ pub use context::MessageContext;
 pub use error::{Error, HandlerError, PublishError, Result, TransportError};
 pub use extract::{FromContext, State};
 pub use handler::RetryPolicy;
+pub use idempotency::IdempotencyClaim;
 pub use message::Message;
 pub use pipeline::{Behaviour, Next};
 pub use publish::Publisher;
 pub use queue::{Fifo, Queue, QueueSpec, Standard};
 pub use shutdown::Shutdown;
+/// The database driver of the SQL transports, re-exported so that handlers
+/// that share their transaction with an [`IdempotencyClaim`] use the same version.
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub use sqlx;
 pub use transport::{BoxFuture, MessageId};
 
 /// Declares a queue on a unit struct. See the [crate docs](crate#queues).
@@ -55,8 +60,8 @@ pub use messaging_macros::main;
 /// The names most apps need: `use messaging::prelude::*;`.
 pub mod prelude {
     pub use crate::{
-        Behaviour, HandlerError, Message, MessageContext, MessageId, Next, PublishError, Publisher, Queue, RunMode,
-        Setup, State,
+        Behaviour, HandlerError, IdempotencyClaim, Message, MessageContext, MessageId, Next, PublishError, Publisher,
+        Queue, RunMode, Setup, State,
     };
     pub use serde::{Deserialize, Serialize};
 }

@@ -57,6 +57,9 @@ pub struct QueueSpec {
     pub visibility: Duration,
     /// How many receives before the message moves to the dead-letter queue.
     pub max_receives: u32,
+    /// Database queues: an enqueue whose payload equals the stored version of
+    /// the same identity is discarded.
+    pub idempotent: bool,
 }
 
 impl QueueSpec {
@@ -75,6 +78,7 @@ impl QueueSpec {
             concurrency: 1,
             visibility: Self::DEFAULT_VISIBILITY,
             max_receives: Self::DEFAULT_MAX_RECEIVES,
+            idempotent: false,
         }
     }
 }

@@ -11,7 +11,7 @@ use tokio::task::JoinSet;
 pub use setup::{RunMode, Setup};
 
 use crate::error::{Error, TransportError};
-use crate::extract::Resources;
+use crate::extract::{RequirementKind, Resources};
 use crate::pipeline::Pipeline;
 use crate::registry::{Registry, ValidationErrors};
 use crate::shutdown::Shutdown;
@@ -49,7 +49,11 @@ impl App {
         if !problems.is_empty() {
             return Err(ValidationErrors::new(problems).into());
         }
-        Ok(App { registry, setup: Setup::new(transport) })
+        let mut setup = Setup::new(transport.clone());
+        if let Some(store) = transport.idempotency_store() {
+            setup.idempotency = store;
+        }
+        Ok(App { registry, setup })
     }
 
     /// The setup to configure before starting.
@@ -77,7 +81,14 @@ impl App {
         for routes in self.registry.routes() {
             for route in routes.routes() {
                 for req in (route.entry.requirements)() {
-                    if !self.setup.states.contains_key(&req.type_id) {
+                    if req.kind == RequirementKind::IdempotentHandler {
+                        if route.entry.idempotency.is_none() {
+                            problems.push(format!(
+                                "handler `{}` takes `{}`, which needs `idempotent = \"scope\"` on the handler",
+                                route.entry.name, req.type_name
+                            ));
+                        }
+                    } else if !self.setup.states.contains_key(&req.type_id) {
                         problems.push(format!(
                             "handler `{}` takes `State<{}>`, which was not provided; call `setup.provide(..)` with one in `#[messaging::main]`",
                             route.entry.name, req.type_name

@@ -94,7 +94,8 @@ impl Setup {
         self
     }
 
-    /// Replaces the idempotency store (in-memory by default).
+    /// Replaces the idempotency store (by default the transport's own database
+    /// for sqlite:// and postgres://, in memory otherwise).
     pub fn idempotency_store(&mut self, store: impl IdempotencyStore) -> &mut Self {
         self.idempotency = Arc::new(store);
         self

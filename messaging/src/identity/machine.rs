@@ -46,6 +46,8 @@ pub struct Enqueue {
     pub status: Option<Status>,
     /// FIFO message group.
     pub group: Option<String>,
+    /// Message attributes, as JSON text (opaque here).
+    pub attributes: String,
 }
 
 /// A newer version stored while the row is leased.
@@ -63,6 +65,10 @@ pub struct Deferred {
     pub status_after_release: Option<Status>,
     /// Its enqueue order.
     pub seq: u64,
+    /// Its attributes.
+    pub attributes: String,
+    /// When it was enqueued (ms).
+    pub sent_at: i64,
 }
 
 /// One message.
@@ -98,6 +104,10 @@ pub struct Row {
     pub processed_at: Option<i64>,
     /// The last failure.
     pub error: Option<String>,
+    /// The current version's attributes.
+    pub attributes: String,
+    /// When the current version was enqueued (ms).
+    pub sent_at: i64,
 }
 
 /// What an enqueue did.
@@ -148,6 +158,253 @@ pub struct Leased {
 #[error("the lease was lost: it expired or the message was settled or leased again")]
 pub struct LeaseLost;
 
+/// What completing a row asks of its storage.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Completed {
+    /// Delete the row (retention 0 and no newer version).
+    pub delete: bool,
+    /// Record this as the identity's previous message: (identity, message id, payload).
+    pub previous: Option<(String, String, Vec<u8>)>,
+}
+
+/// Pending, or Sleeping when process-at is in the future.
+fn landing(process_at: Option<i64>, now: i64) -> Status {
+    match process_at {
+        Some(at) if at > now => Status::Sleeping,
+        _ => Status::Pending,
+    }
+}
+
+/// The transitions of one row. Storage backends load a row, call one of
+/// these, and store the result; [`IdentityQueue`] does the same in memory.
+impl Row {
+    /// A new row for an enqueue.
+    pub fn new(id: RowId, seq: u64, now: i64, e: Enqueue) -> Row {
+        let status = e.status.unwrap_or_else(|| landing(e.process_at, now));
+        Row {
+            id,
+            identity: e.identity,
+            group: e.group,
+            message_id: e.message_id,
+            payload: e.payload,
+            priority: e.priority,
+            process_at: e.process_at,
+            status,
+            attempts: 0,
+            seq,
+            lease_token: None,
+            lease_expires: None,
+            deferred: None,
+            processed_at: None,
+            error: None,
+            attributes: e.attributes,
+            sent_at: now,
+        }
+    }
+
+    /// The newest version's payload: the deferred one while awaiting release.
+    pub fn newest_payload(&self) -> &[u8] {
+        match (&self.status, &self.deferred) {
+            (Status::AwaitingRelease, Some(d)) => &d.payload,
+            _ => &self.payload,
+        }
+    }
+
+    /// Enqueues a new version onto this (existing) row.
+    pub fn enqueue(&mut self, now: i64, seq: u64, e: Enqueue, idempotent: bool) -> EnqueueOutcome {
+        if idempotent && self.newest_payload() == e.payload.as_slice() {
+            return EnqueueOutcome::Discarded(self.id);
+        }
+        if self.status.is_leased() {
+            self.status = Status::AwaitingRelease;
+            self.deferred = Some(Deferred {
+                message_id: e.message_id,
+                payload: e.payload,
+                priority: e.priority,
+                process_at: e.process_at,
+                status_after_release: e.status,
+                seq,
+                attributes: e.attributes,
+                sent_at: now,
+            });
+            return EnqueueOutcome::Deferred(self.id);
+        }
+        self.message_id = e.message_id;
+        self.payload = e.payload;
+        self.priority = e.priority;
+        self.process_at = e.process_at;
+        self.status = e.status.unwrap_or_else(|| landing(e.process_at, now));
+        self.attempts = 0;
+        self.seq = seq;
+        self.processed_at = None;
+        self.error = None;
+        self.attributes = e.attributes;
+        self.sent_at = now;
+        if e.group.is_some() {
+            self.group = e.group;
+        }
+        EnqueueOutcome::Updated(self.id)
+    }
+
+    /// Whether the row can be leased now.
+    pub fn is_eligible(&self, now: i64) -> bool {
+        match self.status {
+            Status::Pending => true,
+            Status::Sleeping => self.process_at.is_none_or(|at| at <= now),
+            _ => false,
+        }
+    }
+
+    /// Leases the row with `token` until `now + lease_ms`.
+    pub fn lease(&mut self, now: i64, token: u64, lease_ms: i64) {
+        self.status = Status::Processing;
+        self.lease_token = Some(token);
+        self.lease_expires = Some(now + lease_ms);
+        self.attempts += 1;
+    }
+
+    /// Whether `token` holds the row's unexpired lease.
+    pub fn holds(&self, now: i64, token: u64) -> bool {
+        self.status.is_leased() && self.lease_token == Some(token) && self.lease_expires.is_some_and(|e| e > now)
+    }
+
+    fn check(&self, now: i64, token: u64) -> Result<(), LeaseLost> {
+        if self.holds(now, token) {
+            Ok(())
+        } else {
+            Err(LeaseLost)
+        }
+    }
+
+    fn clear_lease(&mut self) {
+        self.lease_token = None;
+        self.lease_expires = None;
+    }
+
+    /// Applies the deferred version of an `AwaitingRelease` row.
+    fn apply_deferred(&mut self, now: i64) {
+        self.clear_lease();
+        match self.deferred.take() {
+            Some(d) => {
+                self.message_id = d.message_id;
+                self.payload = d.payload;
+                self.priority = d.priority;
+                self.process_at = d.process_at;
+                self.status = d.status_after_release.unwrap_or_else(|| landing(d.process_at, now));
+                self.seq = d.seq;
+                self.attempts = 0;
+                self.error = None;
+                self.attributes = d.attributes;
+                self.sent_at = d.sent_at;
+            }
+            None => self.status = Status::Pending,
+        }
+    }
+
+    /// Completes the leased row.
+    pub fn complete(&mut self, now: i64, token: u64, retention_ms: i64) -> Result<Completed, LeaseLost> {
+        self.check(now, token)?;
+        let previous = self.identity.clone().map(|k| (k, self.message_id.clone(), self.payload.clone()));
+        let delete = if self.status == Status::AwaitingRelease {
+            self.apply_deferred(now);
+            false
+        } else {
+            self.status = Status::Processed;
+            self.clear_lease();
+            self.processed_at = Some(now);
+            retention_ms <= 0
+        };
+        Ok(Completed { delete, previous })
+    }
+
+    /// A failed attempt: Sleeping until `retry_at` while attempts remain, else Error.
+    pub fn fail(
+        &mut self,
+        now: i64,
+        token: u64,
+        retry_at: i64,
+        error: &str,
+        max_attempts: u32,
+    ) -> Result<(), LeaseLost> {
+        self.check(now, token)?;
+        if self.status == Status::AwaitingRelease {
+            self.apply_deferred(now);
+            return Ok(());
+        }
+        self.clear_lease();
+        self.error = Some(error.to_owned());
+        if self.attempts < max_attempts {
+            self.process_at = Some(retry_at);
+            self.status = landing(Some(retry_at), now);
+        } else {
+            self.status = Status::Error;
+        }
+        Ok(())
+    }
+
+    /// A permanent failure: Error at once (unless a newer version waits).
+    pub fn dead_letter(&mut self, now: i64, token: u64, error: &str) -> Result<(), LeaseLost> {
+        self.check(now, token)?;
+        if self.status == Status::AwaitingRelease {
+            self.apply_deferred(now);
+            return Ok(());
+        }
+        self.clear_lease();
+        self.error = Some(error.to_owned());
+        self.status = Status::Error;
+        Ok(())
+    }
+
+    /// Gives the lease back without charging the attempt (shutdown).
+    pub fn release(&mut self, now: i64, token: u64) -> Result<(), LeaseLost> {
+        self.check(now, token)?;
+        if self.status == Status::AwaitingRelease {
+            self.apply_deferred(now);
+        } else {
+            self.clear_lease();
+            self.attempts = self.attempts.saturating_sub(1);
+            self.status = Status::Pending;
+        }
+        Ok(())
+    }
+
+    /// Pushes the lease's expiry out (heartbeat).
+    pub fn extend(&mut self, now: i64, token: u64, lease_ms: i64) -> Result<(), LeaseLost> {
+        self.check(now, token)?;
+        self.lease_expires = Some(now + lease_ms);
+        Ok(())
+    }
+
+    /// Whether the row's lease has expired (it was abandoned).
+    pub fn is_abandoned(&self, now: i64) -> bool {
+        self.status.is_leased() && self.lease_expires.is_some_and(|e| e <= now)
+    }
+
+    /// Abandonment of an expired lease.
+    pub fn abandon(&mut self, now: i64, rules: &QueueRules) {
+        if self.status == Status::AwaitingRelease {
+            self.apply_deferred(now);
+            return;
+        }
+        self.clear_lease();
+        self.error = Some("lease expired (processor abandoned the message)".to_owned());
+        self.status =
+            if rules.retry_abandoned && self.attempts < rules.max_attempts { Status::Pending } else { Status::Error };
+    }
+
+    /// `Error` → `Pending` with attempts reset, at the back of the queue.
+    pub fn redrive(&mut self, seq: u64) -> bool {
+        if self.status != Status::Error {
+            return false;
+        }
+        self.status = Status::Pending;
+        self.attempts = 0;
+        self.process_at = None;
+        self.seq = seq;
+        true
+    }
+}
+
 /// The rows of one queue and the transitions between their states.
 #[derive(Debug, Clone, Default)]
 pub struct IdentityQueue {
@@ -197,109 +454,31 @@ impl IdentityQueue {
         s
     }
 
-    /// Pending, or Sleeping when process-at is in the future.
-    fn landing(process_at: Option<i64>, now: i64) -> Status {
-        match process_at {
-            Some(at) if at > now => Status::Sleeping,
-            _ => Status::Pending,
-        }
-    }
-
     /// Enqueues a message (see the transition table).
     pub fn enqueue(&mut self, now: i64, e: Enqueue) -> EnqueueOutcome {
-        let existing = e.identity.as_ref().and_then(|k| self.by_identity.get(k).copied());
-        let Some(id) = existing else {
-            let id = self.next_id;
-            self.next_id += 1;
-            let seq = self.seq();
-            let status = e.status.unwrap_or_else(|| Self::landing(e.process_at, now));
-            if let Some(k) = &e.identity {
-                self.by_identity.insert(k.clone(), id);
-            }
-            self.rows.insert(
-                id,
-                Row {
-                    id,
-                    identity: e.identity,
-                    group: e.group,
-                    message_id: e.message_id,
-                    payload: e.payload,
-                    priority: e.priority,
-                    process_at: e.process_at,
-                    status,
-                    attempts: 0,
-                    seq,
-                    lease_token: None,
-                    lease_expires: None,
-                    deferred: None,
-                    processed_at: None,
-                    error: None,
-                },
-            );
-            return EnqueueOutcome::Inserted(id);
-        };
         let seq = self.seq();
-        let idempotent = self.rules.idempotent;
-        let Some(row) = self.rows.get_mut(&id) else { return EnqueueOutcome::Discarded(id) };
-        let newest = match (&row.status, &row.deferred) {
-            (Status::AwaitingRelease, Some(d)) => &d.payload,
-            _ => &row.payload,
-        };
-        if idempotent && *newest == e.payload {
-            return EnqueueOutcome::Discarded(id);
+        let existing = e.identity.as_ref().and_then(|k| self.by_identity.get(k).copied());
+        if let Some(row) = existing.and_then(|id| self.rows.get_mut(&id)) {
+            return row.enqueue(now, seq, e, self.rules.idempotent);
         }
-        match row.status {
-            Status::Processing | Status::AwaitingRelease => {
-                row.status = Status::AwaitingRelease;
-                row.deferred = Some(Deferred {
-                    message_id: e.message_id,
-                    payload: e.payload,
-                    priority: e.priority,
-                    process_at: e.process_at,
-                    status_after_release: e.status,
-                    seq,
-                });
-                EnqueueOutcome::Deferred(id)
-            }
-            Status::Pending | Status::Sleeping | Status::Error | Status::Processed => {
-                row.message_id = e.message_id;
-                row.payload = e.payload;
-                row.priority = e.priority;
-                row.process_at = e.process_at;
-                row.status = e.status.unwrap_or_else(|| Self::landing(e.process_at, now));
-                row.attempts = 0;
-                row.seq = seq;
-                row.processed_at = None;
-                row.error = None;
-                if e.group.is_some() {
-                    row.group = e.group;
-                }
-                EnqueueOutcome::Updated(id)
-            }
+        let id = self.next_id;
+        self.next_id += 1;
+        if let Some(k) = &e.identity {
+            self.by_identity.insert(k.clone(), id);
         }
-    }
-
-    fn eligible(row: &Row, now: i64) -> bool {
-        match row.status {
-            Status::Pending => true,
-            Status::Sleeping => row.process_at.is_none_or(|at| at <= now),
-            _ => false,
-        }
+        self.rows.insert(id, Row::new(id, seq, now, e));
+        EnqueueOutcome::Inserted(id)
     }
 
     /// Leases up to `n` rows for `lease_ms`: highest priority first, then
     /// enqueue order. On a FIFO queue only the first waiting row of a group
-    /// with nothing leased is eligible.
+    /// with nothing leased is eligible, and groups go by enqueue order.
     pub fn lease(&mut self, now: i64, n: usize, lease_ms: i64) -> Vec<Leased> {
         self.expire(now);
-        let mut blocked: HashSet<Option<String>> = HashSet::new();
         let mut candidates: Vec<&Row> = Vec::new();
         if self.rules.fifo {
-            for row in self.rows.values() {
-                if row.status.is_leased() {
-                    blocked.insert(row.group.clone());
-                }
-            }
+            let blocked: HashSet<Option<String>> =
+                self.rows.values().filter(|r| r.status.is_leased()).map(|r| r.group.clone()).collect();
             // The head of each group: its earliest waiting (P or S) row.
             let mut heads: HashMap<Option<String>, &Row> = HashMap::new();
             for row in self.rows.values().filter(|r| matches!(r.status, Status::Pending | Status::Sleeping)) {
@@ -308,10 +487,10 @@ impl IdentityQueue {
                     *head = row;
                 }
             }
-            candidates.extend(heads.into_values().filter(|r| !blocked.contains(&r.group) && Self::eligible(r, now)));
+            candidates.extend(heads.into_values().filter(|r| !blocked.contains(&r.group) && r.is_eligible(now)));
             candidates.sort_by_key(|r| r.seq);
         } else {
-            candidates.extend(self.rows.values().filter(|r| Self::eligible(r, now)));
+            candidates.extend(self.rows.values().filter(|r| r.is_eligible(now)));
             candidates.sort_by(|a, b| b.priority.cmp(&a.priority).then(a.seq.cmp(&b.seq)));
         }
         let chosen: Vec<RowId> = candidates.into_iter().take(n).map(|r| r.id).collect();
@@ -320,10 +499,7 @@ impl IdentityQueue {
             let token = self.next_token;
             self.next_token += 1;
             let Some(row) = self.rows.get_mut(&id) else { continue };
-            row.status = Status::Processing;
-            row.lease_token = Some(token);
-            row.lease_expires = Some(now + lease_ms);
-            row.attempts += 1;
+            row.lease(now, token, lease_ms);
             out.push(Leased {
                 id,
                 token,
@@ -336,63 +512,21 @@ impl IdentityQueue {
         out
     }
 
-    /// The row, if `token` holds its unexpired lease.
-    fn held(&mut self, now: i64, id: RowId, token: u64) -> Result<&mut Row, LeaseLost> {
-        match self.rows.get_mut(&id) {
-            Some(row)
-                if row.status.is_leased()
-                    && row.lease_token == Some(token)
-                    && row.lease_expires.is_some_and(|e| e > now) =>
-            {
-                Ok(row)
-            }
-            _ => Err(LeaseLost),
-        }
-    }
-
-    /// Applies the deferred version of an `AwaitingRelease` row.
-    fn apply_deferred(row: &mut Row, now: i64) {
-        row.lease_token = None;
-        row.lease_expires = None;
-        if let Some(d) = row.deferred.take() {
-            row.message_id = d.message_id;
-            row.payload = d.payload;
-            row.priority = d.priority;
-            row.process_at = d.process_at;
-            row.status = d.status_after_release.unwrap_or_else(|| Self::landing(d.process_at, now));
-            row.seq = d.seq;
-            row.attempts = 0;
-            row.error = None;
-        } else {
-            row.status = Status::Pending;
-        }
+    fn row_mut(&mut self, id: RowId) -> Result<&mut Row, LeaseLost> {
+        self.rows.get_mut(&id).ok_or(LeaseLost)
     }
 
     /// Completes a leased row.
     pub fn complete(&mut self, now: i64, id: RowId, token: u64) -> Result<(), LeaseLost> {
         let retention = self.rules.retention_ms;
-        let row = self.held(now, id, token)?;
-        let processed = (row.identity.clone(), row.payload.clone());
-        let delete = match row.status {
-            Status::AwaitingRelease => {
-                Self::apply_deferred(row, now);
-                false
-            }
-            _ => {
-                row.status = Status::Processed;
-                row.lease_token = None;
-                row.lease_expires = None;
-                row.processed_at = Some(now);
-                retention <= 0
-            }
-        };
-        if let (Some(identity), payload) = processed {
-            self.previous.insert(identity.clone(), payload);
-            if delete {
+        let done = self.row_mut(id)?.complete(now, token, retention)?;
+        if let Some((identity, _, payload)) = done.previous {
+            if done.delete {
                 self.by_identity.remove(&identity);
             }
+            self.previous.insert(identity, payload);
         }
-        if delete {
+        if done.delete {
             self.rows.remove(&id);
         }
         Ok(())
@@ -401,96 +535,39 @@ impl IdentityQueue {
     /// A failed attempt: Sleeping until `retry_at` while attempts remain, else Error.
     pub fn fail(&mut self, now: i64, id: RowId, token: u64, retry_at: i64, error: &str) -> Result<(), LeaseLost> {
         let max = self.rules.max_attempts;
-        let row = self.held(now, id, token)?;
-        if row.status == Status::AwaitingRelease {
-            Self::apply_deferred(row, now);
-            return Ok(());
-        }
-        row.lease_token = None;
-        row.lease_expires = None;
-        row.error = Some(error.to_owned());
-        if row.attempts < max {
-            row.process_at = Some(retry_at);
-            row.status = Self::landing(Some(retry_at), now);
-        } else {
-            row.status = Status::Error;
-        }
-        Ok(())
+        self.row_mut(id)?.fail(now, token, retry_at, error, max)
     }
 
     /// A permanent failure: Error at once (unless a newer version waits).
     pub fn dead_letter(&mut self, now: i64, id: RowId, token: u64, error: &str) -> Result<(), LeaseLost> {
-        let row = self.held(now, id, token)?;
-        if row.status == Status::AwaitingRelease {
-            Self::apply_deferred(row, now);
-            return Ok(());
-        }
-        row.lease_token = None;
-        row.lease_expires = None;
-        row.error = Some(error.to_owned());
-        row.status = Status::Error;
-        Ok(())
+        self.row_mut(id)?.dead_letter(now, token, error)
     }
 
     /// Gives the lease back without charging the attempt (shutdown).
     pub fn release(&mut self, now: i64, id: RowId, token: u64) -> Result<(), LeaseLost> {
-        let row = self.held(now, id, token)?;
-        if row.status == Status::AwaitingRelease {
-            Self::apply_deferred(row, now);
-        } else {
-            row.lease_token = None;
-            row.lease_expires = None;
-            row.attempts = row.attempts.saturating_sub(1);
-            row.status = Status::Pending;
-        }
-        Ok(())
+        self.row_mut(id)?.release(now, token)
     }
 
     /// Pushes the lease's expiry out (heartbeat).
     pub fn extend(&mut self, now: i64, id: RowId, token: u64, lease_ms: i64) -> Result<(), LeaseLost> {
-        let row = self.held(now, id, token)?;
-        row.lease_expires = Some(now + lease_ms);
-        Ok(())
+        self.row_mut(id)?.extend(now, token, lease_ms)
     }
 
     /// Abandons every expired lease; returns the rows concerned.
     pub fn expire(&mut self, now: i64) -> Vec<RowId> {
         let rules = self.rules;
         let mut abandoned = Vec::new();
-        for row in self.rows.values_mut() {
-            if !row.status.is_leased() || row.lease_expires.is_none_or(|e| e > now) {
-                continue;
-            }
+        for row in self.rows.values_mut().filter(|r| r.is_abandoned(now)) {
             abandoned.push(row.id);
-            if row.status == Status::AwaitingRelease {
-                Self::apply_deferred(row, now);
-                continue;
-            }
-            row.lease_token = None;
-            row.lease_expires = None;
-            row.error = Some("lease expired (processor abandoned the message)".to_owned());
-            row.status = if rules.retry_abandoned && row.attempts < rules.max_attempts {
-                Status::Pending
-            } else {
-                Status::Error
-            };
+            row.abandon(now, &rules);
         }
         abandoned
     }
 
     /// Moves an `Error` row back to `Pending` with its attempts reset.
     pub fn redrive(&mut self, id: RowId) -> bool {
-        match self.rows.get_mut(&id) {
-            Some(row) if row.status == Status::Error => {
-                row.status = Status::Pending;
-                row.attempts = 0;
-                row.process_at = None;
-                row.seq = self.next_seq;
-                self.next_seq += 1;
-                true
-            }
-            _ => false,
-        }
+        let seq = self.seq();
+        self.rows.get_mut(&id).is_some_and(|row| row.redrive(seq))
     }
 
     /// Deletes `Processed` rows older than the retention period.

@@ -11,7 +11,9 @@
 
 mod machine;
 
-pub use machine::{Deferred, Enqueue, EnqueueOutcome, IdentityQueue, LeaseLost, Leased, QueueRules, Row, RowId};
+pub use machine::{
+    Completed, Deferred, Enqueue, EnqueueOutcome, IdentityQueue, LeaseLost, Leased, QueueRules, Row, RowId,
+};
 
 /// The status of a row.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]

@@ -17,6 +17,7 @@ fn msg(identity: Option<&str>, payload: &str) -> Enqueue {
         process_at: None,
         status: None,
         group: None,
+        attributes: String::new(),
     }
 }
 

@@ -69,6 +69,8 @@ impl Publisher {
 struct SendOptions {
     group: Option<String>,
     dedup_id: Option<String>,
+    identity: Option<String>,
+    priority: i32,
     delay: Option<std::time::Duration>,
     attributes: Attributes,
 }
@@ -92,12 +94,21 @@ impl SendOptions {
         } else {
             self.group.clone()
         };
-        let dedup_id = self.dedup_id.clone().or_else(|| message.message_id());
+        let identity = self.identity.clone().or_else(|| message.message_id());
+        let dedup_id = self.dedup_id.clone().or_else(|| identity.clone());
         if let Some(delay) = self.delay {
             if delay > max_delay {
                 return Err(PublishError::DelayTooLong { requested: delay, max: max_delay });
             }
         }
-        Ok(Outgoing { body, group_id, dedup_id, delay: self.delay, attributes: self.attributes.clone() })
+        Ok(Outgoing {
+            body,
+            group_id,
+            dedup_id,
+            delay: self.delay,
+            attributes: self.attributes.clone(),
+            identity,
+            priority: self.priority,
+        })
     }
 }

@@ -45,6 +45,20 @@ impl<'a, Q: Queue, M: Message, G> SendBuilder<'a, Q, M, G> {
         self
     }
 
+    /// Sets the message's identity (default: its `#[message(id = ..)]` field).
+    /// On database queues there is at most one message per identity: a new
+    /// enqueue updates it. On FIFO queues it is also the deduplication id.
+    pub fn id(mut self, identity: impl Into<String>) -> Self {
+        self.options.identity = Some(identity.into());
+        self
+    }
+
+    /// Sets the priority on database queues (higher is handled first; default 0).
+    pub fn priority(mut self, priority: i32) -> Self {
+        self.options.priority = priority;
+        self
+    }
+
     /// Adds a message attribute.
     pub fn attribute(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
         self.options.attributes.insert(key.into(), value.into());

@@ -15,6 +15,8 @@ use crate::queue::QueueSpec;
 
 mod id;
 pub mod memory;
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub mod sql;
 mod url;
 
 pub use bytes::Bytes;
@@ -40,6 +42,11 @@ pub struct Outgoing {
     pub delay: Option<Duration>,
     /// Message attributes.
     pub attributes: Attributes,
+    /// The message's identity (`#[message(id = ..)]` or `.id(..)`): one row per
+    /// identity on database queues.
+    pub identity: Option<String>,
+    /// Priority on database queues (higher first); ignored elsewhere.
+    pub priority: i32,
 }
 
 /// Proof of receipt of one delivery, used to settle it. Stale receipts (the
@@ -136,6 +143,18 @@ pub trait Transport: Send + Sync + 'static {
     /// The dead-letter capability, if the backend has it.
     fn dead_letters(&self) -> Option<&dyn DeadLetters> {
         None
+    }
+
+    /// An idempotency store that lives with this transport's data (the same
+    /// database), used by default for `idempotent = ".."` handlers.
+    fn idempotency_store(&self) -> Option<Arc<dyn crate::idempotency::IdempotencyStore>> {
+        None
+    }
+
+    /// Creates or upgrades the backend's tables (the `migrate` command);
+    /// nothing to do for backends without a schema.
+    fn migrate(&self) -> BoxFuture<'_, Result<(), TransportError>> {
+        Box::pin(async { Ok(()) })
     }
 }
 

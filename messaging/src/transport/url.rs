@@ -8,19 +8,48 @@ use crate::error::Error;
 /// The transport used when none is configured.
 pub const DEFAULT_URL: &str = "memory://";
 
-/// Opens the backend a URL names. Known schemes: `memory://`.
-pub fn connect(url: &str) -> Result<Arc<dyn Transport>, Error> {
-    let (scheme, _rest) = url
-        .split_once("://")
-        .ok_or_else(|| Error::Config { url: url.to_owned(), reason: "expected SCHEME://..., e.g. memory://".into() })?;
+/// Opens the backend a URL names: `memory://`, `sqlite://FILE`,
+/// `postgres://USER@HOST/DB`. Database URLs take the options of
+/// [`crate::transport::sql::SqlOptions`] as query parameters.
+pub async fn connect(url: &str) -> Result<Arc<dyn Transport>, Error> {
+    let (scheme, _rest) = url.split_once("://").ok_or_else(|| Error::Config {
+        url: url.to_owned(),
+        reason: "expected SCHEME://..., e.g. memory://, sqlite://app.db or postgres://user@host/db".into(),
+    })?;
+    #[allow(unused_variables)] // used only when a database feature is disabled
+    let unavailable = |feature: &str| Error::Config {
+        url: url.to_owned(),
+        reason: format!("this build has no `{scheme}` transport; enable the `{feature}` feature of `messaging`"),
+    };
     match scheme {
         "memory" => Ok(Arc::new(MemoryTransport::new())),
-        "sqlite" | "postgres" | "postgresql" | "sqs" => Err(Error::Config {
-            url: url.to_owned(),
-            reason: format!("the `{scheme}` transport is not available in this build yet; use memory://"),
-        }),
-        other => {
-            Err(Error::Config { url: url.to_owned(), reason: format!("unknown scheme `{other}`; known: memory://") })
+        "sqlite" => {
+            #[cfg(feature = "sqlite")]
+            {
+                Ok(Arc::new(super::sql::sqlite::connect(url).await?))
+            }
+            #[cfg(not(feature = "sqlite"))]
+            {
+                Err(unavailable("sqlite"))
+            }
         }
+        "postgres" | "postgresql" => {
+            #[cfg(feature = "postgres")]
+            {
+                Ok(Arc::new(super::sql::postgres::connect(url).await?))
+            }
+            #[cfg(not(feature = "postgres"))]
+            {
+                Err(unavailable("postgres"))
+            }
+        }
+        "sqs" => Err(Error::Config {
+            url: url.to_owned(),
+            reason: "the `sqs` transport is not available yet; use memory://, sqlite:// or postgres://".into(),
+        }),
+        other => Err(Error::Config {
+            url: url.to_owned(),
+            reason: format!("unknown scheme `{other}`; known: memory://, sqlite://, postgres://"),
+        }),
     }
 }

@@ -81,9 +81,9 @@ impl Worker {
 
     async fn dead_letter(&self, delivery: &Delivery, error: &HandlerError) {
         let spec = self.routes.spec();
-        let moved = match (self.transport.dead_letters(), spec.dlq) {
-            (Some(dlq), Some(_)) => dlq.dead_letter(spec.name, delivery.receipt.clone(), error.to_string()).await,
-            _ => Err(crate::error::TransportError::Rejected("no dead-letter queue".into())),
+        let moved = match self.transport.dead_letters() {
+            Some(dlq) => dlq.dead_letter(spec.name, delivery.receipt.clone(), error.to_string()).await,
+            None => Err(crate::error::TransportError::Rejected("the transport has no dead letters".into())),
         };
         if let Err(e) = moved {
             let policy = RetryPolicy::default();

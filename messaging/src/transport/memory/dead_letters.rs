@@ -106,6 +106,7 @@ impl DeadLetters for MemoryTransport {
                     dedup_id: None,
                     delay: None::<Duration>,
                     attributes: (*letter.attributes).clone(),
+                    ..Outgoing::default()
                 };
                 if let Err(e) = source_state.send(outgoing, Instant::now()) {
                     dlq_state.insert(letter, QueueState::visible());

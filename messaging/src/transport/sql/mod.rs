@@ -1,0 +1,428 @@
+//! Database queues: `sqlite://` and `postgres://`.
+//!
+//! [`SqlTransport`] implements the transport seam once, over any
+//! [`RowStore`]; the stores ([`postgres`], [`sqlite`]) hold the SQL. Rows
+//! follow the message identity semantics of [`crate::identity`]: the status
+//! `Error` is the queue's dead letters, a lease expiry is an abandonment, a
+//! message's identity keeps one row per (queue, identity).
+
+mod options;
+#[cfg(feature = "postgres")]
+pub mod postgres;
+mod schema;
+#[cfg(feature = "sqlite")]
+pub mod sqlite;
+mod store;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use tokio::sync::Notify;
+
+pub use options::SqlOptions;
+pub use store::{Enqueued, LeasedRow, RowOp, RowStore};
+
+use crate::error::TransportError;
+use crate::identity::{Enqueue, EnqueueOutcome, QueueRules, Row};
+use crate::queue::QueueSpec;
+use crate::transport::{
+    Attributes, BoxFuture, DeadLetter, DeadLetters, Delivery, MessageId, Outgoing, Receipt, RedriveOptions,
+    RedriveOutcome, Transport,
+};
+
+/// Milliseconds since the Unix epoch, from the application's clock.
+pub fn now_ms() -> i64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64)
+}
+
+/// A queue known to the transport.
+struct SqlQueue {
+    spec: QueueSpec,
+    rules: QueueRules,
+    local: Notify,
+    last_maintenance: Mutex<Option<std::time::Instant>>,
+}
+
+/// The transport over a database: one [`RowStore`] and the queues declared on it.
+pub struct SqlTransport<S> {
+    store: Arc<S>,
+    options: SqlOptions,
+    queues: Arc<QueueMap>,
+}
+
+type QueueMap = RwLock<HashMap<String, Arc<SqlQueue>>>;
+
+impl<S> std::fmt::Debug for SqlTransport<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SqlTransport").field("options", &self.options).finish_non_exhaustive()
+    }
+}
+
+impl<S: RowStore> SqlTransport<S> {
+    /// A transport over `store`.
+    pub fn new(store: S, options: SqlOptions) -> Self {
+        let transport = SqlTransport { store: Arc::new(store), options, queues: Arc::default() };
+        transport.forward_changes();
+        transport
+    }
+
+    /// The store (for tools and tests).
+    pub fn store(&self) -> &Arc<S> {
+        &self.store
+    }
+
+    /// Wakes local receivers when another process enqueues (PostgreSQL NOTIFY).
+    fn forward_changes(&self) {
+        let Some(mut changes) = self.store.changes() else { return };
+        let weak = Arc::downgrade(&self.queues);
+        tokio::spawn(async move {
+            loop {
+                let changed = changes.recv().await;
+                let Some(map) = weak.upgrade() else { return };
+                let map = map.read().unwrap_or_else(|p| p.into_inner());
+                match changed {
+                    Ok(queue) => {
+                        if let Some(q) = map.get(&queue) {
+                            q.local.notify_waiters();
+                        }
+                    }
+                    Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {
+                        map.values().for_each(|q| q.local.notify_waiters());
+                    }
+                    Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+                }
+            }
+        });
+    }
+
+    fn queue(&self, name: &str) -> Result<Arc<SqlQueue>, TransportError> {
+        self.queues
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(name)
+            .cloned()
+            .ok_or_else(|| TransportError::QueueNotFound(name.to_owned()))
+    }
+
+    fn enqueue_of(&self, message: Outgoing, now: i64) -> Enqueue {
+        Enqueue {
+            identity: message.identity,
+            message_id: MessageId::random().to_string(),
+            payload: message.body.to_vec(),
+            priority: message.priority,
+            process_at: message.delay.filter(|d| !d.is_zero()).map(|d| now + d.as_millis() as i64),
+            status: None,
+            group: message.group_id,
+            attributes: encode_attributes(&message.attributes),
+        }
+    }
+
+    /// Runs housekeeping at most every 100 ms per queue (always when `force`).
+    async fn maintain(&self, q: &SqlQueue, force: bool) -> Result<(), TransportError> {
+        let due = {
+            let mut last = q.last_maintenance.lock().unwrap_or_else(|p| p.into_inner());
+            let due = force || last.is_none_or(|at| at.elapsed() >= Duration::from_millis(100));
+            if due {
+                *last = Some(std::time::Instant::now());
+            }
+            due
+        };
+        if due {
+            self.store.maintain(q.spec.name, now_ms(), q.rules).await?;
+        }
+        Ok(())
+    }
+
+    async fn receive_from(&self, name: &str, max: usize, wait: Duration) -> Result<Vec<Delivery>, TransportError> {
+        let q = self.queue(name)?;
+        let deadline = tokio::time::Instant::now() + wait;
+        let lease_ms = q.spec.visibility.as_millis() as i64;
+        let mut force = false;
+        loop {
+            let notified = q.local.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            self.maintain(&q, force).await?;
+            let rows = self.store.lease(name, now_ms(), max.max(1), lease_ms, q.spec.fifo).await?;
+            if !rows.is_empty() {
+                return Ok(rows.into_iter().map(delivery).collect());
+            }
+            let now = tokio::time::Instant::now();
+            if now >= deadline {
+                return Ok(Vec::new());
+            }
+            // Sleep until something can change: a local or remote enqueue, a
+            // sleeper or lease coming due, the poll interval, or the deadline.
+            let mut wake = deadline.min(now + self.options.poll);
+            if let Some(at) = self.store.next_due(name).await? {
+                let in_ms = (at - now_ms()).max(0) as u64;
+                wake = wake.min(now + Duration::from_millis(in_ms));
+            }
+            tokio::select! {
+                _ = &mut notified => force = false,
+                _ = tokio::time::sleep_until(wake) => force = true,
+            }
+        }
+    }
+}
+
+/// Attributes as stored: a JSON object, or '' for none.
+fn encode_attributes(attributes: &Attributes) -> String {
+    if attributes.is_empty() {
+        String::new()
+    } else {
+        serde_json::to_string(attributes).unwrap_or_default()
+    }
+}
+
+fn decode_attributes(text: &str) -> Attributes {
+    if text.is_empty() {
+        Attributes::new()
+    } else {
+        serde_json::from_str(text).unwrap_or_default()
+    }
+}
+
+fn time_of(ms: i64) -> SystemTime {
+    UNIX_EPOCH + Duration::from_millis(ms.max(0) as u64)
+}
+
+fn delivery(row: LeasedRow) -> Delivery {
+    Delivery {
+        message_id: MessageId::from(row.message_id),
+        body: row.payload.into(),
+        receipt: Receipt { key: row.id, token: row.token },
+        receive_count: row.attempts,
+        group_id: row.group,
+        attributes: Arc::new(decode_attributes(&row.attributes)),
+        sent_at: time_of(row.sent_at),
+    }
+}
+
+fn dead_letter_of(row: Row) -> DeadLetter {
+    DeadLetter {
+        message_id: MessageId::from(row.message_id),
+        body: row.payload.into(),
+        group_id: row.group,
+        attributes: Arc::new(decode_attributes(&row.attributes)),
+        receive_count: row.attempts,
+        reason: row.error,
+    }
+}
+
+impl<S: RowStore> Transport for SqlTransport<S> {
+    fn system(&self) -> &'static str {
+        self.store.system()
+    }
+
+    fn declare<'a>(&'a self, spec: &'a QueueSpec) -> BoxFuture<'a, Result<(), TransportError>> {
+        Box::pin(async move {
+            self.store.declare(spec.name, spec.fifo, now_ms()).await?;
+            let rules = QueueRules {
+                idempotent: spec.idempotent,
+                max_attempts: spec.max_receives,
+                retry_abandoned: self.options.retry_abandoned,
+                retention_ms: self.options.retention.as_millis() as i64,
+                fifo: spec.fifo,
+            };
+            let queue = Arc::new(SqlQueue {
+                spec: spec.clone(),
+                rules,
+                local: Notify::new(),
+                last_maintenance: Mutex::new(None),
+            });
+            self.queues.write().unwrap_or_else(|p| p.into_inner()).insert(spec.name.to_owned(), queue);
+            Ok(())
+        })
+    }
+
+    fn send<'a>(&'a self, queue: &'a str, message: Outgoing) -> BoxFuture<'a, Result<MessageId, TransportError>> {
+        Box::pin(async move {
+            let mut results = self.send_batch(queue, vec![message]).await;
+            results.pop().unwrap_or(Err(TransportError::Backend("no result from the database".into())))
+        })
+    }
+
+    fn send_batch<'a>(
+        &'a self,
+        queue: &'a str,
+        messages: Vec<Outgoing>,
+    ) -> BoxFuture<'a, Vec<Result<MessageId, TransportError>>> {
+        Box::pin(async move {
+            let q = match self.queue(queue) {
+                Ok(q) => q,
+                Err(_) => {
+                    return messages.iter().map(|_| Err(TransportError::QueueNotFound(queue.to_owned()))).collect()
+                }
+            };
+            let now = now_ms();
+            let mut results: Vec<Option<Result<MessageId, TransportError>>> = Vec::with_capacity(messages.len());
+            let mut items = Vec::with_capacity(messages.len());
+            for message in messages {
+                if q.spec.fifo && message.group_id.as_deref().is_none_or(str::is_empty) {
+                    results.push(Some(Err(TransportError::Rejected(format!(
+                        "FIFO queue `{queue}` needs a message group id"
+                    )))));
+                } else {
+                    results.push(None);
+                    items.push(self.enqueue_of(message, now));
+                }
+            }
+            let stored = self.store.enqueue(queue, now, items, q.rules.idempotent).await;
+            let mut stored = stored.into_iter();
+            for slot in results.iter_mut().filter(|r| r.is_none()) {
+                *slot = Some(match stored.next() {
+                    Some(Ok(e)) => {
+                        if let EnqueueOutcome::Discarded(_) = e.outcome {
+                            tracing::debug!(queue, "enqueue discarded: the payload equals the stored version");
+                        }
+                        Ok(MessageId::from(e.message_id))
+                    }
+                    Some(Err(e)) => Err(e),
+                    None => Err(TransportError::Backend("the database returned too few results".into())),
+                });
+            }
+            q.local.notify_waiters();
+            results.into_iter().map(|r| r.unwrap_or(Err(TransportError::Backend("unsent".into())))).collect()
+        })
+    }
+
+    fn receive<'a>(
+        &'a self,
+        queue: &'a str,
+        max: usize,
+        wait: Duration,
+    ) -> BoxFuture<'a, Result<Vec<Delivery>, TransportError>> {
+        Box::pin(self.receive_from(queue, max, wait))
+    }
+
+    fn ack<'a>(&'a self, queue: &'a str, receipts: Vec<Receipt>) -> BoxFuture<'a, Vec<Result<(), TransportError>>> {
+        Box::pin(async move {
+            let retention = match self.queue(queue) {
+                Ok(q) => q.rules.retention_ms,
+                Err(_) => {
+                    return receipts.iter().map(|_| Err(TransportError::QueueNotFound(queue.to_owned()))).collect()
+                }
+            };
+            let items = receipts.iter().map(|r| (r.key, r.token)).collect();
+            let results = self.store.complete(queue, now_ms(), items, retention).await;
+            // A completion can unlock a FIFO group or apply a deferred version.
+            if let Ok(q) = self.queue(queue) {
+                q.local.notify_waiters();
+            }
+            results
+        })
+    }
+
+    fn nack<'a>(
+        &'a self,
+        queue: &'a str,
+        receipt: Receipt,
+        delay: Duration,
+    ) -> BoxFuture<'a, Result<(), TransportError>> {
+        Box::pin(async move {
+            let q = self.queue(queue)?;
+            let now = now_ms();
+            let op = if delay.is_zero() {
+                RowOp::Release
+            } else {
+                RowOp::Fail {
+                    retry_at: now + delay.as_millis() as i64,
+                    error: "handler failed; retrying".to_owned(),
+                    max_attempts: q.rules.max_attempts,
+                }
+            };
+            self.store.apply(queue, now, receipt.key, receipt.token, op).await?;
+            q.local.notify_waiters();
+            Ok(())
+        })
+    }
+
+    fn extend<'a>(
+        &'a self,
+        queue: &'a str,
+        receipt: &'a Receipt,
+        visibility: Duration,
+    ) -> BoxFuture<'a, Result<(), TransportError>> {
+        Box::pin(async move {
+            let op = RowOp::Extend { lease_ms: visibility.as_millis() as i64 };
+            self.store.apply(queue, now_ms(), receipt.key, receipt.token, op).await
+        })
+    }
+
+    fn max_batch(&self) -> usize {
+        100
+    }
+
+    fn max_delay(&self) -> Duration {
+        Duration::from_secs(365 * 24 * 3600)
+    }
+
+    fn depth<'a>(&'a self, queue: &'a str) -> BoxFuture<'a, Result<u64, TransportError>> {
+        self.store.depth(queue)
+    }
+
+    fn dead_letters(&self) -> Option<&dyn DeadLetters> {
+        Some(self)
+    }
+
+    fn migrate(&self) -> BoxFuture<'_, Result<(), TransportError>> {
+        self.store.migrate()
+    }
+
+    fn idempotency_store(&self) -> Option<Arc<dyn crate::idempotency::IdempotencyStore>> {
+        self.store.idempotency_store()
+    }
+}
+
+impl<S: RowStore> DeadLetters for SqlTransport<S> {
+    fn dead_letter<'a>(
+        &'a self,
+        queue: &'a str,
+        receipt: Receipt,
+        reason: String,
+    ) -> BoxFuture<'a, Result<(), TransportError>> {
+        Box::pin(async move {
+            let op = RowOp::DeadLetter { error: reason };
+            self.store.apply(queue, now_ms(), receipt.key, receipt.token, op).await
+        })
+    }
+
+    fn peek<'a>(&'a self, queue: &'a str, max: usize) -> BoxFuture<'a, Result<Vec<DeadLetter>, TransportError>> {
+        Box::pin(async move { Ok(self.store.errors(queue, max).await?.into_iter().map(dead_letter_of).collect()) })
+    }
+
+    fn redrive<'a>(
+        &'a self,
+        queue: &'a str,
+        options: RedriveOptions,
+    ) -> BoxFuture<'a, Result<RedriveOutcome, TransportError>> {
+        Box::pin(async move {
+            let max = options.max.unwrap_or(usize::MAX);
+            let mut outcome = RedriveOutcome::default();
+            let mut chosen = Vec::new();
+            for row in self.store.errors(queue, usize::MAX).await? {
+                if chosen.len() >= max {
+                    break;
+                }
+                let id = row.id;
+                let letter = dead_letter_of(row);
+                if options.filter.as_ref().is_none_or(|f| f(&letter)) {
+                    chosen.push(id);
+                } else {
+                    outcome.skipped += 1;
+                }
+            }
+            outcome.moved = self.store.redrive(queue, chosen).await?;
+            if let Ok(q) = self.queue(queue) {
+                q.local.notify_waiters();
+            }
+            Ok(outcome)
+        })
+    }
+
+    fn depth<'a>(&'a self, queue: &'a str) -> BoxFuture<'a, Result<u64, TransportError>> {
+        self.store.error_depth(queue)
+    }
+}

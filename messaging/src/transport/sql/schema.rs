@@ -1,0 +1,106 @@
+//! Startup checks of the SQL schema: the tables exist with the expected
+//! columns, and a queue keeps its declared kind.
+
+use crate::error::TransportError;
+
+/// The tables and columns the transport and the idempotency store use.
+pub(crate) const EXPECTED: &[(&str, &[&str])] = &[
+    ("messaging_queues", &["name", "fifo", "created_at"]),
+    (
+        "messaging_messages",
+        &[
+            "id",
+            "queue",
+            "identity",
+            "group_id",
+            "message_id",
+            "payload",
+            "attributes",
+            "priority",
+            "process_at",
+            "status",
+            "attempts",
+            "seq",
+            "lease_token",
+            "lease_expires",
+            "deferred_message_id",
+            "deferred_payload",
+            "deferred_attributes",
+            "deferred_priority",
+            "deferred_process_at",
+            "deferred_status",
+            "deferred_seq",
+            "deferred_sent_at",
+            "sent_at",
+            "processed_at",
+            "error",
+        ],
+    ),
+    ("messaging_previous", &["queue", "identity", "message_id", "payload", "processed_at"]),
+    (
+        "messaging_idempotency",
+        &["message_id", "scope", "processor_id", "lease_expires_at", "completed", "completed_at"],
+    ),
+];
+
+/// Compares the columns found per table with [`EXPECTED`].
+pub(crate) fn compare(system: &str, found: &[(String, String)]) -> Result<(), TransportError> {
+    let mut problems = Vec::new();
+    for (table, columns) in EXPECTED {
+        let present: Vec<&str> = found.iter().filter(|(t, _)| t == table).map(|(_, c)| c.as_str()).collect();
+        if present.is_empty() {
+            problems.push(format!("table `{table}` is missing"));
+            continue;
+        }
+        let missing: Vec<&str> = columns.iter().copied().filter(|c| !present.contains(c)).collect();
+        if !missing.is_empty() {
+            problems.push(format!("table `{table}` lacks column(s) {}", missing.join(", ")));
+        }
+    }
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        Err(TransportError::Backend(format!(
+            "the {system} schema is not ready: {}; run the `migrate` command (or connect with `?migrate=true`), \
+             or create the tables as documented in the README",
+            problems.join("; ")
+        )))
+    }
+}
+
+/// A queue exists with the other kind.
+pub(crate) fn check_kind(queue: &str, declared_fifo: bool, stored_fifo: bool) -> Result<(), TransportError> {
+    if declared_fifo == stored_fifo {
+        return Ok(());
+    }
+    let kind = |fifo: bool| if fifo { "FIFO" } else { "standard" };
+    Err(TransportError::Rejected(format!(
+        "queue `{queue}` exists as a {} queue but is declared {}; rename one of them",
+        kind(stored_fifo),
+        kind(declared_fifo)
+    )))
+}
+
+#[cfg(feature = "postgres")]
+pub(crate) async fn check_postgres(pool: &sqlx::PgPool) -> Result<(), TransportError> {
+    let found: Vec<(String, String)> = sqlx::query_as(
+        "SELECT table_name::text, column_name::text FROM information_schema.columns \
+         WHERE table_schema = current_schema() AND table_name LIKE 'messaging\\_%'",
+    )
+    .fetch_all(pool)
+    .await
+    .map_err(|e| TransportError::Backend(format!("postgresql: reading the schema failed: {e}")))?;
+    compare("postgresql", &found)
+}
+
+#[cfg(feature = "sqlite")]
+pub(crate) async fn check_sqlite(pool: &sqlx::SqlitePool) -> Result<(), TransportError> {
+    let found: Vec<(String, String)> = sqlx::query_as(
+        "SELECT m.name, p.name FROM sqlite_master m JOIN pragma_table_info(m.name) p \
+         WHERE m.type = 'table' AND m.name LIKE 'messaging\\_%' ESCAPE '\\'",
+    )
+    .fetch_all(pool)
+    .await
+    .map_err(|e| TransportError::Backend(format!("sqlite: reading the schema failed: {e}")))?;
+    compare("sqlite", &found)
+}

@@ -1,0 +1,306 @@
+//! Model-based tests of the database queues: random sequences of enqueue
+//! (with and without identity, identical payloads, future process-at,
+//! priority), lease, complete, fail, release, dead-letter, extend, lease
+//! expiry and redrive run against the pure state machine
+//! (`messaging::identity::IdentityQueue`, the oracle) and against the real
+//! PostgreSQL and SQLite stores, with the same clock, comparing every row
+//! after every step.
+
+mod fixtures;
+
+use std::collections::HashMap;
+
+use messaging::identity::{Enqueue, EnqueueOutcome, IdentityQueue, QueueRules, Row, RowId, Status};
+use messaging::transport::sql::{RowOp, RowStore};
+use proptest::prelude::*;
+use proptest::test_runner::{Config, TestRunner};
+
+const LEASE_MS: i64 = 1_000;
+const START: i64 = 1_800_000_000_000;
+
+#[derive(Debug, Clone)]
+enum Cmd {
+    Enqueue { identity: Option<u8>, payload: u8, priority: i32, delay: Option<i64>, group: u8 },
+    EnqueueBatch { items: Vec<(Option<u8>, u8)> },
+    Lease { n: usize },
+    Complete { pick: usize },
+    Fail { pick: usize, backoff: i64 },
+    Release { pick: usize },
+    DeadLetter { pick: usize },
+    Extend { pick: usize },
+    Advance { ms: i64 },
+    Redrive { pick: usize },
+}
+
+fn cmd() -> impl Strategy<Value = Cmd> {
+    prop_oneof![
+        4 => (proptest::option::weighted(0.7, 0u8..4), 0u8..3, 0i32..3, proptest::option::of(0i64..600), 0u8..3)
+            .prop_map(|(identity, payload, priority, delay, group)| Cmd::Enqueue { identity, payload, priority, delay, group }),
+        1 => prop::collection::vec((proptest::option::of(0u8..4), 0u8..3), 1..5)
+            .prop_map(|items| Cmd::EnqueueBatch { items }),
+        3 => (1usize..4).prop_map(|n| Cmd::Lease { n }),
+        2 => any::<usize>().prop_map(|pick| Cmd::Complete { pick }),
+        1 => (any::<usize>(), 0i64..800).prop_map(|(pick, backoff)| Cmd::Fail { pick, backoff }),
+        1 => any::<usize>().prop_map(|pick| Cmd::Release { pick }),
+        1 => any::<usize>().prop_map(|pick| Cmd::DeadLetter { pick }),
+        1 => any::<usize>().prop_map(|pick| Cmd::Extend { pick }),
+        2 => (1i64..1_500).prop_map(|ms| Cmd::Advance { ms }),
+        1 => any::<usize>().prop_map(|pick| Cmd::Redrive { pick }),
+    ]
+}
+
+fn rules() -> impl Strategy<Value = QueueRules> {
+    (any::<bool>(), 1u32..4, any::<bool>(), prop_oneof![Just(0i64), Just(700i64)], any::<bool>()).prop_map(
+        |(idempotent, max_attempts, retry_abandoned, retention_ms, fifo)| QueueRules {
+            idempotent,
+            max_attempts,
+            retry_abandoned,
+            retention_ms,
+            fifo,
+        },
+    )
+}
+
+/// A lease held on both sides: (model id, model token, store id, store token).
+type Held = (RowId, u64, RowId, u64);
+
+/// Runs one sequence; `Err` describes the first divergence.
+async fn run_case<S: RowStore>(store: &S, queue: &str, rules: QueueRules, cmds: &[Cmd]) -> Result<(), String> {
+    let mut model = IdentityQueue::new(rules);
+    let mut ids: HashMap<RowId, RowId> = HashMap::new();
+    let mut held: Vec<Held> = Vec::new();
+    let mut now = START;
+    store.declare(queue, rules.fifo, now).await.map_err(|e| e.to_string())?;
+    for (step, cmd) in cmds.iter().enumerate() {
+        let at = |what: String| format!("step {step} {cmd:?}: {what}");
+        match cmd {
+            Cmd::Enqueue { identity, payload, priority, delay, group } => {
+                let e = Enqueue {
+                    identity: identity.map(|k| format!("k{k}")),
+                    message_id: format!("m{step}"),
+                    payload: vec![b'p', *payload],
+                    priority: *priority,
+                    process_at: delay.map(|d| now + d),
+                    status: None,
+                    group: rules.fifo.then(|| format!("g{group}")),
+                    attributes: String::new(),
+                };
+                let expected = model.enqueue(now, e.clone());
+                let got = store
+                    .enqueue(queue, now, vec![e], rules.idempotent)
+                    .await
+                    .remove(0)
+                    .map_err(|e| at(e.to_string()))?;
+                match (expected, got.outcome) {
+                    (EnqueueOutcome::Inserted(m), EnqueueOutcome::Inserted(s)) => {
+                        ids.insert(m, s);
+                    }
+                    (EnqueueOutcome::Updated(m), EnqueueOutcome::Updated(s))
+                    | (EnqueueOutcome::Deferred(m), EnqueueOutcome::Deferred(s))
+                    | (EnqueueOutcome::Discarded(m), EnqueueOutcome::Discarded(s)) => {
+                        if ids.get(&m) != Some(&s) {
+                            return Err(at(format!("row {m} is {:?} in the store, got {s}", ids.get(&m))));
+                        }
+                    }
+                    (e, g) => return Err(at(format!("model {e:?}, store {g:?}"))),
+                }
+            }
+            Cmd::EnqueueBatch { items } => {
+                let batch: Vec<Enqueue> = items
+                    .iter()
+                    .enumerate()
+                    .map(|(i, (identity, payload))| Enqueue {
+                        identity: identity.map(|k| format!("k{k}")),
+                        message_id: format!("m{step}.{i}"),
+                        payload: vec![b'b', *payload],
+                        priority: 0,
+                        process_at: None,
+                        status: None,
+                        group: rules.fifo.then(|| "g0".to_owned()),
+                        attributes: String::new(),
+                    })
+                    .collect();
+                let expected: Vec<EnqueueOutcome> = batch.iter().map(|e| model.enqueue(now, e.clone())).collect();
+                let got = store.enqueue(queue, now, batch, rules.idempotent).await;
+                for (e, g) in expected.into_iter().zip(got) {
+                    let g = g.map_err(|err| at(err.to_string()))?;
+                    match (e, g.outcome) {
+                        (EnqueueOutcome::Inserted(m), EnqueueOutcome::Inserted(s)) => {
+                            ids.insert(m, s);
+                        }
+                        (EnqueueOutcome::Updated(m), EnqueueOutcome::Updated(s))
+                        | (EnqueueOutcome::Deferred(m), EnqueueOutcome::Deferred(s))
+                        | (EnqueueOutcome::Discarded(m), EnqueueOutcome::Discarded(s))
+                            if ids.get(&m) == Some(&s) => {}
+                        (e, g) => return Err(at(format!("batch: model {e:?}, store {g:?}"))),
+                    }
+                }
+            }
+            Cmd::Lease { n } => {
+                model.purge(now);
+                store.maintain(queue, now, rules).await.map_err(|e| at(e.to_string()))?;
+                let expected = model.lease(now, *n, LEASE_MS);
+                let got = store.lease(queue, now, *n, LEASE_MS, rules.fifo).await.map_err(|e| at(e.to_string()))?;
+                let expected_ids: Vec<RowId> = expected.iter().map(|l| ids.get(&l.id).copied().unwrap_or(0)).collect();
+                let got_ids: Vec<RowId> = got.iter().map(|l| l.id).collect();
+                if expected_ids != got_ids {
+                    return Err(at(format!("leased {got_ids:?}, expected {expected_ids:?}")));
+                }
+                for (m, s) in expected.iter().zip(&got) {
+                    if (m.payload.as_slice(), m.attempts) != (s.payload.as_slice(), s.attempts) {
+                        return Err(at(format!("lease of {} differs: {m:?} vs {s:?}", s.id)));
+                    }
+                    held.push((m.id, m.token, s.id, s.token));
+                }
+            }
+            Cmd::Complete { pick }
+            | Cmd::Fail { pick, .. }
+            | Cmd::Release { pick }
+            | Cmd::DeadLetter { pick }
+            | Cmd::Extend { pick } => {
+                if held.is_empty() {
+                    continue;
+                }
+                // Settled leases stay in `held`, so stale tokens get exercised too.
+                let (mid, mtok, sid, stok) = held[pick % held.len()];
+                let (expected, got) = match cmd {
+                    Cmd::Complete { .. } => {
+                        let e = model.complete(now, mid, mtok).is_ok();
+                        let g = store.complete(queue, now, vec![(sid, stok)], rules.retention_ms).await.remove(0);
+                        (e, g)
+                    }
+                    _ => {
+                        let op = match cmd {
+                            Cmd::Fail { backoff, .. } => RowOp::Fail {
+                                retry_at: now + backoff,
+                                error: "failed".into(),
+                                max_attempts: rules.max_attempts,
+                            },
+                            Cmd::Release { .. } => RowOp::Release,
+                            Cmd::DeadLetter { .. } => RowOp::DeadLetter { error: "permanent".into() },
+                            _ => RowOp::Extend { lease_ms: LEASE_MS },
+                        };
+                        let e = match &op {
+                            RowOp::Fail { retry_at, .. } => model.fail(now, mid, mtok, *retry_at, "failed").is_ok(),
+                            RowOp::Release => model.release(now, mid, mtok).is_ok(),
+                            RowOp::DeadLetter { .. } => model.dead_letter(now, mid, mtok, "permanent").is_ok(),
+                            RowOp::Extend { lease_ms } => model.extend(now, mid, mtok, *lease_ms).is_ok(),
+                        };
+                        (e, store.apply(queue, now, sid, stok, op).await)
+                    }
+                };
+                match (expected, got) {
+                    (true, Ok(())) => {}
+                    (false, Err(messaging::TransportError::StaleReceipt)) => {}
+                    (e, g) => return Err(at(format!("model ok={e}, store {g:?}"))),
+                }
+            }
+            Cmd::Advance { ms } => now += ms,
+            Cmd::Redrive { pick } => {
+                let errors: Vec<RowId> = model.rows().filter(|r| r.status == Status::Error).map(|r| r.id).collect();
+                if errors.is_empty() {
+                    continue;
+                }
+                let mid = errors[pick % errors.len()];
+                model.redrive(mid);
+                let sid = ids.get(&mid).copied().unwrap_or(0);
+                let moved = store.redrive(queue, vec![sid]).await.map_err(|e| at(e.to_string()))?;
+                if moved != 1 {
+                    return Err(at(format!("redrive moved {moved}")));
+                }
+            }
+        }
+        compare(store, queue, &model, &ids, now).await.map_err(at)?;
+    }
+    Ok(())
+}
+
+/// A status as seen from outside: a due sleeper is as good as pending (the
+/// store wakes sleepers eagerly, the model when it leases).
+fn seen(row: &Row, now: i64) -> Status {
+    match row.status {
+        Status::Sleeping if row.process_at.is_none_or(|at| at <= now) => Status::Pending,
+        s => s,
+    }
+}
+
+async fn compare<S: RowStore>(
+    store: &S,
+    queue: &str,
+    model: &IdentityQueue,
+    ids: &HashMap<RowId, RowId>,
+    now: i64,
+) -> Result<(), String> {
+    let rows: HashMap<RowId, Row> =
+        store.rows(queue).await.map_err(|e| e.to_string())?.into_iter().map(|r| (r.id, r)).collect();
+    let expected: Vec<&Row> = model.rows().collect();
+    if rows.len() != expected.len() {
+        return Err(format!("{} rows in the store, {} in the model", rows.len(), expected.len()));
+    }
+    for m in expected {
+        let sid = ids.get(&m.id).copied().unwrap_or(0);
+        let Some(s) = rows.get(&sid) else { return Err(format!("row {} ({sid}) missing in the store", m.id)) };
+        let view = |r: &Row| {
+            (
+                r.identity.clone(),
+                seen(r, now),
+                r.payload.clone(),
+                r.priority,
+                r.attempts,
+                r.lease_expires,
+                r.deferred.as_ref().map(|d| (d.payload.clone(), d.priority, d.process_at)),
+                r.error.clone(),
+                r.lease_token.is_some(),
+            )
+        };
+        if view(m) != view(s) {
+            return Err(format!("row {} differs:\n  model {:?}\n  store {:?}", m.id, view(m), view(s)));
+        }
+        if m.status == Status::Sleeping && seen(m, now) == Status::Sleeping && m.process_at != s.process_at {
+            return Err(format!("row {}: process_at {:?} vs {:?}", m.id, m.process_at, s.process_at));
+        }
+        if let Some(k) = &m.identity {
+            let previous = store.previous(queue, k).await.map_err(|e| e.to_string())?;
+            if previous.as_deref() != model.previous(k) {
+                return Err(format!("previous of {k}: model {:?}, store {previous:?}", model.previous(k)));
+            }
+        }
+    }
+    Ok(())
+}
+
+fn check<S: RowStore>(store: S, runtime: &tokio::runtime::Runtime, label: &str) {
+    runtime.block_on(store.migrate()).expect("migrate");
+    let mut runner = TestRunner::new(Config { cases: 48, failure_persistence: None, ..Config::default() });
+    let case = std::sync::atomic::AtomicUsize::new(0);
+    let result = runner.run(&(rules(), prop::collection::vec(cmd(), 1..40)), |(rules, cmds)| {
+        let n = case.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let queue = format!("model-{n}");
+        runtime
+            .block_on(run_case(&store, &queue, rules, &cmds))
+            .map_err(|e| TestCaseError::fail(format!("{rules:?}\n{e}")))
+    });
+    if let Err(e) = result {
+        panic!("{label}: the store diverged from the model: {e}");
+    }
+}
+
+#[cfg(feature = "postgres")]
+#[test]
+fn postgres_follows_the_model() {
+    let runtime = fixtures::runtime();
+    let db = runtime.block_on(fixtures::Postgres::new());
+    let store =
+        runtime.block_on(messaging::transport::sql::postgres::PostgresStore::connect(&db.url)).expect("connect");
+    check(store, &runtime, "postgres");
+    runtime.block_on(db.drop());
+}
+
+#[cfg(feature = "sqlite")]
+#[test]
+fn sqlite_follows_the_model() {
+    let runtime = fixtures::runtime();
+    let file = fixtures::SqliteFile::new();
+    let store = runtime.block_on(messaging::transport::sql::sqlite::SqliteStore::connect(&file.url)).expect("connect");
+    check(store, &runtime, "sqlite");
+}
