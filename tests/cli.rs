@@ -6,6 +6,31 @@ use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+/// A fresh working directory (the default transport writes `messaging.db` there).
+struct WorkDir(PathBuf);
+
+impl WorkDir {
+    fn new() -> WorkDir {
+        let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
+        let dir = std::env::temp_dir().join(format!("orders-cli-{}-{nanos}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        WorkDir(dir)
+    }
+}
+
+impl Drop for WorkDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// The example binary (built on demand when the test runs on its own), run in `dir`.
+fn orders_in(dir: &WorkDir) -> Command {
+    let mut cmd = orders();
+    cmd.current_dir(&dir.0);
+    cmd
+}
+
 /// The example binary, built on demand when the test runs on its own.
 fn orders() -> Command {
     let exe = std::env::current_exe().unwrap();
@@ -35,7 +60,8 @@ fn stdout(out: &Output) -> String {
 
 #[test]
 fn run_handles_the_demo_orders_and_exits() {
-    let out = run(&mut orders());
+    let dir = WorkDir::new();
+    let out = run(&mut orders_in(&dir));
     let text = stdout(&out);
     assert!(out.status.success(), "{text}\n{}", String::from_utf8_lossy(&out.stderr));
     for line in [
@@ -46,13 +72,20 @@ fn run_handles_the_demo_orders_and_exits() {
     ] {
         assert!(text.contains(line), "missing `{line}` in:\n{text}");
     }
+    assert!(dir.0.join("messaging.db").exists(), "the embedded default is a SQLite file");
+    // The queues are empty afterwards, on disk.
+    let out = run(orders_in(&dir).arg("queues"));
+    let listing = stdout(&out);
+    let orders_line = listing.lines().find(|l| l.starts_with("orders.fifo")).unwrap_or_default();
+    assert_eq!(orders_line.split_whitespace().nth(2), Some("0"), "{listing}");
 }
 
 #[test]
 fn validate_and_queues() {
-    let out = run(orders().arg("validate"));
+    let dir = WorkDir::new();
+    let out = run(orders_in(&dir).arg("validate"));
     assert!(out.status.success());
-    assert!(stdout(&out).starts_with("ok: 2 queue(s), 2 handler(s) on memory"), "{}", stdout(&out));
+    assert!(stdout(&out).starts_with("ok: 2 queue(s), 2 handler(s) on sqlite"), "{}", stdout(&out));
     let out = run(orders().args(["--transport", "memory://", "queues"]));
     assert!(out.status.success());
     let text = stdout(&out);
@@ -69,14 +102,16 @@ fn a_bad_transport_url_is_a_clear_error() {
     let out = run(orders().args(["--transport", "no-scheme", "validate"]));
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("expected SCHEME://"));
-    let out = run(orders().args(["run", "--drain", "--serve"]));
+    let out = run(orders().args(["--transport", "memory://", "run", "--drain", "--serve"]));
     assert_eq!(out.status.code(), Some(2), "clap rejects conflicting flags");
 }
 
 #[cfg(unix)]
 #[test]
 fn serve_mode_stops_gracefully_on_sigterm() {
-    let mut child = orders().args(["run", "--serve"]).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    let dir = WorkDir::new();
+    let mut child =
+        orders_in(&dir).args(["run", "--serve"]).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
     // Give it time to handle the demo orders, then ask it to stop.
     std::thread::sleep(Duration::from_millis(1500));
     assert!(child.try_wait().unwrap().is_none(), "--serve keeps running after the demo");

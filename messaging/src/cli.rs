@@ -19,7 +19,8 @@ pub type SetupHook = for<'a> fn(&'a mut Setup) -> BoxFuture<'a, SetupResult>;
 #[derive(Debug, Parser)]
 #[command(about = "A message-driven service built with `messaging`", version)]
 struct Cli {
-    /// Transport URL, e.g. memory:// (default: $MESSAGING_URL, else memory://).
+    /// Transport URL: sqlite://FILE, postgres://USER@HOST/DB or memory://
+    /// (default: $MESSAGING_URL, else sqlite://messaging.db).
     #[arg(long, env = "MESSAGING_URL", global = true)]
     transport: Option<String>,
     #[command(subcommand)]

@@ -72,6 +72,15 @@ pub enum PublishError {
         /// The queue's name.
         queue: &'static str,
     },
+    /// An identity, group id or deduplication id is empty, too long or has
+    /// characters that not every transport accepts.
+    #[error("invalid {field}: {reason}")]
+    InvalidId {
+        /// `identity`, `group id` or `deduplication id`.
+        field: &'static str,
+        /// What is wrong.
+        reason: String,
+    },
     /// The transport refused or failed the send.
     #[error(transparent)]
     Transport(#[from] TransportError),

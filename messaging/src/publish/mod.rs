@@ -64,6 +64,25 @@ impl Publisher {
     }
 }
 
+/// The longest identity, group or deduplication id (the Amazon SQS limit,
+/// applied everywhere so that a service can move between transports).
+pub const MAX_ID_LEN: usize = 128;
+
+/// Checks an identifier: 1 to 128 printable ASCII characters.
+fn check_id(field: &'static str, id: Option<&str>) -> Result<(), PublishError> {
+    let Some(id) = id else { return Ok(()) };
+    let reason = if id.is_empty() {
+        "it is empty".to_owned()
+    } else if id.len() > MAX_ID_LEN {
+        format!("it is {} characters long; the limit is {MAX_ID_LEN}", id.len())
+    } else if let Some(c) = id.chars().find(|c| !c.is_ascii_graphic()) {
+        format!("it contains {c:?}; use printable ASCII characters without spaces")
+    } else {
+        return Ok(());
+    };
+    Err(PublishError::InvalidId { field, reason })
+}
+
 /// Options shared by single and batch sends.
 #[derive(Debug, Clone, Default)]
 struct SendOptions {
@@ -96,6 +115,9 @@ impl SendOptions {
         };
         let identity = self.identity.clone().or_else(|| message.message_id());
         let dedup_id = self.dedup_id.clone().or_else(|| identity.clone());
+        check_id("identity", identity.as_deref())?;
+        check_id("deduplication id", dedup_id.as_deref())?;
+        check_id("group id", group_id.as_deref())?;
         if let Some(delay) = self.delay {
             if delay > max_delay {
                 return Err(PublishError::DelayTooLong { requested: delay, max: max_delay });

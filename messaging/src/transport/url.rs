@@ -5,7 +5,14 @@ use std::sync::Arc;
 use super::{memory::MemoryTransport, Transport};
 use crate::error::Error;
 
-/// The transport used when none is configured.
+/// The transport used when none is configured: the embedded SQLite database
+/// `messaging.db` in the working directory, created and migrated on first use.
+#[cfg(feature = "sqlite")]
+pub const DEFAULT_URL: &str = "sqlite://messaging.db?migrate=true";
+
+/// The transport used when none is configured (`memory://` in builds without
+/// the `sqlite` feature).
+#[cfg(not(feature = "sqlite"))]
 pub const DEFAULT_URL: &str = "memory://";
 
 /// Opens the backend a URL names: `memory://`, `sqlite://FILE`,

@@ -48,6 +48,7 @@ struct SqlQueue {
 pub struct SqlTransport<S> {
     store: Arc<S>,
     options: SqlOptions,
+    last_claims_purge: Mutex<Option<std::time::Instant>>,
     queues: Arc<QueueMap>,
 }
 
@@ -62,7 +63,12 @@ impl<S> std::fmt::Debug for SqlTransport<S> {
 impl<S: RowStore> SqlTransport<S> {
     /// A transport over `store`.
     pub fn new(store: S, options: SqlOptions) -> Self {
-        let transport = SqlTransport { store: Arc::new(store), options, queues: Arc::default() };
+        let transport = SqlTransport {
+            store: Arc::new(store),
+            options,
+            last_claims_purge: Mutex::new(None),
+            queues: Arc::default(),
+        };
         transport.forward_changes();
         transport
     }
@@ -130,8 +136,28 @@ impl<S: RowStore> SqlTransport<S> {
         };
         if due {
             self.store.maintain(q.spec.name, now_ms(), q.rules).await?;
+            self.purge_claims().await;
         }
         Ok(())
+    }
+
+    /// Deletes completed idempotency claims past their retention, at most once
+    /// a minute (or once per retention period, when that is shorter).
+    async fn purge_claims(&self) {
+        {
+            let mut last = self.last_claims_purge.lock().unwrap_or_else(|p| p.into_inner());
+            let every = self.options.claims_retention.min(Duration::from_secs(60));
+            if last.is_some_and(|at| at.elapsed() < every) {
+                return;
+            }
+            *last = Some(std::time::Instant::now());
+        }
+        let before = now_ms() - self.options.claims_retention.as_millis() as i64;
+        match self.store.purge_claims(before).await {
+            Ok(0) => {}
+            Ok(n) => tracing::debug!(purged = n, "purged completed idempotency claims"),
+            Err(e) => tracing::warn!("could not purge idempotency claims: {e}"),
+        }
     }
 
     async fn receive_from(&self, name: &str, max: usize, wait: Duration) -> Result<Vec<Delivery>, TransportError> {

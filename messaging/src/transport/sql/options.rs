@@ -18,11 +18,20 @@ pub struct SqlOptions {
     pub poll: Duration,
     /// Run the migrations when connecting (`migrate=true`).
     pub migrate: bool,
+    /// How long completed idempotency claims are kept (`claims_retention=`;
+    /// default 7 days). Keep it longer than any redelivery can take.
+    pub claims_retention: Duration,
 }
 
 impl Default for SqlOptions {
     fn default() -> Self {
-        SqlOptions { retention: Duration::ZERO, retry_abandoned: true, poll: Duration::from_secs(1), migrate: false }
+        SqlOptions {
+            retention: Duration::ZERO,
+            retry_abandoned: true,
+            poll: Duration::from_secs(1),
+            migrate: false,
+            claims_retention: Duration::from_secs(7 * 24 * 3600),
+        }
     }
 }
 
@@ -38,6 +47,7 @@ impl SqlOptions {
             let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
             match key {
                 "retention" => options.retention = crate::cli::parse_duration(value).map_err(bad)?,
+                "claims_retention" => options.claims_retention = crate::cli::parse_duration(value).map_err(bad)?,
                 "poll" => {
                     options.poll = crate::cli::parse_duration(value).map_err(bad)?;
                     if options.poll.is_zero() {

@@ -820,6 +820,17 @@ impl RowStore for PostgresStore {
         })
     }
 
+    fn purge_claims(&self, before: i64) -> BoxFuture<'_, Result<u64, TransportError>> {
+        Box::pin(async move {
+            let done = sqlx::query("DELETE FROM messaging_idempotency WHERE completed AND completed_at < $1")
+                .bind(before)
+                .execute(&self.pool)
+                .await
+                .map_err(|e| backend("purging idempotency claims", e))?;
+            Ok(done.rows_affected())
+        })
+    }
+
     fn idempotency_store(&self) -> Option<std::sync::Arc<dyn crate::idempotency::IdempotencyStore>> {
         Some(std::sync::Arc::new(crate::idempotency::PostgresIdempotencyStore::new(self.pool.clone())))
     }

@@ -868,6 +868,21 @@ impl RowStore for SqliteStore {
         })
     }
 
+    fn purge_claims(&self, before: i64) -> BoxFuture<'_, Result<u64, TransportError>> {
+        Box::pin(async move {
+            let done = sqlx::query("DELETE FROM messaging_idempotency WHERE completed = 1 AND completed_at < ?1")
+                .bind(before)
+                .execute(&self.pool)
+                .await
+                .map_err(|e| backend("purging idempotency claims", e))?;
+            Ok(done.rows_affected())
+        })
+    }
+
+    fn idempotency_store(&self) -> Option<std::sync::Arc<dyn crate::idempotency::IdempotencyStore>> {
+        Some(std::sync::Arc::new(crate::idempotency::SqliteIdempotencyStore::new(self.pool.clone())))
+    }
+
     fn changes(&self) -> Option<tokio::sync::broadcast::Receiver<String>> {
         None
     }

@@ -158,6 +158,9 @@ pub trait RowStore: Send + Sync + 'static {
         identity: &'a str,
     ) -> BoxFuture<'a, Result<Option<Vec<u8>>, TransportError>>;
 
+    /// Deletes completed idempotency claims completed before `before` (ms).
+    fn purge_claims(&self, before: i64) -> BoxFuture<'_, Result<u64, TransportError>>;
+
     /// An idempotency store on the same database, so that claims live beside
     /// the messages.
     fn idempotency_store(&self) -> Option<std::sync::Arc<dyn crate::idempotency::IdempotencyStore>> {

@@ -1,0 +1,81 @@
+//! On database transports, idempotency claims live in the same database by
+//! default, and completed claims are purged after `claims_retention`.
+#![cfg(feature = "sqlite")]
+
+mod fixtures;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use messaging::prelude::*;
+use messaging::sqlx;
+
+#[messaging::queue("claims-jobs")]
+struct Jobs;
+
+#[messaging::message(name = "test.claims", v = 1)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Job {
+    n: u32,
+}
+
+#[messaging::handler(queue = Jobs, idempotent = "charge", lease = "10s")]
+async fn charge(_job: Job, count: State<Arc<AtomicUsize>>) {
+    count.fetch_add(1, Ordering::SeqCst);
+}
+
+async fn claims(pool: &sqlx::SqlitePool) -> (i64, i64) {
+    sqlx::query_as("SELECT count(*), coalesce(sum(completed), 0) FROM messaging_idempotency")
+        .fetch_one(pool)
+        .await
+        .expect("claims")
+}
+
+async fn run_one(url: &str) -> (sqlx::SqlitePool, messaging::Running, Arc<AtomicUsize>) {
+    let transport = messaging::transport::connect(url).await.expect("connect");
+    let mut app = messaging::App::new(transport.clone()).await.expect("app");
+    app.only_queues(&["claims-jobs"]);
+    let count = Arc::new(AtomicUsize::new(0));
+    app.setup().provide(count.clone());
+    let publisher = app.setup().publisher();
+    let running = app.start().expect("start");
+    publisher.send::<Jobs, _>(&Job { n: 1 }).await.expect("sent");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while count.load(Ordering::SeqCst) == 0 {
+        assert!(Instant::now() < deadline, "not handled");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let pool = sqlx::SqlitePool::connect(url.split('?').next().unwrap_or(url)).await.expect("pool");
+    (pool, running, count)
+}
+
+#[tokio::test]
+async fn claims_live_in_the_database_and_are_kept_for_the_retention() {
+    let file = fixtures::SqliteFile::new();
+    let (pool, running, _) = run_one(&format!("{}&migrate=true&poll=50ms", file.url)).await;
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while claims(&pool).await != (1, 1) {
+        assert!(
+            Instant::now() < deadline,
+            "the completed claim is in messaging_idempotency: {:?}",
+            claims(&pool).await
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(claims(&pool).await, (1, 1), "kept: the default retention is 7 days");
+    running.stop().await;
+}
+
+#[tokio::test]
+async fn completed_claims_are_purged_after_the_retention() {
+    let file = fixtures::SqliteFile::new();
+    let (pool, running, _) = run_one(&format!("{}&migrate=true&poll=50ms&claims_retention=200ms", file.url)).await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while claims(&pool).await.0 != 0 {
+        assert!(Instant::now() < deadline, "the completed claim was never purged");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    running.stop().await;
+}

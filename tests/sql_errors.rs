@@ -1,0 +1,126 @@
+//! Bad input on the database transports: an unreachable database, missing
+//! tables, a payload that does not fit the type, an oversized id. Each gives a
+//! clear error; nothing is lost; nothing panics.
+#![cfg(all(feature = "postgres", feature = "sqlite"))]
+
+mod fixtures;
+
+use std::time::{Duration, Instant};
+
+use messaging::prelude::*;
+use messaging::transport::{Outgoing, Transport};
+
+#[messaging::queue("errors-jobs", max_receives = 2)]
+struct Jobs;
+
+#[messaging::message(name = "test.errors", v = 1, id = key)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Job {
+    key: String,
+    amount: u32,
+}
+
+#[messaging::handler(queue = Jobs, retry(base = "50ms", max = "100ms"))]
+async fn handle(_job: Job) {}
+
+fn message(result: Result<std::sync::Arc<dyn Transport>, messaging::Error>) -> String {
+    match result {
+        Ok(_) => panic!("expected an error"),
+        Err(e) => e.to_string(),
+    }
+}
+
+#[tokio::test]
+async fn an_unreachable_database_is_a_clear_error_without_hanging() {
+    let started = Instant::now();
+    let err = message(messaging::transport::connect("postgres://postgres@127.0.0.1:1/test").await);
+    assert!(err.contains("cannot connect to PostgreSQL at postgres://postgres@127.0.0.1:1/test"), "{err}");
+    assert!(started.elapsed() < Duration::from_secs(10), "took {:?}", started.elapsed());
+    let err = message(messaging::transport::connect("postgres://postgres:secret@127.0.0.1:1/test").await);
+    assert!(!err.contains("secret"), "the password is not printed: {err}");
+    let err = message(messaging::transport::connect("sqlite:///nonexistent-dir/sub/app.db").await);
+    assert!(err.contains("/nonexistent-dir/sub"), "names the path: {err}");
+    let err = message(messaging::transport::connect("sqlite://app.db?retention=soon").await);
+    assert!(err.contains("`soon` is not a duration"), "{err}");
+}
+
+#[tokio::test]
+async fn missing_tables_are_named_with_the_fix() {
+    let db = fixtures::Postgres::new().await;
+    let transport = messaging::transport::connect(&db.url).await.expect("connects");
+    let err = messaging::App::new(transport.clone()).await.expect_err("no tables yet").to_string();
+    assert!(err.contains("table `messaging_queues` is missing"), "{err}");
+    assert!(err.contains("run the `migrate` command"), "{err}");
+    transport.migrate().await.expect("migrate");
+    messaging::App::new(transport).await.expect("ready after migrate");
+    db.drop().await;
+
+    let file = fixtures::SqliteFile::new();
+    let transport = messaging::transport::connect(&file.url).await.expect("connects");
+    let err = messaging::App::new(transport).await.expect_err("no tables yet").to_string();
+    assert!(err.contains("table `messaging_queues` is missing") && err.contains("migrate"), "{err}");
+}
+
+#[tokio::test]
+async fn a_dropped_table_is_reported_by_validation() {
+    let file = fixtures::SqliteFile::new();
+    let transport = messaging::transport::connect(&format!("{}&migrate=true", file.url)).await.expect("connects");
+    messaging::App::new(transport.clone()).await.expect("ready");
+    let pool = messaging::sqlx::SqlitePool::connect(&file.url).await.expect("pool");
+    messaging::sqlx::query("ALTER TABLE messaging_messages DROP COLUMN error")
+        .execute(&pool)
+        .await
+        .expect("drop column");
+    let err = messaging::App::new(transport).await.expect_err("a column is missing").to_string();
+    assert!(err.contains("table `messaging_messages` lacks column(s) error"), "{err}");
+}
+
+#[tokio::test]
+async fn a_payload_that_does_not_fit_ends_in_the_dead_letters_not_lost() {
+    for url in ["sqlite", "postgres"] {
+        let (url, _guard): (String, Box<dyn std::any::Any>) = if url == "sqlite" {
+            let file = fixtures::SqliteFile::new();
+            (format!("{}&migrate=true&poll=50ms", file.url), Box::new(file))
+        } else {
+            let db = fixtures::Postgres::new().await;
+            (format!("{}&migrate=true&poll=50ms", db.url), Box::new(db))
+        };
+        let transport = messaging::transport::connect(&url).await.expect("connects");
+        let mut app = messaging::App::new(transport.clone()).await.expect("app");
+        app.only_queues(&["errors-jobs"]);
+        let running = app.start().expect("start");
+        let bad = Outgoing {
+            body: br#"{"type":"test.errors","v":1,"data":{"key":"k","amount":-5}}"#.to_vec().into(),
+            ..Outgoing::default()
+        };
+        let id = transport.send("errors-jobs", bad).await.expect("sent");
+        let dead = transport.dead_letters().expect("dead letters");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let letters = loop {
+            let letters = dead.peek("errors-jobs", 10).await.expect("peek");
+            if !letters.is_empty() {
+                break letters;
+            }
+            assert!(Instant::now() < deadline, "{url}: the bad message never reached the dead letters");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        assert_eq!(letters[0].message_id, id);
+        assert_eq!(letters[0].receive_count, 2, "tried max_receives times");
+        running.stop().await;
+    }
+}
+
+#[tokio::test]
+async fn an_oversized_id_is_refused_before_sending() {
+    let file = fixtures::SqliteFile::new();
+    let transport = messaging::transport::connect(&format!("{}&migrate=true", file.url)).await.expect("connects");
+    messaging::App::new(transport.clone()).await.expect("declares the queue");
+    let publisher = Publisher::new(transport.clone());
+    let job = Job { key: "k".repeat(10_000), amount: 1 };
+    let err = publisher.send::<Jobs, _>(&job).await.expect_err("too long");
+    assert!(matches!(err, PublishError::InvalidId { field: "identity", .. }), "{err}");
+    assert!(err.to_string().contains("10000 characters long; the limit is 128"), "{err}");
+    let err = publisher.send::<Jobs, _>(&Job { key: "has space".into(), amount: 1 }).await.expect_err("space");
+    assert!(err.to_string().contains("printable ASCII"), "{err}");
+    assert_eq!(transport.depth("errors-jobs").await.expect("depth"), 0, "nothing was sent");
+}
