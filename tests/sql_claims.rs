@@ -79,3 +79,15 @@ async fn completed_claims_are_purged_after_the_retention() {
     }
     running.stop().await;
 }
+
+#[tokio::test]
+async fn an_in_memory_sqlite_database_has_the_database_semantics() {
+    let transport = messaging::transport::connect("sqlite::memory:?migrate=true&poll=50ms").await.expect("connect");
+    messaging::App::new(transport.clone()).await.expect("declares");
+    let publisher = Publisher::new(transport.clone());
+    // One row per identity: the second publish updates the first.
+    let first = publisher.send::<Jobs, _>(&Job { n: 1 }).id("same").await.expect("sent");
+    let second = publisher.send::<Jobs, _>(&Job { n: 2 }).id("same").await.expect("sent");
+    assert_ne!(first, second, "each version has its own id");
+    assert_eq!(messaging::transport::Transport::depth(&*transport, "claims-jobs").await.expect("depth"), 1);
+}

@@ -16,10 +16,12 @@ pub const DEFAULT_URL: &str = "sqlite://messaging.db?migrate=true";
 pub const DEFAULT_URL: &str = "memory://";
 
 /// Opens the backend a URL names: `memory://`, `sqlite://FILE`,
-/// `postgres://USER@HOST/DB`. Database URLs take the options of
+/// `sqlite::memory:`, `postgres://USER@HOST/DB`. Database URLs take the options of
 /// [`crate::transport::sql::SqlOptions`] as query parameters.
 pub async fn connect(url: &str) -> Result<Arc<dyn Transport>, Error> {
-    let (scheme, _rest) = url.split_once("://").ok_or_else(|| Error::Config {
+    // `sqlite::memory:`: a database in memory, with the database queues' semantics.
+    let scheme_only = url.strip_prefix("sqlite::memory:").map(|_| ("sqlite", ""));
+    let (scheme, _rest) = scheme_only.or_else(|| url.split_once("://")).ok_or_else(|| Error::Config {
         url: url.to_owned(),
         reason: "expected SCHEME://..., e.g. memory://, sqlite://app.db or postgres://user@host/db".into(),
     })?;
