@@ -17,6 +17,8 @@ mod id;
 pub mod memory;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub mod sql;
+#[cfg(feature = "sqs")]
+pub mod sqs;
 mod url;
 
 pub use bytes::Bytes;
@@ -55,6 +57,8 @@ pub struct Outgoing {
 pub struct Receipt {
     pub(crate) key: u64,
     pub(crate) token: u64,
+    /// The broker's receipt handle (Amazon SQS).
+    pub(crate) handle: Option<Arc<str>>,
 }
 
 /// A message received from a queue.
@@ -222,7 +226,7 @@ pub trait DeadLetters: Send + Sync {
     fn dead_letter<'a>(
         &'a self,
         queue: &'a str,
-        receipt: Receipt,
+        delivery: &'a Delivery,
         reason: String,
     ) -> BoxFuture<'a, Result<(), TransportError>>;
 

@@ -15,8 +15,8 @@ pub const DEFAULT_URL: &str = "sqlite://messaging.db?migrate=true";
 #[cfg(not(feature = "sqlite"))]
 pub const DEFAULT_URL: &str = "memory://";
 
-/// Opens the backend a URL names: `memory://`, `sqlite://FILE`,
-/// `sqlite::memory:`, `postgres://USER@HOST/DB`. Database URLs take the options of
+/// Opens the backend a URL names: `sqlite://FILE`, `sqlite::memory:`,
+/// `postgres://USER@HOST/DB`, `sqs://REGION` (feature `sqs`), `memory://`. Database URLs take the options of
 /// [`crate::transport::sql::SqlOptions`] as query parameters.
 pub async fn connect(url: &str) -> Result<Arc<dyn Transport>, Error> {
     // `sqlite::memory:`: a database in memory, with the database queues' semantics.
@@ -52,13 +52,19 @@ pub async fn connect(url: &str) -> Result<Arc<dyn Transport>, Error> {
                 Err(unavailable("postgres"))
             }
         }
-        "sqs" => Err(Error::Config {
-            url: url.to_owned(),
-            reason: "the `sqs` transport is not available yet; use memory://, sqlite:// or postgres://".into(),
-        }),
+        "sqs" => {
+            #[cfg(feature = "sqs")]
+            {
+                Ok(Arc::new(super::sqs::connect(url).await?))
+            }
+            #[cfg(not(feature = "sqs"))]
+            {
+                Err(unavailable("sqs"))
+            }
+        }
         other => Err(Error::Config {
             url: url.to_owned(),
-            reason: format!("unknown scheme `{other}`; known: memory://, sqlite://, postgres://"),
+            reason: format!("unknown scheme `{other}`; known: sqlite://, postgres://, sqs://, memory://"),
         }),
     }
 }

@@ -82,7 +82,7 @@ impl Worker {
     async fn dead_letter(&self, delivery: &Delivery, error: &HandlerError) {
         let spec = self.routes.spec();
         let moved = match self.transport.dead_letters() {
-            Some(dlq) => dlq.dead_letter(spec.name, delivery.receipt.clone(), error.to_string()).await,
+            Some(dlq) => dlq.dead_letter(spec.name, delivery, error.to_string()).await,
             None => Err(crate::error::TransportError::Rejected("the transport has no dead letters".into())),
         };
         if let Err(e) = moved {

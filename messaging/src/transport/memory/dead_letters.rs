@@ -7,7 +7,7 @@ use tokio::time::Instant;
 use super::state::QueueState;
 use super::MemoryTransport;
 use crate::error::TransportError;
-use crate::transport::{BoxFuture, DeadLetter, DeadLetters, Outgoing, Receipt, RedriveOptions, RedriveOutcome};
+use crate::transport::{BoxFuture, DeadLetter, DeadLetters, Delivery, Outgoing, RedriveOptions, RedriveOutcome};
 
 impl MemoryTransport {
     fn dlq_name(&self, queue: &str) -> Result<&'static str, TransportError> {
@@ -23,13 +23,13 @@ impl DeadLetters for MemoryTransport {
     fn dead_letter<'a>(
         &'a self,
         queue: &'a str,
-        receipt: Receipt,
+        delivery: &'a Delivery,
         reason: String,
     ) -> BoxFuture<'a, Result<(), TransportError>> {
         Box::pin(async move {
             let dlq = self.queue(self.dlq_name(queue)?)?;
             let source = self.queue(queue)?;
-            let mut stored = source.lock().take_in_flight(&receipt)?;
+            let mut stored = source.lock().take_in_flight(&delivery.receipt)?;
             stored.reason = Some(reason);
             dlq.lock().insert(stored, QueueState::visible());
             source.notify.notify_waiters();

@@ -218,7 +218,7 @@ fn delivery(row: LeasedRow) -> Delivery {
     Delivery {
         message_id: MessageId::from(row.message_id),
         body: row.payload.into(),
-        receipt: Receipt { key: row.id, token: row.token },
+        receipt: Receipt { key: row.id, token: row.token, handle: None },
         receive_count: row.attempts,
         group_id: row.group,
         attributes: Arc::new(decode_attributes(&row.attributes)),
@@ -406,11 +406,12 @@ impl<S: RowStore> DeadLetters for SqlTransport<S> {
     fn dead_letter<'a>(
         &'a self,
         queue: &'a str,
-        receipt: Receipt,
+        delivery: &'a Delivery,
         reason: String,
     ) -> BoxFuture<'a, Result<(), TransportError>> {
         Box::pin(async move {
             let op = RowOp::DeadLetter { error: reason };
+            let receipt = &delivery.receipt;
             self.store.apply(queue, now_ms(), receipt.key, receipt.token, op).await
         })
     }

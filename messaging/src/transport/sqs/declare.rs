@@ -1,0 +1,139 @@
+//! Declaring an SQS queue: it must exist with the declared kind, and its
+//! redrive policy must bind it to the declared dead-letter queue. Queues are
+//! created only when the URL asks for it (`create_queues=true`).
+
+use std::collections::HashMap;
+
+use aws_sdk_sqs::types::QueueAttributeName;
+use aws_sdk_sqs::Client;
+
+use super::{sdk, SqsOptions, SqsQueue};
+use crate::error::TransportError;
+use crate::queue::QueueSpec;
+
+/// Finds (or, when allowed, creates) the queue and its DLQ, and checks them.
+pub(super) async fn declare(
+    client: &Client,
+    options: &SqsOptions,
+    spec: &QueueSpec,
+) -> Result<SqsQueue, TransportError> {
+    let dlq_url = match spec.dlq {
+        Some(dlq) => {
+            let url = find_or_create(client, options, dlq, spec.fifo, None).await?;
+            let attributes = attributes(client, &url).await?;
+            check_kind(dlq, spec.fifo, &attributes, "dead-letter queue")?;
+            Some((url, attributes))
+        }
+        None => None,
+    };
+    let redrive = dlq_url
+        .as_ref()
+        .and_then(|(_, a)| a.get(&QueueAttributeName::QueueArn).cloned())
+        .map(|arn| format!(r#"{{"deadLetterTargetArn":"{arn}","maxReceiveCount":"{}"}}"#, spec.max_receives));
+    let url = find_or_create(client, options, spec.name, spec.fifo, redrive).await?;
+    let attributes = attributes(client, &url).await?;
+    check_kind(spec.name, spec.fifo, &attributes, "queue")?;
+    if let Some(dlq) = spec.dlq {
+        check_redrive(spec.name, dlq, &attributes)?;
+    }
+    Ok(SqsQueue { spec: spec.clone(), url, dlq_url: dlq_url.map(|(u, _)| u) })
+}
+
+async fn find_or_create(
+    client: &Client,
+    options: &SqsOptions,
+    name: &str,
+    fifo: bool,
+    redrive: Option<String>,
+) -> Result<String, TransportError> {
+    match client.get_queue_url().queue_name(name).send().await {
+        Ok(out) => out.queue_url().map(str::to_owned).ok_or_else(|| TransportError::QueueNotFound(name.to_owned())),
+        Err(e) if e.as_service_error().is_some_and(|s| s.is_queue_does_not_exist()) => {
+            if !options.create_queues {
+                return Err(TransportError::Backend(format!(
+                    "sqs: queue `{name}` does not exist; create it (and its redrive policy) with your infrastructure, \
+                     or connect with `?create_queues=true` in development"
+                )));
+            }
+            let mut request = client.create_queue().queue_name(name);
+            if fifo {
+                request = request.attributes(QueueAttributeName::FifoQueue, "true");
+            }
+            if let Some(policy) = redrive {
+                request = request.attributes(QueueAttributeName::RedrivePolicy, policy);
+            }
+            let out = request.send().await.map_err(|e| sdk(&format!("creating queue `{name}`"), e))?;
+            tracing::info!(queue = name, "created the SQS queue (create_queues=true)");
+            out.queue_url().map(str::to_owned).ok_or_else(|| TransportError::QueueNotFound(name.to_owned()))
+        }
+        Err(e) => Err(sdk(&format!("looking up queue `{name}`"), e)),
+    }
+}
+
+async fn attributes(client: &Client, url: &str) -> Result<HashMap<QueueAttributeName, String>, TransportError> {
+    let out = client
+        .get_queue_attributes()
+        .queue_url(url)
+        .attribute_names(QueueAttributeName::All)
+        .send()
+        .await
+        .map_err(|e| sdk("GetQueueAttributes", e))?;
+    Ok(out.attributes().cloned().unwrap_or_default())
+}
+
+fn check_kind(
+    name: &str,
+    fifo: bool,
+    attributes: &HashMap<QueueAttributeName, String>,
+    what: &str,
+) -> Result<(), TransportError> {
+    let is_fifo = attributes.get(&QueueAttributeName::FifoQueue).is_some_and(|v| v == "true");
+    if is_fifo == fifo {
+        return Ok(());
+    }
+    let kind = |f: bool| if f { "FIFO" } else { "standard" };
+    Err(TransportError::Rejected(format!(
+        "{what} `{name}` is a {} queue on SQS but is declared {}",
+        kind(is_fifo),
+        kind(fifo)
+    )))
+}
+
+fn check_redrive(
+    name: &str,
+    dlq: &str,
+    attributes: &HashMap<QueueAttributeName, String>,
+) -> Result<(), TransportError> {
+    let Some(policy) = attributes.get(&QueueAttributeName::RedrivePolicy) else {
+        return Err(TransportError::Rejected(format!(
+            "queue `{name}` has no redrive policy, but `{dlq}` is declared as its dead-letter queue; \
+             set RedrivePolicy deadLetterTargetArn to `{dlq}`'s ARN"
+        )));
+    };
+    let target: Option<String> = serde_json::from_str::<serde_json::Value>(policy)
+        .ok()
+        .and_then(|v| v.get("deadLetterTargetArn").and_then(|a| a.as_str()).map(str::to_owned));
+    let target_name = target.as_deref().and_then(|arn| arn.rsplit(':').next()).unwrap_or("");
+    if target_name == dlq {
+        Ok(())
+    } else {
+        Err(TransportError::Rejected(format!(
+            "queue `{name}` sends its dead letters to `{target_name}`, but `{dlq}` is declared; \
+             fix the redrive policy or the `dlq` option"
+        )))
+    }
+}
+
+/// Messages in the queue: visible, in flight and delayed.
+pub(super) async fn depth(client: &Client, url: &str) -> Result<u64, TransportError> {
+    let out = client
+        .get_queue_attributes()
+        .queue_url(url)
+        .attribute_names(QueueAttributeName::ApproximateNumberOfMessages)
+        .attribute_names(QueueAttributeName::ApproximateNumberOfMessagesNotVisible)
+        .attribute_names(QueueAttributeName::ApproximateNumberOfMessagesDelayed)
+        .send()
+        .await
+        .map_err(|e| sdk("GetQueueAttributes", e))?;
+    Ok(out.attributes().map_or(0, |a| a.values().filter_map(|v| v.parse::<u64>().ok()).sum()))
+}

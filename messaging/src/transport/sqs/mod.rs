@@ -1,0 +1,484 @@
+//! `sqs://REGION`: Amazon SQS (aws-sdk-sqs).
+//!
+//! Configured by the standard AWS environment (credentials chain, region,
+//! `AWS_ENDPOINT_URL` / `AWS_ENDPOINT_URL_SQS`). Publishing uses
+//! `SendMessageBatch` (10 entries and 256 KiB per request, each message's size
+//! checked first); consuming long-polls up to 10 messages, deletes in batches,
+//! extends visibility for slow handlers and retries by setting the visibility
+//! from the receive count. Queues are never created unless the URL asks for
+//! it (`?create_queues=true`, for development and tests).
+
+mod dead_letters;
+mod declare;
+mod options;
+
+use std::collections::HashMap;
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use aws_sdk_sqs::error::{DisplayErrorContext, SdkError};
+use aws_sdk_sqs::types::{
+    DeleteMessageBatchRequestEntry, MessageAttributeValue, MessageSystemAttributeName, SendMessageBatchRequestEntry,
+};
+use aws_sdk_sqs::Client;
+
+pub use options::SqsOptions;
+
+use crate::error::{Error, TransportError};
+use crate::queue::QueueSpec;
+use crate::transport::{Attributes, BoxFuture, DeadLetters, Delivery, MessageId, Outgoing, Receipt, Transport};
+
+/// The largest message SQS accepts (body plus attributes).
+pub const MAX_MESSAGE_BYTES: usize = 256 * 1024;
+/// The most entries per batch request.
+const MAX_BATCH: usize = 10;
+/// The longest per-message delay on a standard queue.
+const MAX_DELAY: Duration = Duration::from_secs(900);
+/// The longest visibility timeout SQS accepts.
+const MAX_VISIBILITY: Duration = Duration::from_secs(12 * 3600);
+
+/// A declared queue: its URL and, if any, its dead-letter queue's.
+#[derive(Debug, Clone)]
+struct SqsQueue {
+    spec: QueueSpec,
+    url: String,
+    dlq_url: Option<String>,
+}
+
+/// The Amazon SQS transport.
+pub struct SqsTransport {
+    client: Client,
+    options: SqsOptions,
+    queues: RwLock<HashMap<String, SqsQueue>>,
+}
+
+impl std::fmt::Debug for SqsTransport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SqsTransport").field("options", &self.options).finish_non_exhaustive()
+    }
+}
+
+/// Connects to SQS as the URL says: `sqs://REGION` (or `sqs://` for the
+/// environment's region), with options as query parameters.
+pub async fn connect(url: &str) -> Result<SqsTransport, Error> {
+    let options = SqsOptions::parse(url)?;
+    let mut loader = aws_config::defaults(aws_config::BehaviorVersion::latest()).timeout_config(
+        aws_config::timeout::TimeoutConfig::builder()
+            .connect_timeout(Duration::from_secs(3))
+            // Long polls last up to 20 s.
+            .operation_attempt_timeout(Duration::from_secs(25))
+            .build(),
+    );
+    if let Some(region) = &options.region {
+        loader = loader.region(aws_config::Region::new(region.clone()));
+    }
+    if let Some(endpoint) = &options.endpoint {
+        loader = loader.endpoint_url(endpoint);
+    }
+    let config = loader.load().await;
+    if config.region().is_none() {
+        return Err(Error::Config {
+            url: url.to_owned(),
+            reason: "no AWS region: write sqs://REGION (e.g. sqs://eu-west-1) or set AWS_REGION".into(),
+        });
+    }
+    Ok(SqsTransport { client: Client::new(&config), options, queues: RwLock::new(HashMap::new()) })
+}
+
+/// An SDK error as one readable line.
+pub(crate) fn sdk<E, R>(what: &str, e: SdkError<E, R>) -> TransportError
+where
+    E: std::error::Error + 'static,
+    R: std::fmt::Debug,
+{
+    TransportError::Backend(format!("sqs: {what} failed: {}", DisplayErrorContext(&e)))
+}
+
+fn seconds(d: Duration) -> i32 {
+    d.as_secs_f64().ceil().min(i32::MAX as f64) as i32
+}
+
+impl SqsTransport {
+    fn queue(&self, name: &str) -> Result<SqsQueue, TransportError> {
+        self.queues
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(name)
+            .cloned()
+            .ok_or_else(|| TransportError::QueueNotFound(name.to_owned()))
+    }
+
+    /// The SDK client (for tools).
+    pub fn client(&self) -> &Client {
+        &self.client
+    }
+
+    /// Checks one message before sending: size, delay, group id.
+    fn check(spec: &QueueSpec, m: &Outgoing) -> Result<(), TransportError> {
+        let size = m.body.len() + m.attributes.iter().map(|(k, v)| k.len() + v.len() + "String".len()).sum::<usize>();
+        if size > MAX_MESSAGE_BYTES {
+            return Err(TransportError::Rejected(format!(
+                "the message is {size} bytes with its attributes; SQS accepts at most {MAX_MESSAGE_BYTES}"
+            )));
+        }
+        if std::str::from_utf8(&m.body).is_err() {
+            return Err(TransportError::Rejected("SQS message bodies must be UTF-8 text".into()));
+        }
+        if let Some(delay) = m.delay.filter(|d| !d.is_zero()) {
+            if spec.fifo {
+                return Err(TransportError::Rejected(format!("FIFO queue `{}` takes no per-message delay", spec.name)));
+            }
+            if delay > MAX_DELAY {
+                return Err(TransportError::Rejected(format!(
+                    "a delay of {delay:?} exceeds the SQS maximum of 15 minutes"
+                )));
+            }
+        }
+        if spec.fifo && m.group_id.as_deref().is_none_or(str::is_empty) {
+            return Err(TransportError::Rejected(format!("FIFO queue `{}` needs a message group id", spec.name)));
+        }
+        Ok(())
+    }
+
+    fn attributes_of(m: &Outgoing) -> Result<HashMap<String, MessageAttributeValue>, TransportError> {
+        m.attributes
+            .iter()
+            .map(|(k, v)| {
+                let value = MessageAttributeValue::builder()
+                    .data_type("String")
+                    .string_value(v)
+                    .build()
+                    .map_err(|e| TransportError::Rejected(format!("attribute `{k}`: {e}")))?;
+                Ok((k.clone(), value))
+            })
+            .collect()
+    }
+
+    fn entry(index: usize, spec: &QueueSpec, m: &Outgoing) -> Result<SendMessageBatchRequestEntry, TransportError> {
+        let body = String::from_utf8(m.body.to_vec())
+            .map_err(|_| TransportError::Rejected("SQS message bodies must be UTF-8 text".into()))?;
+        let mut entry = SendMessageBatchRequestEntry::builder()
+            .id(index.to_string())
+            .message_body(body)
+            .set_message_attributes(Some(Self::attributes_of(m)?).filter(|a| !a.is_empty()));
+        if spec.fifo {
+            entry = entry.set_message_group_id(m.group_id.clone());
+            // Without an explicit id, deduplicate by content (each send is distinct).
+            let dedup = m.dedup_id.clone().unwrap_or_else(|| MessageId::random().to_string());
+            entry = entry.message_deduplication_id(dedup);
+        } else if let Some(delay) = m.delay.filter(|d| !d.is_zero()) {
+            entry = entry.delay_seconds(seconds(delay));
+        }
+        entry.build().map_err(|e| TransportError::Rejected(format!("invalid batch entry: {e}")))
+    }
+
+    /// Sends up to 10 checked messages in one request; one result per message.
+    async fn send_chunk(
+        &self,
+        url: &str,
+        entries: Vec<(usize, SendMessageBatchRequestEntry)>,
+    ) -> Vec<(usize, Result<MessageId, TransportError>)> {
+        let indices: Vec<usize> = entries.iter().map(|(i, _)| *i).collect();
+        let request = self
+            .client
+            .send_message_batch()
+            .queue_url(url)
+            .set_entries(Some(entries.into_iter().map(|(_, e)| e).collect()));
+        match request.send().await {
+            Err(e) => {
+                let err = sdk("SendMessageBatch", e).to_string();
+                indices.into_iter().map(|i| (i, Err(TransportError::Backend(err.clone())))).collect()
+            }
+            Ok(out) => {
+                let mut results: HashMap<usize, Result<MessageId, TransportError>> = HashMap::new();
+                for ok in out.successful() {
+                    if let Ok(i) = ok.id().parse::<usize>() {
+                        results.insert(i, Ok(MessageId::from(ok.message_id())));
+                    }
+                }
+                for failed in out.failed() {
+                    if let Ok(i) = failed.id().parse::<usize>() {
+                        let message = failed.message().unwrap_or("no reason given");
+                        results.insert(
+                            i,
+                            Err(TransportError::Rejected(format!(
+                                "SQS refused the message ({}): {message}",
+                                failed.code()
+                            ))),
+                        );
+                    }
+                }
+                indices
+                    .into_iter()
+                    .map(|i| {
+                        (
+                            i,
+                            results
+                                .remove(&i)
+                                .unwrap_or(Err(TransportError::Backend("sqs: no result for a batch entry".into()))),
+                        )
+                    })
+                    .collect()
+            }
+        }
+    }
+}
+
+fn delivery_of(m: &aws_sdk_sqs::types::Message) -> Option<Delivery> {
+    let handle = m.receipt_handle()?;
+    let system = m.attributes();
+    let get = |name: MessageSystemAttributeName| system.and_then(|a| a.get(&name)).cloned();
+    let receive_count =
+        get(MessageSystemAttributeName::ApproximateReceiveCount).and_then(|v| v.parse().ok()).unwrap_or(1);
+    let sent_at = get(MessageSystemAttributeName::SentTimestamp)
+        .and_then(|v| v.parse::<u64>().ok())
+        .map_or_else(SystemTime::now, |ms| UNIX_EPOCH + Duration::from_millis(ms));
+    let attributes: Attributes = m
+        .message_attributes()
+        .map(|a| a.iter().filter_map(|(k, v)| Some((k.clone(), v.string_value()?.to_owned()))).collect())
+        .unwrap_or_default();
+    Some(Delivery {
+        message_id: MessageId::from(m.message_id().unwrap_or_default()),
+        body: bytes::Bytes::copy_from_slice(m.body().unwrap_or_default().as_bytes()),
+        receipt: Receipt { key: 0, token: 0, handle: Some(Arc::from(handle)) },
+        receive_count,
+        group_id: get(MessageSystemAttributeName::MessageGroupId),
+        attributes: Arc::new(attributes),
+        sent_at,
+    })
+}
+
+fn handle(receipt: &Receipt) -> Result<&str, TransportError> {
+    receipt.handle.as_deref().ok_or(TransportError::StaleReceipt)
+}
+
+impl Transport for SqsTransport {
+    fn system(&self) -> &'static str {
+        "aws_sqs"
+    }
+
+    fn declare<'a>(&'a self, spec: &'a QueueSpec) -> BoxFuture<'a, Result<(), TransportError>> {
+        Box::pin(async move {
+            let queue = declare::declare(&self.client, &self.options, spec).await?;
+            self.queues.write().unwrap_or_else(|p| p.into_inner()).insert(spec.name.to_owned(), queue);
+            Ok(())
+        })
+    }
+
+    fn send<'a>(&'a self, queue: &'a str, message: Outgoing) -> BoxFuture<'a, Result<MessageId, TransportError>> {
+        Box::pin(async move {
+            let q = self.queue(queue)?;
+            Self::check(&q.spec, &message)?;
+            let mut request = self
+                .client
+                .send_message()
+                .queue_url(&q.url)
+                .message_body(String::from_utf8_lossy(&message.body))
+                .set_message_attributes(Some(Self::attributes_of(&message)?).filter(|a| !a.is_empty()));
+            if q.spec.fifo {
+                let dedup = message.dedup_id.clone().unwrap_or_else(|| MessageId::random().to_string());
+                request = request.set_message_group_id(message.group_id.clone()).message_deduplication_id(dedup);
+            } else if let Some(delay) = message.delay.filter(|d| !d.is_zero()) {
+                request = request.delay_seconds(seconds(delay));
+            }
+            let out = request.send().await.map_err(|e| sdk("SendMessage", e))?;
+            Ok(MessageId::from(out.message_id().unwrap_or_default()))
+        })
+    }
+
+    fn send_batch<'a>(
+        &'a self,
+        queue: &'a str,
+        messages: Vec<Outgoing>,
+    ) -> BoxFuture<'a, Vec<Result<MessageId, TransportError>>> {
+        Box::pin(async move {
+            let q = match self.queue(queue) {
+                Ok(q) => q,
+                Err(_) => {
+                    return messages.iter().map(|_| Err(TransportError::QueueNotFound(queue.to_owned()))).collect()
+                }
+            };
+            let mut results: Vec<Option<Result<MessageId, TransportError>>> =
+                (0..messages.len()).map(|_| None).collect();
+            // Chunks of at most 10 entries and 256 KiB.
+            let mut chunk: Vec<(usize, SendMessageBatchRequestEntry)> = Vec::new();
+            let mut chunk_bytes = 0;
+            let mut chunks = Vec::new();
+            for (i, m) in messages.iter().enumerate() {
+                let entry = Self::check(&q.spec, m).and_then(|()| Self::entry(i, &q.spec, m));
+                match entry {
+                    Err(e) => results[i] = Some(Err(e)),
+                    Ok(entry) => {
+                        let size =
+                            m.body.len() + m.attributes.iter().map(|(k, v)| k.len() + v.len() + 6).sum::<usize>();
+                        if chunk.len() == MAX_BATCH || chunk_bytes + size > MAX_MESSAGE_BYTES {
+                            chunks.push(std::mem::take(&mut chunk));
+                            chunk_bytes = 0;
+                        }
+                        chunk_bytes += size;
+                        chunk.push((i, entry));
+                    }
+                }
+            }
+            if !chunk.is_empty() {
+                chunks.push(chunk);
+            }
+            for chunk in chunks {
+                for (i, result) in self.send_chunk(&q.url, chunk).await {
+                    results[i] = Some(result);
+                }
+            }
+            results.into_iter().map(|r| r.unwrap_or(Err(TransportError::Backend("sqs: unsent".into())))).collect()
+        })
+    }
+
+    fn receive<'a>(
+        &'a self,
+        queue: &'a str,
+        max: usize,
+        wait: Duration,
+    ) -> BoxFuture<'a, Result<Vec<Delivery>, TransportError>> {
+        Box::pin(async move {
+            let q = self.queue(queue)?;
+            let out = self
+                .client
+                .receive_message()
+                .queue_url(&q.url)
+                .max_number_of_messages(max.clamp(1, MAX_BATCH) as i32)
+                .wait_time_seconds(seconds(wait.min(Duration::from_secs(20))))
+                .visibility_timeout(seconds(q.spec.visibility.min(MAX_VISIBILITY)))
+                .message_system_attribute_names(MessageSystemAttributeName::ApproximateReceiveCount)
+                .message_system_attribute_names(MessageSystemAttributeName::SentTimestamp)
+                .message_system_attribute_names(MessageSystemAttributeName::MessageGroupId)
+                .message_attribute_names("All")
+                .send()
+                .await
+                .map_err(|e| sdk("ReceiveMessage", e))?;
+            Ok(out.messages().iter().filter_map(delivery_of).collect())
+        })
+    }
+
+    fn ack<'a>(&'a self, queue: &'a str, receipts: Vec<Receipt>) -> BoxFuture<'a, Vec<Result<(), TransportError>>> {
+        Box::pin(async move {
+            let q = match self.queue(queue) {
+                Ok(q) => q,
+                Err(_) => {
+                    return receipts.iter().map(|_| Err(TransportError::QueueNotFound(queue.to_owned()))).collect()
+                }
+            };
+            let mut results: Vec<Result<(), TransportError>> = Vec::with_capacity(receipts.len());
+            for chunk in receipts.chunks(MAX_BATCH) {
+                let mut entries = Vec::new();
+                let mut local: Vec<Option<Result<(), TransportError>>> = (0..chunk.len()).map(|_| None).collect();
+                for (i, r) in chunk.iter().enumerate() {
+                    match handle(r).and_then(|h| {
+                        DeleteMessageBatchRequestEntry::builder()
+                            .id(i.to_string())
+                            .receipt_handle(h)
+                            .build()
+                            .map_err(|e| TransportError::Backend(format!("sqs: {e}")))
+                    }) {
+                        Ok(entry) => entries.push(entry),
+                        Err(e) => local[i] = Some(Err(e)),
+                    }
+                }
+                if !entries.is_empty() {
+                    match self.client.delete_message_batch().queue_url(&q.url).set_entries(Some(entries)).send().await {
+                        Err(e) => {
+                            let err = sdk("DeleteMessageBatch", e).to_string();
+                            for slot in local.iter_mut().filter(|s| s.is_none()) {
+                                *slot = Some(Err(TransportError::Backend(err.clone())));
+                            }
+                        }
+                        Ok(out) => {
+                            for ok in out.successful() {
+                                if let Some(slot) = ok.id().parse::<usize>().ok().and_then(|i| local.get_mut(i)) {
+                                    *slot = Some(Ok(()));
+                                }
+                            }
+                            for failed in out.failed() {
+                                if let Some(slot) = failed.id().parse::<usize>().ok().and_then(|i| local.get_mut(i)) {
+                                    *slot = Some(Err(if failed.code() == "ReceiptHandleIsInvalid" {
+                                        TransportError::StaleReceipt
+                                    } else {
+                                        TransportError::Backend(format!("sqs: delete failed ({})", failed.code()))
+                                    }));
+                                }
+                            }
+                        }
+                    }
+                }
+                results.extend(
+                    local
+                        .into_iter()
+                        .map(|r| r.unwrap_or(Err(TransportError::Backend("sqs: no delete result".into())))),
+                );
+            }
+            results
+        })
+    }
+
+    fn nack<'a>(
+        &'a self,
+        queue: &'a str,
+        receipt: Receipt,
+        delay: Duration,
+    ) -> BoxFuture<'a, Result<(), TransportError>> {
+        Box::pin(async move { self.change_visibility(queue, &receipt, delay).await })
+    }
+
+    fn extend<'a>(
+        &'a self,
+        queue: &'a str,
+        receipt: &'a Receipt,
+        visibility: Duration,
+    ) -> BoxFuture<'a, Result<(), TransportError>> {
+        Box::pin(self.change_visibility(queue, receipt, visibility))
+    }
+
+    fn max_batch(&self) -> usize {
+        MAX_BATCH
+    }
+
+    fn max_delay(&self) -> Duration {
+        MAX_DELAY
+    }
+
+    fn depth<'a>(&'a self, queue: &'a str) -> BoxFuture<'a, Result<u64, TransportError>> {
+        Box::pin(async move {
+            let q = self.queue(queue)?;
+            declare::depth(&self.client, &q.url).await
+        })
+    }
+
+    fn dead_letters(&self) -> Option<&dyn DeadLetters> {
+        Some(self)
+    }
+}
+
+impl SqsTransport {
+    async fn change_visibility(&self, queue: &str, receipt: &Receipt, after: Duration) -> Result<(), TransportError> {
+        let q = self.queue(queue)?;
+        let result = self
+            .client
+            .change_message_visibility()
+            .queue_url(&q.url)
+            .receipt_handle(handle(receipt)?)
+            .visibility_timeout(seconds(after.min(MAX_VISIBILITY)))
+            .send()
+            .await;
+        match result {
+            Ok(_) => Ok(()),
+            Err(e) => {
+                let invalid = e.as_service_error().is_some_and(|s| {
+                    s.is_receipt_handle_is_invalid() || s.meta().code() == Some("InvalidParameterValue")
+                });
+                if invalid {
+                    Err(TransportError::StaleReceipt)
+                } else {
+                    Err(sdk("ChangeMessageVisibility", e))
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,216 @@
+//! The Amazon SQS transport against a real SQS-compatible server
+//! (`moto_server`, started on a free loopback port by each test).
+#![cfg(feature = "sqs")]
+
+mod fixtures;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use messaging::prelude::*;
+use messaging::transport::{Outgoing, RedriveOptions, Transport};
+
+#[messaging::queue("sqs-mail", dlq = "sqs-mail-dlq", max_receives = 2, visibility = "2s")]
+struct Mail;
+
+#[messaging::queue("sqs-orders.fifo", fifo, dlq = "sqs-orders-dlq.fifo", default_group = "orders")]
+struct Orders;
+
+#[messaging::queue("sqs-slow", visibility = "1s")]
+struct Slow;
+
+#[messaging::message(name = "sqs.mail", v = 1)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Mailing {
+    to: String,
+    fail: bool,
+}
+
+#[messaging::message(name = "sqs.order", v = 1, group = customer)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Order {
+    customer: String,
+    n: u32,
+}
+
+type Log = Arc<Mutex<Vec<String>>>;
+
+#[messaging::handler(queue = Mail, retry(base = "100ms", max = "200ms"))]
+async fn mail(m: Mailing, log: State<Log>) -> Result<(), HandlerError> {
+    log.lock().unwrap().push(m.to.clone());
+    if m.fail {
+        return Err(HandlerError::transient(std::io::Error::other("smtp down")));
+    }
+    Ok(())
+}
+
+#[messaging::handler(queue = Orders)]
+async fn order(o: Order, log: State<Log>) {
+    log.lock().unwrap().push(format!("{}:{}", o.customer, o.n));
+}
+
+#[messaging::handler(queue = Slow)]
+async fn slow(_m: Mailing, calls: State<Arc<AtomicUsize>>) {
+    calls.fetch_add(1, Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
+}
+
+async fn connect(moto: &fixtures::Moto) -> Arc<dyn Transport> {
+    messaging::transport::connect(&moto.url(true)).await.expect("connect")
+}
+
+async fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !done() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn publishing_rules_batches_and_sizes() {
+    let moto = fixtures::Moto::start();
+    let t = connect(&moto).await;
+    messaging::App::new(t.clone()).await.expect("declares (creating the queues)");
+    let p = Publisher::new(t.clone());
+    // A batch larger than 10 entries, results in order.
+    let mails: Vec<Mailing> = (0..23).map(|i| Mailing { to: format!("u{i}"), fail: false }).collect();
+    let ids: Vec<MessageId> = p.send_batch::<Mail, _>(&mails).await.into_iter().map(|r| r.expect("sent")).collect();
+    assert_eq!(ids.len(), 23);
+    assert_eq!(ids.iter().collect::<std::collections::HashSet<_>>().len(), 23, "distinct ids");
+    // An oversized message fails alone; the rest of the batch goes through.
+    let big = Mailing { to: "x".repeat(300 * 1024), fail: false };
+    let small = Mailing { to: "ok".into(), fail: false };
+    let results = p.send_batch::<Mail, _>(&[small.clone(), big.clone(), small]).await;
+    assert!(results[0].is_ok() && results[2].is_ok());
+    let err = results[1].as_ref().unwrap_err().to_string();
+    assert!(err.contains("SQS accepts at most 262144"), "{err}");
+    assert!(p.send::<Mail, _>(&big).await.is_err());
+    // Delay on a standard queue; FIFO group from the message's field.
+    p.send::<Mail, _>(&Mailing { to: "later".into(), fail: false })
+        .delay(Duration::from_secs(2))
+        .await
+        .expect("delayed");
+    p.send::<Orders, _>(&Order { customer: "c1".into(), n: 1 }).await.expect("fifo");
+    let got = t.receive("sqs-orders.fifo", 10, Duration::from_secs(1)).await.expect("receive");
+    assert_eq!(got[0].group_id.as_deref(), Some("c1"));
+    assert_eq!(t.depth("sqs-mail").await.expect("depth"), 23 + 2 + 1);
+}
+
+#[tokio::test]
+async fn a_poison_message_and_a_malformed_one_end_in_the_dead_letter_queue() {
+    let moto = fixtures::Moto::start();
+    let t = connect(&moto).await;
+    let mut app = messaging::App::new(t.clone()).await.expect("app");
+    app.only_queues(&["sqs-mail"]);
+    let log: Log = Arc::default();
+    app.setup().provide(log.clone());
+    app.set_receive_wait(Duration::from_secs(1));
+    let running = app.start().expect("start");
+    let p = Publisher::new(t.clone());
+    p.send::<Mail, _>(&Mailing { to: "poison".into(), fail: true }).await.expect("sent");
+    let bad = Outgoing { body: br#"{"type":"sqs.mail","v":"one","data":{}}"#.to_vec().into(), ..Outgoing::default() };
+    t.send("sqs-mail", bad).await.expect("sent");
+    p.send::<Mail, _>(&Mailing { to: "fine".into(), fail: false }).await.expect("sent");
+    let dlq = t.dead_letters().expect("dead letters");
+    let deadline = Instant::now() + Duration::from_secs(40);
+    loop {
+        let depth = dlq.depth("sqs-mail").await.expect("depth");
+        if depth == 2 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "dead letters: {depth}, log {:?}", log.lock().unwrap());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    running.stop().await;
+    let tries = log.lock().unwrap().iter().filter(|t| *t == "poison").count();
+    assert_eq!(tries, 2, "tried maxReceiveCount times");
+    assert!(log.lock().unwrap().contains(&"fine".to_owned()));
+    // Peek twice: nothing is lost by looking.
+    let first = dlq.peek("sqs-mail", 10).await.expect("peek");
+    let second = dlq.peek("sqs-mail", 10).await.expect("peek");
+    assert_eq!(first.len(), 2);
+    assert_eq!(second.len(), 2);
+    // Redrive only the malformed one (it has no envelope type).
+    let only_malformed = RedriveOptions { max: None, filter: Some(Arc::new(|l| l.type_name().is_none())) };
+    let outcome = dlq.redrive("sqs-mail", only_malformed).await.expect("redrive");
+    assert_eq!((outcome.moved, outcome.skipped), (1, 1));
+    assert_eq!(dlq.depth("sqs-mail").await.expect("depth"), 1);
+    // (A receive right after a send may come back empty on SQS and on moto; long-poll.)
+    let back = t.receive("sqs-mail", 10, Duration::from_secs(10)).await.expect("receive");
+    assert_eq!(back.len(), 1);
+    assert!(String::from_utf8_lossy(&back[0].body).contains(r#""v":"one""#));
+}
+
+#[tokio::test]
+async fn redrive_to_a_fifo_queue_keeps_the_group() {
+    let moto = fixtures::Moto::start();
+    let t = connect(&moto).await;
+    messaging::App::new(t.clone()).await.expect("declares");
+    let p = Publisher::new(t.clone());
+    p.send::<Orders, _>(&Order { customer: "c7".into(), n: 1 }).await.expect("sent");
+    let d = t.receive("sqs-orders.fifo", 1, Duration::from_secs(1)).await.expect("receive").remove(0);
+    t.dead_letters().expect("dlq").dead_letter("sqs-orders.fifo", &d, "permanent".into()).await.expect("moved");
+    let letters = t.dead_letters().expect("dlq").peek("sqs-orders.fifo", 10).await.expect("peek");
+    assert_eq!(letters.len(), 1);
+    assert_eq!(letters[0].reason.as_deref(), Some("permanent"));
+    assert_eq!(
+        t.dead_letters()
+            .expect("dlq")
+            .redrive("sqs-orders.fifo", RedriveOptions::default())
+            .await
+            .expect("redrive")
+            .moved,
+        1
+    );
+    let back = t.receive("sqs-orders.fifo", 1, Duration::from_secs(1)).await.expect("receive");
+    assert_eq!(back[0].group_id.as_deref(), Some("c7"));
+}
+
+#[tokio::test]
+async fn a_handler_slower_than_the_visibility_timeout_is_not_redelivered() {
+    let moto = fixtures::Moto::start();
+    let t = connect(&moto).await;
+    let mut app = messaging::App::new(t.clone()).await.expect("app");
+    app.only_queues(&["sqs-slow"]);
+    let calls = Arc::new(AtomicUsize::new(0));
+    app.setup().provide(calls.clone());
+    app.set_receive_wait(Duration::from_secs(1));
+    let running = app.start().expect("start");
+    Publisher::new(t.clone()).send::<Slow, _>(&Mailing { to: "x".into(), fail: false }).await.expect("sent");
+    wait_until("the handler to start", || calls.load(Ordering::SeqCst) == 1).await;
+    tokio::time::sleep(Duration::from_millis(4_000)).await;
+    assert_eq!(calls.load(Ordering::SeqCst), 1, "the heartbeat kept it invisible");
+    running.stop().await;
+    assert_eq!(t.depth("sqs-slow").await.expect("depth"), 0, "deleted after success");
+}
+
+#[tokio::test]
+async fn startup_errors_are_clear_and_quick() {
+    // Unreachable endpoint.
+    let started = Instant::now();
+    let t = messaging::transport::connect("sqs://us-east-1?endpoint=http://127.0.0.1:1").await.expect("lazy connect");
+    let err = messaging::App::new(t).await.expect_err("unreachable").to_string();
+    assert!(err.contains("sqs-mail") || err.contains("sqs"), "{err}");
+    assert!(started.elapsed() < Duration::from_secs(30), "took {:?}", started.elapsed());
+    // Missing queues (no create_queues).
+    let moto = fixtures::Moto::start();
+    let t = messaging::transport::connect(&moto.url(false)).await.expect("connect");
+    let err = messaging::App::new(t.clone()).await.expect_err("missing").to_string();
+    assert!(err.contains("does not exist; create it"), "{err}");
+    // Wrong kind: a standard queue where a FIFO one is declared, and no redrive policy.
+    let admin = messaging::transport::connect(&moto.url(true)).await.expect("connect");
+    let mut wrong = <Orders as Queue>::SPEC;
+    wrong.name = "sqs-mail";
+    wrong.fifo = false;
+    wrong.dlq = None;
+    admin.declare(&wrong).await.expect("created as standard");
+    let mut as_fifo = <Mail as Queue>::SPEC;
+    as_fifo.fifo = true;
+    as_fifo.dlq = None;
+    let err = t.declare(&as_fifo).await.expect_err("kind").to_string();
+    assert!(err.contains("is a standard queue on SQS but is declared FIFO"), "{err}");
+    let err = t.declare(&<Mail as Queue>::SPEC).await.expect_err("no redrive policy").to_string();
+    assert!(err.contains("has no redrive policy") || err.contains("does not exist"), "{err}");
+}
