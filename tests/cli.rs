@@ -123,3 +123,67 @@ fn serve_mode_stops_gracefully_on_sigterm() {
     assert!(out.status.success(), "exit status {:?}", out.status);
     assert!(stdout(&out).contains("handled order A3"));
 }
+
+/// Plants one dead letter in the example's SQLite database, as a permanently
+/// failed message of `orders.fifo` would leave it.
+#[cfg(feature = "sqlite")]
+fn plant_dead_letter(dir: &WorkDir) {
+    use messaging::transport::Transport;
+    let url = format!("sqlite://{}?migrate=true", dir.0.join("messaging.db").display());
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    runtime.block_on(async {
+        let t = messaging::transport::connect(&url).await.unwrap();
+        let spec = messaging::QueueSpec {
+            fifo: true,
+            dlq: Some("orders-dlq.fifo"),
+            default_group: Some("orders"),
+            ..messaging::QueueSpec::standard("orders.fifo")
+        };
+        t.declare(&spec).await.unwrap();
+        let body = br#"{"type":"orders.placed","v":2,"data":{"order_id":"Z9","customer_id":"zoe","coupon":null}}"#;
+        let out = messaging::transport::Outgoing {
+            body: body.to_vec().into(),
+            group_id: Some("zoe".into()),
+            ..Default::default()
+        };
+        t.send("orders.fifo", out).await.unwrap();
+        let d = t.receive("orders.fifo", 1, std::time::Duration::from_secs(1)).await.unwrap().remove(0);
+        t.dead_letters().unwrap().dead_letter("orders.fifo", &d, "card declined".into()).await.unwrap();
+    });
+}
+
+#[cfg(feature = "sqlite")]
+#[test]
+fn dead_letters_from_the_command_line() {
+    let dir = WorkDir::new();
+    plant_dead_letter(&dir);
+    let out = run(orders_in(&dir).args(["dlq", "peek", "orders.fifo", "--json"]));
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let line: serde_json::Value = serde_json::from_str(stdout(&out).trim()).unwrap();
+    assert_eq!(line["type"], "orders.placed");
+    assert_eq!(line["reason"], "card declined");
+    let out = run(orders_in(&dir).arg("queues"));
+    assert!(stdout(&out).contains("1 in orders-dlq.fifo"), "{}", stdout(&out));
+    // A type filter that matches nothing moves nothing.
+    let out = run(orders_in(&dir).args(["dlq", "redrive", "orders.fifo", "--type", "emails.confirmation"]));
+    assert!(stdout(&out).contains("redrove 0 message(s)"), "{}", stdout(&out));
+    let out = run(orders_in(&dir).args(["dlq", "redrive", "orders.fifo", "--type", "orders.placed"]));
+    assert!(out.status.success());
+    assert!(stdout(&out).contains("redrove 1 message(s) of `orders.fifo`"), "{}", stdout(&out));
+    let out = run(orders_in(&dir).args(["dlq", "peek", "orders.fifo"]));
+    assert!(stdout(&out).contains("no dead letters"), "{}", stdout(&out));
+    let out = run(orders_in(&dir).args(["dlq", "peek", "nope"]));
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("`nope` is not a declared queue"));
+}
+
+#[test]
+fn health_has_an_exit_code_for_orchestrators() {
+    let dir = WorkDir::new();
+    let out = run(orders_in(&dir).arg("health"));
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout(&out).starts_with("healthy: 2 queue(s) reachable on sqlite"), "{}", stdout(&out));
+    let out = run(orders_in(&dir).args(["--transport", "postgres://postgres@127.0.0.1:1/none", "health"]));
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("cannot connect to PostgreSQL"));
+}

@@ -1,5 +1,7 @@
-//! The command line of every `#[messaging::main]` binary:
-//! `run` (default), `validate`, `queues`.
+//! The command line of every `#[messaging::main]` binary: `run` (default),
+//! `validate`, `queues`, `dlq peek|redrive`, `health`, `migrate`.
+
+mod dlq;
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -37,6 +39,11 @@ enum Command {
     Queues,
     /// Create or upgrade the database tables (sqlite://, postgres://), then exit.
     Migrate,
+    /// Dead letters: peek at them, or redrive them to their queue.
+    #[command(subcommand)]
+    Dlq(dlq::DlqCommand),
+    /// Check that every declared queue is reachable; exit 0 when healthy, 1 otherwise.
+    Health,
 }
 
 #[derive(Debug, Default, clap::Args)]
@@ -104,6 +111,8 @@ async fn execute(cli: Cli, hook: SetupHook) -> Result<(), Error> {
     let mut app = App::new(transport.clone()).await?;
     match command {
         Command::Migrate => Ok(()),
+        Command::Dlq(dlq) => dlq::run(&app, dlq).await,
+        Command::Health => health(&app).await,
         Command::Queues => {
             print_queues(&app).await;
             Ok(())
@@ -144,11 +153,38 @@ async fn execute(cli: Cli, hook: SetupHook) -> Result<(), Error> {
     }
 }
 
+/// Probes every declared queue; an error lists the unreachable ones.
+async fn health(app: &App) -> Result<(), Error> {
+    let transport = app.setup_transport();
+    let mut failing = Vec::new();
+    for spec in app.registry().queues() {
+        if let Err(e) = transport.depth(spec.name).await {
+            failing.push(format!("`{}`: {e}", spec.name));
+        }
+    }
+    if failing.is_empty() {
+        println!("healthy: {} queue(s) reachable on {}", app.registry().queues().len(), transport.system());
+        Ok(())
+    } else {
+        Err(crate::registry::ValidationErrors::new(
+            failing.into_iter().map(|f| format!("unreachable queue {f}")).collect(),
+        )
+        .into())
+    }
+}
+
 async fn print_queues(app: &App) {
     let transport = app.setup_transport();
-    println!("{:<40} {:<9} {:>6} {:>8} {:>5}  dead-letter queue", "queue", "kind", "depth", "visible", "conc");
+    println!("{:<40} {:<9} {:>6} {:>8} {:>5}  dead letters", "queue", "kind", "depth", "visible", "conc");
     for spec in app.registry().queues() {
         let depth = transport.depth(spec.name).await.map_or_else(|e| format!("? ({e})"), |d| d.to_string());
+        let dead = match transport.dead_letters() {
+            Some(dl) => match dl.depth(spec.name).await {
+                Ok(n) => format!("{n} in {}", spec.dlq.unwrap_or("status error")),
+                Err(_) => spec.dlq.map_or_else(|| "-".to_owned(), str::to_owned),
+            },
+            None => "-".to_owned(),
+        };
         println!(
             "{:<40} {:<9} {:>6} {:>7}s {:>5}  {}",
             spec.name,
@@ -156,7 +192,7 @@ async fn print_queues(app: &App) {
             depth,
             spec.visibility.as_secs(),
             spec.concurrency,
-            spec.dlq.unwrap_or("-")
+            dead
         );
     }
 }
