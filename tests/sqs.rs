@@ -214,3 +214,70 @@ async fn startup_errors_are_clear_and_quick() {
     let err = t.declare(&<Mail as Queue>::SPEC).await.expect_err("no redrive policy").to_string();
     assert!(err.contains("has no redrive policy") || err.contains("does not exist"), "{err}");
 }
+
+#[messaging::queue("sqs-steps.fifo", fifo, concurrency = 8, visibility = "30s")]
+struct Steps;
+
+#[messaging::message(name = "sqs.step", v = 1, group = group)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Step {
+    group: String,
+    seq: u32,
+}
+
+/// What the FIFO handler saw, and how many ran at once.
+#[derive(Default)]
+struct Seen {
+    order: Mutex<Vec<(String, u32)>>,
+    running: AtomicUsize,
+    max_running: AtomicUsize,
+}
+
+#[messaging::handler(queue = Steps)]
+async fn step(s: Step, seen: State<Arc<Seen>>) {
+    let now = seen.running.fetch_add(1, Ordering::SeqCst) + 1;
+    seen.max_running.fetch_max(now, Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    seen.order.lock().unwrap().push((s.group, s.seq));
+    seen.running.fetch_sub(1, Ordering::SeqCst);
+}
+
+#[tokio::test]
+async fn fifo_order_holds_within_groups_and_groups_overlap() {
+    const GROUPS: u32 = 10;
+    const PER_GROUP: u32 = 100;
+    let moto = fixtures::Moto::start();
+    let t = connect(&moto).await;
+    let mut app = messaging::App::new(t.clone()).await.expect("app");
+    app.only_queues(&["sqs-steps.fifo"]);
+    let seen = Arc::new(Seen::default());
+    app.setup().provide(seen.clone());
+    app.set_receive_wait(Duration::from_secs(1));
+    let p = Publisher::new(t.clone());
+    let running = app.start().expect("start");
+    // Publish while consuming, keeping the queue shallow: moto scans the whole
+    // queue on every request, so its cost grows with depth.
+    let steps: Vec<Step> =
+        (0..PER_GROUP).flat_map(|seq| (0..GROUPS).map(move |g| Step { group: format!("g{g}"), seq })).collect();
+    for chunk in steps.chunks(50) {
+        while t.depth("sqs-steps.fifo").await.expect("depth") > 100 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        for result in p.send_batch::<Steps, _>(chunk).await {
+            result.expect("sent");
+        }
+    }
+    let deadline = Instant::now() + Duration::from_secs(180);
+    while seen.order.lock().unwrap().len() < (GROUPS * PER_GROUP) as usize {
+        assert!(Instant::now() < deadline, "handled only {}", seen.order.lock().unwrap().len());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    running.stop().await;
+    let order = seen.order.lock().unwrap().clone();
+    for g in 0..GROUPS {
+        let seqs: Vec<u32> = order.iter().filter(|(group, _)| *group == format!("g{g}")).map(|(_, s)| *s).collect();
+        assert_eq!(seqs, (0..PER_GROUP).collect::<Vec<_>>(), "group g{g} out of order or duplicated");
+    }
+    let max = seen.max_running.load(Ordering::SeqCst);
+    assert!(max > 1 && max <= 8, "groups overlapped up to {max} at once");
+}

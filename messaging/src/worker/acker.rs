@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, Notify};
 use tokio::task::JoinHandle;
 
 use crate::error::TransportError;
@@ -15,6 +15,7 @@ use crate::transport::{Receipt, Transport};
 pub(crate) struct Acker {
     tx: mpsc::UnboundedSender<Command>,
     pending: Arc<AtomicUsize>,
+    flushed: Arc<Notify>,
     task: Mutex<Option<JoinHandle<()>>>,
 }
 
@@ -28,8 +29,9 @@ impl Acker {
     pub(crate) fn start(transport: Arc<dyn Transport>, queue: &'static str) -> Self {
         let (tx, rx) = mpsc::unbounded_channel();
         let pending = Arc::new(AtomicUsize::new(0));
-        let task = tokio::spawn(flush_loop(transport, queue, rx, pending.clone()));
-        Acker { tx, pending, task: Mutex::new(Some(task)) }
+        let flushed = Arc::new(Notify::new());
+        let task = tokio::spawn(flush_loop(transport, queue, rx, pending.clone(), flushed.clone()));
+        Acker { tx, pending, flushed, task: Mutex::new(Some(task)) }
     }
 
     /// Queues a receipt for deletion.
@@ -43,6 +45,24 @@ impl Acker {
     /// Acks queued but not yet confirmed by the transport.
     pub(crate) fn pending(&self) -> usize {
         self.pending.load(Ordering::SeqCst)
+    }
+
+    /// Waits (at most `limit`) until every queued ack has reached the
+    /// transport. A FIFO group stays locked until its messages are deleted, so
+    /// receiving before that would only find the group busy.
+    pub(crate) async fn settled(&self, limit: Duration) {
+        let deadline = tokio::time::Instant::now() + limit;
+        while self.pending() > 0 {
+            let flushed = self.flushed.notified();
+            tokio::pin!(flushed);
+            flushed.as_mut().enable();
+            if self.pending() == 0 {
+                return;
+            }
+            if tokio::time::timeout_at(deadline, flushed).await.is_err() {
+                return;
+            }
+        }
     }
 
     /// Flushes everything queued and stops.
@@ -60,6 +80,7 @@ async fn flush_loop(
     queue: &'static str,
     mut rx: mpsc::UnboundedReceiver<Command>,
     pending: Arc<AtomicUsize>,
+    flushed: Arc<Notify>,
 ) {
     let max = transport.max_batch().max(1);
     let mut commands = Vec::with_capacity(max);
@@ -103,5 +124,6 @@ async fn flush_loop(
         }
         batch.clear();
         pending.fetch_sub(count, Ordering::SeqCst);
+        flushed.notify_waiters();
     }
 }

@@ -106,6 +106,9 @@ impl WorkerHandle {
                 _ = shutdown.wait() => break,
             };
             let Ok(first) = first else { break };
+            if spec.fifo {
+                worker.acker.settled(Duration::from_secs(1)).await;
+            }
             let received = tokio::select! {
                 r = worker.transport.receive(spec.name, max, settings.receive_wait) => r,
                 _ = shutdown.wait() => break,
