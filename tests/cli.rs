@@ -2,6 +2,8 @@
 //! orders example: `run` (default, here draining), `validate`, `queues`,
 //! transport selection, and graceful exit on SIGTERM.
 
+mod fixtures;
+
 use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -31,19 +33,24 @@ fn orders_in(dir: &WorkDir) -> Command {
     cmd
 }
 
-/// The example binary, built on demand when the test runs on its own.
+/// The orders example binary, built on demand when the test runs on its own.
 fn orders() -> Command {
+    example("orders")
+}
+
+/// An example binary, built on demand when the test runs on its own.
+fn example(name: &str) -> Command {
     let exe = std::env::current_exe().unwrap();
     let dir = exe.parent().and_then(|deps| deps.parent()).unwrap().to_path_buf();
-    let bin: PathBuf = dir.join("examples").join(format!("orders{}", std::env::consts::EXE_SUFFIX));
+    let bin: PathBuf = dir.join("examples").join(format!("{name}{}", std::env::consts::EXE_SUFFIX));
     if !bin.exists() {
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
         let status = Command::new(cargo)
-            .args(["build", "--example", "orders"])
+            .args(["build", "--example", name])
             .current_dir(env!("CARGO_MANIFEST_DIR"))
             .status()
             .unwrap();
-        assert!(status.success(), "building the orders example failed");
+        assert!(status.success(), "building the {name} example failed");
     }
     let mut cmd = Command::new(bin);
     cmd.env_remove("MESSAGING_URL").env("RUST_LOG", "warn");
@@ -128,7 +135,6 @@ fn serve_mode_stops_gracefully_on_sigterm() {
 /// failed message of `orders.fifo` would leave it.
 #[cfg(feature = "sqlite")]
 fn plant_dead_letter(dir: &WorkDir) {
-    use messaging::transport::Transport;
     let url = format!("sqlite://{}?migrate=true", dir.0.join("messaging.db").display());
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     runtime.block_on(async {
@@ -186,4 +192,29 @@ fn health_has_an_exit_code_for_orchestrators() {
     let out = run(orders_in(&dir).args(["--transport", "postgres://postgres@127.0.0.1:1/none", "health"]));
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("cannot connect to PostgreSQL"));
+}
+
+#[cfg(feature = "sqs")]
+#[test]
+fn the_same_app_runs_on_sqs_by_configuration() {
+    let moto = fixtures::Moto::start();
+    let out = run(example("sqs_orders")
+        .env_remove("MESSAGING_URL")
+        .env("RUST_LOG", "warn")
+        .env("MESSAGING_URL", moto.url(true))
+        .env("AWS_ACCESS_KEY_ID", "test")
+        .env("AWS_SECRET_ACCESS_KEY", "test"));
+    let text = stdout(&out);
+    assert!(out.status.success(), "{text}\n{}", String::from_utf8_lossy(&out.stderr));
+    for line in
+        ["handled order S1 for ada", "handled order S2 for grace (coupon: SPRING; v2)", "arrived as v1, upcast to v2"]
+    {
+        assert!(text.contains(line), "missing `{line}` in:\n{text}");
+    }
+    let dir = WorkDir::new();
+    let mut elsewhere = example("sqs_orders");
+    elsewhere.current_dir(&dir.0).env_remove("MESSAGING_URL");
+    let out = run(&mut elsewhere);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("this example runs on Amazon SQS, not on sqlite"));
 }
