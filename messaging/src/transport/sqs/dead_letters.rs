@@ -27,6 +27,7 @@ impl SqsTransport {
 
     /// Receives up to 10 messages of the DLQ, reserving them.
     async fn reserve(&self, dlq_url: &str, max: usize) -> Result<Vec<Delivery>, TransportError> {
+        self.count();
         let out = self
             .client
             .receive_message()
@@ -48,6 +49,7 @@ impl SqsTransport {
     async fn unreserve(&self, dlq_url: &str, deliveries: &[Delivery]) {
         for d in deliveries {
             let Ok(h) = handle(&d.receipt) else { continue };
+            self.count();
             let result = self
                 .client
                 .change_message_visibility()
@@ -66,6 +68,7 @@ impl SqsTransport {
     }
 
     async fn delete(&self, url: &str, d: &Delivery) -> Result<(), TransportError> {
+        self.count();
         self.client
             .delete_message()
             .queue_url(url)
@@ -200,6 +203,7 @@ impl DeadLetters for SqsTransport {
     fn depth<'a>(&'a self, queue: &'a str) -> BoxFuture<'a, Result<u64, TransportError>> {
         Box::pin(async move {
             let (_, dlq_url) = self.dlq(queue)?;
+            self.count();
             super::declare::depth(&self.client, &dlq_url).await
         })
     }

@@ -50,6 +50,7 @@ pub struct SqsTransport {
     client: Client,
     options: SqsOptions,
     queues: RwLock<HashMap<String, SqsQueue>>,
+    requests: std::sync::atomic::AtomicU64,
 }
 
 impl std::fmt::Debug for SqsTransport {
@@ -82,7 +83,12 @@ pub async fn connect(url: &str) -> Result<SqsTransport, Error> {
             reason: "no AWS region: write sqs://REGION (e.g. sqs://eu-west-1) or set AWS_REGION".into(),
         });
     }
-    Ok(SqsTransport { client: Client::new(&config), options, queues: RwLock::new(HashMap::new()) })
+    Ok(SqsTransport {
+        client: Client::new(&config),
+        options,
+        queues: RwLock::new(HashMap::new()),
+        requests: std::sync::atomic::AtomicU64::new(0),
+    })
 }
 
 /// An SDK error as one readable line.
@@ -111,6 +117,17 @@ impl SqsTransport {
     /// The SDK client (for tools).
     pub fn client(&self) -> &Client {
         &self.client
+    }
+
+    /// SQS API requests made so far by sends, receives, deletes, visibility
+    /// changes and dead-letter operations (not by startup declaration).
+    pub fn requests(&self) -> u64 {
+        self.requests.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Counts one API request.
+    pub(super) fn count(&self) {
+        self.requests.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// Checks one message before sending: size, delay, group id.
@@ -179,6 +196,7 @@ impl SqsTransport {
         entries: Vec<(usize, SendMessageBatchRequestEntry)>,
     ) -> Vec<(usize, Result<MessageId, TransportError>)> {
         let indices: Vec<usize> = entries.iter().map(|(i, _)| *i).collect();
+        self.count();
         let request = self
             .client
             .send_message_batch()
@@ -281,6 +299,7 @@ impl Transport for SqsTransport {
             } else if let Some(delay) = message.delay.filter(|d| !d.is_zero()) {
                 request = request.delay_seconds(seconds(delay));
             }
+            self.count();
             let out = request.send().await.map_err(|e| sdk("SendMessage", e))?;
             Ok(MessageId::from(out.message_id().unwrap_or_default()))
         })
@@ -340,6 +359,7 @@ impl Transport for SqsTransport {
     ) -> BoxFuture<'a, Result<Vec<Delivery>, TransportError>> {
         Box::pin(async move {
             let q = self.queue(queue)?;
+            self.count();
             let out = self
                 .client
                 .receive_message()
@@ -383,6 +403,7 @@ impl Transport for SqsTransport {
                     }
                 }
                 if !entries.is_empty() {
+                    self.count();
                     match self.client.delete_message_batch().queue_url(&q.url).set_entries(Some(entries)).send().await {
                         Err(e) => {
                             let err = sdk("DeleteMessageBatch", e).to_string();
@@ -447,6 +468,7 @@ impl Transport for SqsTransport {
     fn depth<'a>(&'a self, queue: &'a str) -> BoxFuture<'a, Result<u64, TransportError>> {
         Box::pin(async move {
             let q = self.queue(queue)?;
+            self.count();
             declare::depth(&self.client, &q.url).await
         })
     }
@@ -459,6 +481,7 @@ impl Transport for SqsTransport {
 impl SqsTransport {
     async fn change_visibility(&self, queue: &str, receipt: &Receipt, after: Duration) -> Result<(), TransportError> {
         let q = self.queue(queue)?;
+        self.count();
         let result = self
             .client
             .change_message_visibility()

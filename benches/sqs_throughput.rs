@@ -1,0 +1,227 @@
+//! Amazon SQS consumption and publishing against moto_server, in one program:
+//! API requests per processed message and msgs/s for
+//!
+//! * a baseline reproducing the seed's strict-sequential poller (receive 10,
+//!   handle, delete one by one), on the raw SDK;
+//! * this transport with defaults (concurrency 1) and with concurrency 8, on a
+//!   standard queue, and on a FIFO queue with 10 groups;
+//! * publishing one by one vs batched.
+//!
+//! moto's cost per request grows with queue depth, so compare requests per
+//! message first; msgs/s are measured at a depth of `MESSAGES` (200).
+//!
+//! ```text
+//! cargo bench --bench sqs_throughput
+//! ```
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use messaging::prelude::*;
+use messaging::transport::sqs::SqsTransport;
+use messaging::transport::Transport;
+
+#[messaging::queue("bench-base")]
+struct Base;
+
+#[messaging::queue("bench-one")]
+struct One;
+
+#[messaging::queue("bench-eight", concurrency = 8)]
+struct Eight;
+
+#[messaging::queue("bench-groups.fifo", fifo, concurrency = 8)]
+struct Groups;
+
+/// The payload.
+#[messaging::message(name = "bench.sqs", v = 1, group = group)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Tick {
+    n: usize,
+    group: String,
+}
+
+#[messaging::handler(queue = One)]
+async fn on_one(_t: Tick, n: State<Arc<AtomicUsize>>) {
+    n.fetch_add(1, Ordering::SeqCst);
+}
+
+#[messaging::handler(queue = Eight)]
+async fn on_eight(_t: Tick, n: State<Arc<AtomicUsize>>) {
+    n.fetch_add(1, Ordering::SeqCst);
+}
+
+#[messaging::handler(queue = Groups)]
+async fn on_groups(_t: Tick, n: State<Arc<AtomicUsize>>) {
+    n.fetch_add(1, Ordering::SeqCst);
+}
+
+/// moto_server on a free loopback port, stopped on drop.
+struct Moto(std::process::Child, u16);
+
+impl Moto {
+    fn start() -> Moto {
+        let port = std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("free port").port();
+        let child = std::process::Command::new("moto_server")
+            .args(["-H", "127.0.0.1", "-p", &port.to_string()])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("moto_server (pip install 'moto[server]')");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(Instant::now() < deadline, "moto_server did not start");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Moto(child, port)
+    }
+}
+
+impl Drop for Moto {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn ticks(count: usize, groups: usize) -> Vec<Tick> {
+    (0..count).map(|n| Tick { n, group: format!("g{}", n % groups) }).collect()
+}
+
+/// Publishes batched; returns (requests, elapsed).
+async fn publish_batched<Q: Queue>(t: &Arc<SqsTransport>, messages: &[Tick]) -> (u64, Duration)
+where
+    (Q::Kind, messaging::publish::Ungrouped, Q::HasDefaultGroup, messaging::__private::Yes):
+        messaging::publish::GroupResolved<Q, Tick>,
+{
+    let p = Publisher::new(t.clone());
+    let before = t.requests();
+    let started = Instant::now();
+    for r in p.send_batch::<Q, _>(messages).await {
+        r.expect("sent");
+    }
+    (t.requests() - before, started.elapsed())
+}
+
+/// The seed's poller: receive 10, handle one by one, delete one by one.
+async fn baseline(t: &Arc<SqsTransport>, count: usize) -> (u64, Duration) {
+    let url = t
+        .client()
+        .get_queue_url()
+        .queue_name("bench-base")
+        .send()
+        .await
+        .expect("url")
+        .queue_url()
+        .unwrap_or_default()
+        .to_owned();
+    let mut requests = 0u64;
+    let mut handled = 0;
+    let started = Instant::now();
+    while handled < count {
+        requests += 1;
+        let out = t
+            .client()
+            .receive_message()
+            .queue_url(&url)
+            .max_number_of_messages(10)
+            .wait_time_seconds(1)
+            .send()
+            .await
+            .expect("receive");
+        for m in out.messages() {
+            let tick: Tick = serde_json::from_str::<serde_json::Value>(m.body().unwrap_or_default())
+                .ok()
+                .and_then(|v| serde_json::from_value(v["data"].clone()).ok())
+                .expect("a tick");
+            std::hint::black_box(tick);
+            requests += 1;
+            t.client()
+                .delete_message()
+                .queue_url(&url)
+                .receipt_handle(m.receipt_handle().unwrap_or_default())
+                .send()
+                .await
+                .expect("delete");
+            handled += 1;
+        }
+    }
+    (requests, started.elapsed())
+}
+
+/// Drains `queue` with the framework; returns (requests, elapsed).
+async fn framework(t: &Arc<SqsTransport>, queue: &'static str, count: usize) -> (u64, Duration) {
+    let mut app = messaging::App::new(t.clone() as Arc<dyn Transport>).await.expect("app");
+    app.only_queues(&[queue]);
+    let handled = Arc::new(AtomicUsize::new(0));
+    app.setup().provide(handled.clone());
+    app.set_receive_wait(Duration::from_secs(1));
+    let before = t.requests();
+    let started = Instant::now();
+    let running = app.start().expect("start");
+    let deadline = Instant::now() + Duration::from_secs(300);
+    while handled.load(Ordering::SeqCst) < count {
+        assert!(Instant::now() < deadline, "{queue}: drained only {} in 5 minutes", handled.load(Ordering::SeqCst));
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let elapsed = started.elapsed();
+    // Let the last deletes go out before counting.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let requests = t.requests() - before;
+    running.stop().await;
+    (requests, elapsed)
+}
+
+fn line(label: &str, count: usize, (requests, elapsed): (u64, Duration), base_rate: Option<f64>) -> f64 {
+    let rate = count as f64 / elapsed.as_secs_f64();
+    let ratio = base_rate.map(|b| format!("{:.2} x baseline", rate / b)).unwrap_or_else(|| "1.00 x baseline".into());
+    println!("{label:<44} {:>6.3} req/msg {:>9.0} msgs/s   {ratio}", requests as f64 / count as f64, rate);
+    rate
+}
+
+fn main() {
+    let count: usize = std::env::var("MESSAGES").ok().and_then(|v| v.parse().ok()).unwrap_or(200);
+    std::env::set_var("AWS_ACCESS_KEY_ID", "test");
+    std::env::set_var("AWS_SECRET_ACCESS_KEY", "test");
+    let moto = Moto::start();
+    let url = format!("sqs://us-east-1?endpoint=http://127.0.0.1:{}&create_queues=true", moto.1);
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime");
+    runtime.block_on(async {
+        let t = Arc::new(messaging::transport::sqs::connect(&url).await.expect("connect"));
+        messaging::App::new(t.clone() as Arc<dyn Transport>).await.expect("declare the queues");
+        println!("Amazon SQS on moto_server, {count} messages per run (queue depth {count} at the start)");
+
+        // Publishing.
+        let p = Publisher::new(t.clone());
+        let one_by_one = {
+            let before = t.requests();
+            let started = Instant::now();
+            for tick in ticks(count, 1) {
+                p.send::<Base, _>(&tick).await.expect("sent");
+            }
+            (t.requests() - before, started.elapsed())
+        };
+        let base_publish = line("publish one by one (SendMessage)", count, one_by_one, None);
+        line(
+            "publish batched (SendMessageBatch)",
+            count,
+            publish_batched::<One>(&t, &ticks(count, 1)).await,
+            Some(base_publish),
+        );
+        publish_batched::<Eight>(&t, &ticks(count, 1)).await;
+        publish_batched::<Groups>(&t, &ticks(count, 10)).await;
+        println!();
+
+        // Consuming, each queue holding `count` messages.
+        let base = line("baseline: sequential poller (seed design)", count, baseline(&t, count).await, None);
+        line("messaging, defaults (concurrency 1)", count, framework(&t, "bench-one", count).await, Some(base));
+        line("messaging, concurrency 8", count, framework(&t, "bench-eight", count).await, Some(base));
+        line(
+            "messaging, FIFO, 10 groups, concurrency 8",
+            count,
+            framework(&t, "bench-groups.fifo", count).await,
+            Some(base),
+        );
+    });
+}
