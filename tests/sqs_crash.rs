@@ -81,7 +81,9 @@ fn a_killed_sqs_consumer_repeats_nothing() {
         }
         pool
     });
-    let count = |sql: &str| runtime.block_on(async { sqlx::query_scalar::<_, i64>(sql).fetch_one(&pool).await.expect("count") });
+    let count = |sql: &str| {
+        runtime.block_on(async { sqlx::query_scalar::<_, i64>(sql).fetch_one(&pool).await.expect("count") })
+    };
 
     let mut first = spawn(&sqs, &file.url);
     let deadline = Instant::now() + Duration::from_secs(60);

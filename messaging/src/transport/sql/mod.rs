@@ -333,7 +333,8 @@ impl<S: RowStore> Transport for SqlTransport<S> {
             };
             let items = receipts.iter().map(|r| (r.key, r.token)).collect();
             let results = self.store.complete(queue, now_ms(), items, retention).await;
-            // A completion can unlock a FIFO group or apply a deferred version.
+            // A completion can unlock a FIFO group or apply a deferred version,
+            // and it frees rows that a receiver may have skipped as locked.
             if let Ok(q) = self.queue(queue) {
                 q.local.notify_waiters();
             }

@@ -52,6 +52,11 @@ pub type SqliteTransport = SqlTransport<SqliteStore>;
 #[derive(Debug, Clone)]
 pub struct SqliteStore {
     pool: SqlitePool,
+    /// Queues this process's writes in order. Without it, writers of one
+    /// process compete through SQLite's busy handler (sleeps of up to 100 ms,
+    /// unfair: an ack could starve into "database is locked"); other processes
+    /// still wait through the busy timeout.
+    writer: std::sync::Arc<tokio::sync::Mutex<()>>,
 }
 
 /// A write transaction (begun with `BEGIN IMMEDIATE`).
@@ -134,7 +139,7 @@ impl SqliteStore {
         let pool = pool.acquire_timeout(Duration::from_secs(10)).connect_with(options).await.map_err(|e| {
             TransportError::Backend(format!("sqlite: cannot open the database file `{}`: {e}", path.display()))
         })?;
-        Ok(SqliteStore { pool })
+        Ok(SqliteStore { pool, writer: Default::default() })
     }
 
     /// The connection pool.
@@ -146,6 +151,11 @@ impl SqliteStore {
     /// End it with [`finish`]; if the future is dropped before, the
     /// transaction's drop queues a `ROLLBACK` that runs before the connection
     /// is used again.
+    /// Takes this process's write turn (see `writer`).
+    async fn write_turn(&self) -> tokio::sync::OwnedMutexGuard<()> {
+        self.writer.clone().lock_owned().await
+    }
+
     async fn begin(&self) -> Result<Tx, TransportError> {
         self.pool.begin_with("BEGIN IMMEDIATE").await.map_err(|e| backend("begin", e))
     }
@@ -619,6 +629,7 @@ impl RowStore for SqliteStore {
     fn declare<'a>(&'a self, queue: &'a str, fifo: bool, now: i64) -> BoxFuture<'a, Result<(), TransportError>> {
         Box::pin(async move {
             self.check_schema().await?;
+            let turn = self.write_turn().await;
             sqlx::query("INSERT INTO messaging_queues (name, fifo, created_at) VALUES (?1, ?2, ?3) ON CONFLICT (name) DO NOTHING")
                 .bind(queue)
                 .bind(fifo)
@@ -626,6 +637,7 @@ impl RowStore for SqliteStore {
                 .execute(&self.pool)
                 .await
                 .map_err(|e| backend("declaring a queue", e))?;
+            drop(turn);
             let stored: bool = sqlx::query_scalar("SELECT fifo FROM messaging_queues WHERE name = ?1")
                 .bind(queue)
                 .fetch_one(&self.pool)
@@ -647,6 +659,7 @@ impl RowStore for SqliteStore {
                 return Vec::new();
             }
             let n = items.len();
+            let _turn = self.write_turn().await;
             let stored = match self.begin().await {
                 Ok(mut tx) => {
                     let result = Self::enqueue_in(&mut tx, queue, now, items, idempotent).await;
@@ -673,6 +686,18 @@ impl RowStore for SqliteStore {
             if n == 0 {
                 return Ok(Vec::new());
             }
+            // Most idle polls find nothing: look before taking the write lock.
+            let waiting: bool = sqlx::query_scalar(
+                "SELECT EXISTS (SELECT 1 FROM messaging_messages WHERE queue = ?1 AND status = 'pending')",
+            )
+            .bind(queue)
+            .fetch_one(&self.pool)
+            .await
+            .map_err(|e| backend("lease", e))?;
+            if !waiting {
+                return Ok(Vec::new());
+            }
+            let _turn = self.write_turn().await;
             let mut tx = self.begin().await?;
             let result = if fifo {
                 Self::lease_fifo(&mut tx, queue, now, n, lease_ms).await
@@ -694,6 +719,7 @@ impl RowStore for SqliteStore {
             if items.is_empty() {
                 return Vec::new();
             }
+            let _turn = self.write_turn().await;
             let done = match self.begin().await {
                 Ok(mut tx) => {
                     let result = Self::complete_in(&mut tx, queue, now, &items, retention_ms).await;
@@ -714,6 +740,7 @@ impl RowStore for SqliteStore {
         op: RowOp,
     ) -> BoxFuture<'a, Result<(), TransportError>> {
         Box::pin(async move {
+            let _turn = self.write_turn().await;
             let mut tx = self.begin().await?;
             let result = transition(&mut tx, queue, id, |row| {
                 op.apply(row, now, token).map_err(|_| TransportError::StaleReceipt)?;
@@ -731,6 +758,7 @@ impl RowStore for SqliteStore {
         rules: QueueRules,
     ) -> BoxFuture<'a, Result<(), TransportError>> {
         Box::pin(async move {
+            let _turn = self.write_turn().await;
             // A sleeper without a process-at time is due (as in Row::is_eligible).
             sqlx::query(
                 "UPDATE messaging_messages SET status = 'pending' WHERE queue = ?1 AND status = 'sleeping' \
@@ -823,6 +851,7 @@ impl RowStore for SqliteStore {
             if ids.is_empty() {
                 return Ok(0);
             }
+            let _turn = self.write_turn().await;
             let mut tx = self.begin().await?;
             let result = Self::redrive_in(&mut tx, queue, &ids).await;
             finish(tx, result).await
@@ -870,6 +899,7 @@ impl RowStore for SqliteStore {
 
     fn purge_claims(&self, before: i64) -> BoxFuture<'_, Result<u64, TransportError>> {
         Box::pin(async move {
+            let _turn = self.write_turn().await;
             let done = sqlx::query("DELETE FROM messaging_idempotency WHERE completed = 1 AND completed_at < ?1")
                 .bind(before)
                 .execute(&self.pool)

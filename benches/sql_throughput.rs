@@ -1,0 +1,728 @@
+//! Throughput and latency of the database transports, on PostgreSQL and on
+//! SQLite, beside raw-SQL baselines measured in the same run on the same
+//! database:
+//!
+//! * **drain**: 20,000 small messages are enqueued (`send_batch`, 1,000 per
+//!   call), then a no-op handler drains them (concurrency 1 and 8) until the
+//!   queue is empty. Baseline: the same payloads in a plain table
+//!   `(id, payload)`, inserted 1,000 per statement and drained with
+//!   `DELETE … WHERE id IN (SELECT id … LIMIT 100 [FOR UPDATE SKIP LOCKED])
+//!   RETURNING payload` (8 tasks on PostgreSQL, 1 on SQLite), each payload
+//!   deserialized with serde_json.
+//! * **latency**: one `send` every 5 ms for 10 s with the worker idle between
+//!   messages; each message carries its send time and the handler records
+//!   `now - sent`. On PostgreSQL the publisher has its own transport, so the
+//!   worker is woken by LISTEN/NOTIFY (default `poll`); on SQLite publisher
+//!   and worker share the transport (in-process wake-up). Baseline: the same
+//!   rate through the plain table (PostgreSQL: `INSERT` + `pg_notify` in one
+//!   statement, a LISTEN connection, `DELETE … RETURNING`; SQLite: `INSERT`,
+//!   a tokio `Notify`, `DELETE … RETURNING`).
+//!
+//! Before each timed drain the table is `VACUUM ANALYZE`d on PostgreSQL, so
+//! every drain starts from the same state. The PostgreSQL schema and the
+//! SQLite file are created for the run and removed at the end, also on error.
+//!
+//! ```text
+//! cargo bench --bench sql_throughput                       # 20,000 messages, 10 s of latency
+//! MESSAGES=5000 LATENCY_SECS=3 cargo bench --bench sql_throughput
+//! TEST_POSTGRES_URL=postgres://user@host/db cargo bench --bench sql_throughput
+//! ```
+
+use std::future::Future;
+use std::panic::AssertUnwindSafe;
+use std::path::PathBuf;
+use std::str::FromStr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::{anyhow, bail, Context as _};
+use messaging::prelude::*;
+use messaging::sqlx::postgres::{PgConnection, PgListener, PgPool, PgPoolOptions};
+use messaging::sqlx::sqlite::{
+    SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
+};
+use messaging::sqlx::{self, Connection as _};
+use messaging::transport::Transport;
+use tokio::sync::Notify;
+
+/// The drain queue handled one message at a time.
+#[messaging::queue("bench-sql-sequential")]
+struct Sequential;
+
+/// The drain queue handled eight messages at a time.
+#[messaging::queue("bench-sql-parallel", concurrency = 8)]
+struct Parallel;
+
+/// The latency queue.
+#[messaging::queue("bench-sql-latency")]
+struct Latency;
+
+/// The drain payload (the same as `memory_throughput`'s).
+#[messaging::message(name = "bench.tick", v = 1)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Tick {
+    /// Sequence number.
+    n: u64,
+    /// A short string.
+    label: String,
+}
+
+/// The latency probe: carries its send time.
+#[messaging::message(name = "bench.ping", v = 1)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Ping {
+    /// Sequence number.
+    n: u64,
+    /// When it was sent: nanoseconds since the Unix epoch.
+    sent_ns: u64,
+}
+
+/// The envelope as the baselines read it (the bytes `messaging` stores).
+#[derive(Debug, Deserialize)]
+struct RawEnvelope<T> {
+    /// The message name.
+    #[serde(rename = "type")]
+    kind: String,
+    /// The message version.
+    v: u32,
+    /// The message.
+    data: T,
+}
+
+/// Counts handled messages and wakes the benchmark at the target.
+struct Counter {
+    /// Messages handled so far.
+    handled: AtomicU64,
+    /// How many to wait for.
+    target: u64,
+    /// Notified when `handled` reaches `target`.
+    done: Notify,
+}
+
+impl Counter {
+    /// A counter waiting for `target` messages.
+    fn new(target: u64) -> Arc<Counter> {
+        Arc::new(Counter { handled: AtomicU64::new(0), target, done: Notify::new() })
+    }
+
+    /// Counts one message.
+    fn hit(&self) {
+        if self.handled.fetch_add(1, Ordering::Relaxed) + 1 == self.target {
+            self.done.notify_one();
+        }
+    }
+}
+
+/// Latencies recorded by a consumer, in nanoseconds.
+#[derive(Default)]
+struct Samples {
+    /// The recorded latencies.
+    nanos: Mutex<Vec<u64>>,
+    /// Notified on each record.
+    recorded: Notify,
+}
+
+impl Samples {
+    /// Records the latency of a message sent at `sent_ns`.
+    fn record(&self, sent_ns: u64) {
+        let latency = now_ns().saturating_sub(sent_ns);
+        self.nanos.lock().unwrap_or_else(|p| p.into_inner()).push(latency);
+        self.recorded.notify_waiters();
+    }
+
+    /// How many were recorded.
+    fn len(&self) -> usize {
+        self.nanos.lock().unwrap_or_else(|p| p.into_inner()).len()
+    }
+
+    /// Waits until `n` latencies are recorded.
+    async fn wait_for(&self, n: usize) {
+        loop {
+            let recorded = self.recorded.notified();
+            if self.len() >= n {
+                return;
+            }
+            // The timeout covers a record between `len` and `notified`.
+            let _ = tokio::time::timeout(Duration::from_millis(10), recorded).await;
+        }
+    }
+
+    /// The recorded latencies, sorted.
+    fn sorted(&self) -> Vec<u64> {
+        let mut v = self.nanos.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        v.sort_unstable();
+        v
+    }
+}
+
+#[messaging::handler(queue = Sequential)]
+async fn on_sequential(tick: Tick, counter: State<Arc<Counter>>) {
+    std::hint::black_box(tick);
+    counter.hit();
+}
+
+#[messaging::handler(queue = Parallel)]
+async fn on_parallel(tick: Tick, counter: State<Arc<Counter>>) {
+    std::hint::black_box(tick);
+    counter.hit();
+}
+
+#[messaging::handler(queue = Latency)]
+async fn on_ping(ping: Ping, samples: State<Arc<Samples>>) {
+    samples.record(ping.sent_ns);
+}
+
+/// Messages per `send_batch` call and per baseline INSERT.
+const PUBLISH_CHUNK: usize = 1_000;
+/// Rows per baseline DELETE (the transport's batch size).
+const CLAIM: i64 = 100;
+/// Baseline drain tasks on PostgreSQL (the framework's concurrency 8).
+const PG_TASKS: usize = 8;
+/// The longest a publish or a drain may take.
+const PHASE_TIMEOUT: Duration = Duration::from_secs(300);
+/// The longest the latency consumer may lag behind the last send, and the
+/// longest a graceful stop may take.
+const SETTLE_TIMEOUT: Duration = Duration::from_secs(60);
+/// One send every this often in the latency runs (200 msgs/s).
+const SEND_EVERY: Duration = Duration::from_millis(5);
+
+/// Nanoseconds since the Unix epoch.
+fn now_ns() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64)
+}
+
+/// A name unique to this run.
+fn unique(prefix: &str) -> String {
+    let nanos = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.subsec_nanos());
+    format!("{prefix}_{}_{nanos}", std::process::id())
+}
+
+/// Awaits `future`, failing with a message naming `what` after `limit`.
+async fn within<T>(limit: Duration, what: &str, future: impl Future<Output = T>) -> anyhow::Result<T> {
+    tokio::time::timeout(limit, future).await.map_err(|_| anyhow!("{what} took longer than {limit:?}; giving up"))
+}
+
+/// What the run is configured with (environment).
+struct Config {
+    /// Messages per drain (`MESSAGES`).
+    messages: u64,
+    /// Length of each latency run (`LATENCY_SECS`).
+    latency: Duration,
+    /// The PostgreSQL server and database (`TEST_POSTGRES_URL`).
+    postgres: String,
+}
+
+impl Config {
+    /// Reads the environment.
+    fn from_env() -> Config {
+        let number = |name: &str| std::env::var(name).ok().and_then(|v| v.trim().parse::<u64>().ok());
+        Config {
+            messages: number("MESSAGES").filter(|n| *n > 0).unwrap_or(20_000),
+            latency: Duration::from_secs(number("LATENCY_SECS").filter(|n| *n > 0).unwrap_or(10)),
+            postgres: std::env::var("TEST_POSTGRES_URL")
+                .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned()),
+        }
+    }
+}
+
+/// The database a run uses for its baselines.
+#[derive(Clone)]
+enum Raw {
+    /// PostgreSQL, through a pool on the run's schema.
+    Postgres(PgPool),
+    /// SQLite, through a pool on the run's file.
+    Sqlite(SqlitePool),
+}
+
+/// The payloads of the drain: the framework's envelope of each `Tick`.
+fn payloads(messages: u64) -> anyhow::Result<Vec<Vec<u8>>> {
+    (0..messages).map(|n| messaging::envelope::encode(&tick(n)).context("encoding a payload")).collect()
+}
+
+/// The `n`th drain message.
+fn tick(n: u64) -> Tick {
+    Tick { n, label: "bench".to_owned() }
+}
+
+/// Decodes a baseline payload as the framework would (envelope, then data).
+fn decode<T: serde::de::DeserializeOwned>(payload: &[u8]) -> anyhow::Result<T> {
+    let envelope: RawEnvelope<T> = serde_json::from_slice(payload).context("deserializing a payload")?;
+    std::hint::black_box((&envelope.kind, envelope.v));
+    Ok(envelope.data)
+}
+
+impl Raw {
+    /// Creates the baseline table.
+    async fn create(&self) -> anyhow::Result<()> {
+        match self {
+            Raw::Postgres(pool) => {
+                sqlx::query("CREATE TABLE bench_raw (id BIGSERIAL PRIMARY KEY, payload BYTEA NOT NULL)")
+                    .execute(pool)
+                    .await?;
+            }
+            Raw::Sqlite(pool) => {
+                sqlx::query("CREATE TABLE bench_raw (id INTEGER PRIMARY KEY AUTOINCREMENT, payload BLOB NOT NULL)")
+                    .execute(pool)
+                    .await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Brings `table` to a settled state before a timed drain (PostgreSQL:
+    /// `VACUUM ANALYZE`; SQLite: nothing).
+    async fn settle(&self, table: &str) -> anyhow::Result<()> {
+        if let Raw::Postgres(pool) = self {
+            sqlx::query(&format!("VACUUM ANALYZE {table}")).execute(pool).await?;
+        }
+        Ok(())
+    }
+
+    /// Inserts the payloads, `PUBLISH_CHUNK` per statement.
+    async fn insert(&self, payloads: &[Vec<u8>]) -> anyhow::Result<()> {
+        for chunk in payloads.chunks(PUBLISH_CHUNK) {
+            match self {
+                Raw::Postgres(pool) => {
+                    sqlx::query("INSERT INTO bench_raw (payload) SELECT * FROM UNNEST($1::bytea[])")
+                        .bind(chunk)
+                        .execute(pool)
+                        .await?;
+                }
+                Raw::Sqlite(pool) => {
+                    let sql = format!("INSERT INTO bench_raw (payload) VALUES {}", vec!["(?)"; chunk.len()].join(","));
+                    let mut query = sqlx::query(&sql);
+                    for payload in chunk {
+                        query = query.bind(payload);
+                    }
+                    query.execute(pool).await?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Claims and deletes up to `CLAIM` rows; returns their payloads.
+    async fn claim(&self) -> anyhow::Result<Vec<Vec<u8>>> {
+        Ok(match self {
+            Raw::Postgres(pool) => {
+                sqlx::query_scalar(
+                    "DELETE FROM bench_raw WHERE id IN \
+                     (SELECT id FROM bench_raw ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED) RETURNING payload",
+                )
+                .bind(CLAIM)
+                .fetch_all(pool)
+                .await?
+            }
+            Raw::Sqlite(pool) => sqlx::query_scalar(
+                "DELETE FROM bench_raw WHERE id IN (SELECT id FROM bench_raw ORDER BY id LIMIT ?1) RETURNING payload",
+            )
+            .bind(CLAIM)
+            .fetch_all(pool)
+            .await?,
+        })
+    }
+
+    /// Drains the table from `tasks` concurrent tasks; returns how many rows
+    /// were handled.
+    async fn drain(&self, tasks: usize) -> anyhow::Result<u64> {
+        let mut set = tokio::task::JoinSet::new();
+        for _ in 0..tasks {
+            let raw = self.clone();
+            set.spawn(async move {
+                let mut handled = 0u64;
+                loop {
+                    let rows = raw.claim().await?;
+                    if rows.is_empty() {
+                        return anyhow::Ok(handled);
+                    }
+                    for payload in &rows {
+                        std::hint::black_box(decode::<Tick>(payload)?);
+                        handled += 1;
+                    }
+                }
+            });
+        }
+        let mut total = 0;
+        while let Some(joined) = set.join_next().await {
+            total += joined.context("a baseline drain task panicked")??;
+        }
+        Ok(total)
+    }
+}
+
+/// Messages per second.
+fn rate(messages: u64, elapsed: Duration) -> f64 {
+    messages as f64 / elapsed.as_secs_f64()
+}
+
+/// Prints a throughput figure and its ratio to `base`.
+fn print_rate(what: &str, value: f64, base: f64) {
+    println!("  {what:<52} {value:>10.0} msgs/s   {:.2} x baseline", value / base);
+}
+
+/// Prints a latency figure (ns) and its ratio to `base`.
+fn print_latency(what: &str, value: u64, base: u64) {
+    let ms = value as f64 / 1e6;
+    println!("  {what:<52} {ms:>10.2} ms       {:.2} x baseline", value as f64 / base.max(1) as f64);
+}
+
+/// The value at `percentile` (nearest rank) of sorted `values`.
+fn percentile(values: &[u64], percentile: f64) -> u64 {
+    if values.is_empty() {
+        return 0;
+    }
+    let rank = (percentile / 100.0 * values.len() as f64).ceil() as usize;
+    values[rank.clamp(1, values.len()) - 1]
+}
+
+/// Publishes `messages` ticks to `Q` and drains them with the framework.
+/// Returns (publish time, drain time).
+async fn framework_drain<Q: Queue<Kind = messaging::Standard>>(
+    transport: &Arc<dyn Transport>,
+    raw: &Raw,
+    messages: u64,
+) -> anyhow::Result<(Duration, Duration)> {
+    let mut app = messaging::App::new(transport.clone()).await.context("assembling the app")?;
+    app.only_queues(&[Q::SPEC.name]);
+    let counter = Counter::new(messages);
+    app.setup().provide(counter.clone());
+    let publisher = app.setup().publisher();
+
+    let ticks: Vec<Tick> = (0..messages).map(tick).collect();
+    let started = Instant::now();
+    within(PHASE_TIMEOUT, "publishing", async {
+        for chunk in ticks.chunks(PUBLISH_CHUNK) {
+            for result in publisher.send_batch::<Q, _>(chunk).await {
+                result.context("publishing")?;
+            }
+        }
+        anyhow::Ok(())
+    })
+    .await??;
+    let published = started.elapsed();
+    let depth = transport.depth(Q::SPEC.name).await?;
+    if depth != messages {
+        bail!("queue `{}` holds {depth} messages after publishing {messages}", Q::SPEC.name);
+    }
+    raw.settle("messaging_messages").await?;
+
+    let started = Instant::now();
+    let running = app.start().context("starting the worker")?;
+    let drained = within(PHASE_TIMEOUT, "draining", async {
+        counter.done.notified().await;
+        // Then the acknowledgements: poll the depth, often enough that the
+        // error stays within 0.5% and seldom enough not to load the database.
+        while transport.depth(Q::SPEC.name).await? > 0 {
+            let every = (started.elapsed() / 200).clamp(Duration::from_millis(1), Duration::from_millis(20));
+            tokio::time::sleep(every).await;
+        }
+        anyhow::Ok(started.elapsed())
+    })
+    .await;
+    within(SETTLE_TIMEOUT, "stopping the worker", running.stop()).await?;
+    let handled = counter.handled.load(Ordering::Relaxed);
+    let drained = drained.with_context(|| format!("{handled} of {messages} messages handled"))??;
+    if handled != messages {
+        eprintln!("warning: {handled} deliveries for {messages} messages (redeliveries)");
+    }
+    Ok((published, drained))
+}
+
+/// Publishes `payloads` to the baseline table and drains it with `tasks`
+/// tasks. Returns (insert time, drain time).
+async fn baseline_drain(raw: &Raw, payloads: &[Vec<u8>], tasks: usize) -> anyhow::Result<(Duration, Duration)> {
+    let started = Instant::now();
+    within(PHASE_TIMEOUT, "the baseline insert", raw.insert(payloads)).await??;
+    let inserted = started.elapsed();
+    raw.settle("bench_raw").await?;
+    let started = Instant::now();
+    let handled = within(PHASE_TIMEOUT, "the baseline drain", raw.drain(tasks)).await??;
+    let drained = started.elapsed();
+    if handled != payloads.len() as u64 {
+        bail!("the baseline drained {handled} rows of {}", payloads.len());
+    }
+    Ok((inserted, drained))
+}
+
+/// Sends a ping every `SEND_EVERY` for `length` through `send`; returns how
+/// many were sent.
+async fn pace<F, Fut>(length: Duration, mut send: F) -> anyhow::Result<u64>
+where
+    F: FnMut(Ping) -> Fut,
+    Fut: Future<Output = anyhow::Result<()>>,
+{
+    let mut interval = tokio::time::interval(SEND_EVERY);
+    interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let started = Instant::now();
+    let mut n = 0;
+    while started.elapsed() < length {
+        interval.tick().await;
+        within(SETTLE_TIMEOUT, "a send", send(Ping { n, sent_ns: now_ns() })).await??;
+        n += 1;
+    }
+    Ok(n)
+}
+
+/// The framework's latency: pings published through `publisher_transport`,
+/// handled by a worker on `worker_transport`. Returns sorted latencies (ns).
+async fn framework_latency(
+    worker_transport: &Arc<dyn Transport>,
+    publisher_transport: &Arc<dyn Transport>,
+    length: Duration,
+) -> anyhow::Result<Vec<u64>> {
+    let mut app = messaging::App::new(worker_transport.clone()).await.context("assembling the app")?;
+    app.only_queues(&[Latency::SPEC.name]);
+    let samples = Arc::new(Samples::default());
+    app.setup().provide(samples.clone());
+    publisher_transport.declare(&Latency::SPEC).await?;
+    let publisher = Publisher::new(publisher_transport.clone());
+    let running = app.start().context("starting the worker")?;
+    // Let the worker go idle, so that each message has to wake it.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let result = async {
+        let sent = pace(length, |ping| {
+            let publisher = publisher.clone();
+            async move {
+                publisher.send::<Latency, _>(&ping).await?;
+                Ok(())
+            }
+        })
+        .await?;
+        within(SETTLE_TIMEOUT, "handling the last pings", samples.wait_for(sent as usize)).await
+    }
+    .await;
+    within(SETTLE_TIMEOUT, "stopping the worker", running.stop()).await?;
+    result?;
+    Ok(samples.sorted())
+}
+
+/// The baseline latency: a row per ping in the plain table, a wake-up
+/// (PostgreSQL: NOTIFY to a LISTEN connection; SQLite: a tokio `Notify`),
+/// then `DELETE … RETURNING` until empty. Returns sorted latencies (ns).
+async fn baseline_latency(raw: &Raw, url: &str, length: Duration) -> anyhow::Result<Vec<u64>> {
+    let samples = Arc::new(Samples::default());
+    let local = Arc::new(Notify::new());
+    let listener = match raw {
+        Raw::Postgres(_) => {
+            let mut listener = PgListener::connect(url).await.context("the baseline LISTEN connection")?;
+            listener.listen("bench_raw").await?;
+            Some(listener)
+        }
+        Raw::Sqlite(_) => None,
+    };
+    let consumer = tokio::spawn(consume(raw.clone(), listener, local.clone(), samples.clone()));
+    let result = async {
+        let sent = pace(length, |ping| {
+            let (raw, local) = (raw.clone(), local.clone());
+            async move {
+                let payload = messaging::envelope::encode(&ping)?;
+                match &raw {
+                    Raw::Postgres(pool) => {
+                        sqlx::query(
+                            "WITH i AS (INSERT INTO bench_raw (payload) VALUES ($1)) SELECT pg_notify('bench_raw', '')",
+                        )
+                        .bind(payload)
+                        .execute(pool)
+                        .await?;
+                    }
+                    Raw::Sqlite(pool) => {
+                        sqlx::query("INSERT INTO bench_raw (payload) VALUES (?1)").bind(payload).execute(pool).await?;
+                        local.notify_one();
+                    }
+                }
+                Ok(())
+            }
+        })
+        .await?;
+        within(SETTLE_TIMEOUT, "handling the last baseline pings", samples.wait_for(sent as usize)).await
+    }
+    .await;
+    consumer.abort();
+    // Aborted, it ends as cancelled, unless it had failed before.
+    if let Ok(Err(e)) = consumer.await {
+        return Err(e.context("the baseline consumer failed"));
+    }
+    result?;
+    Ok(samples.sorted())
+}
+
+/// The baseline consumer: on each wake-up, claims until the table is empty.
+async fn consume(
+    raw: Raw,
+    mut listener: Option<PgListener>,
+    local: Arc<Notify>,
+    samples: Arc<Samples>,
+) -> anyhow::Result<()> {
+    loop {
+        match listener.as_mut() {
+            Some(listener) => {
+                let _notification = listener.recv().await?;
+            }
+            None => local.notified().await,
+        }
+        loop {
+            let rows = raw.claim().await?;
+            if rows.is_empty() {
+                break;
+            }
+            for payload in &rows {
+                samples.record(decode::<Ping>(payload)?.sent_ns);
+            }
+        }
+    }
+}
+
+/// Everything measured on one database.
+async fn measure(
+    system: &str,
+    config: &Config,
+    raw: &Raw,
+    url: &str,
+    transport: Arc<dyn Transport>,
+    publisher_transport: Arc<dyn Transport>,
+    baseline_tasks: usize,
+) -> anyhow::Result<()> {
+    let messages = config.messages;
+    println!(
+        "{system}: {messages} messages, {:?} of latency, {} worker threads",
+        config.latency,
+        std::thread::available_parallelism().map_or(0, |n| n.get())
+    );
+    raw.create().await.context("creating the baseline table")?;
+    let payloads = payloads(messages)?;
+
+    let (inserted, drained) = baseline_drain(raw, &payloads, baseline_tasks).await.context("the baseline drain")?;
+    let (base_publish, base_drain) = (rate(messages, inserted), rate(messages, drained));
+    let (seq_publish, seq_drain) =
+        framework_drain::<Sequential>(&transport, raw, messages).await.context("the drain with concurrency 1")?;
+    let (par_publish, par_drain) =
+        framework_drain::<Parallel>(&transport, raw, messages).await.context("the drain with concurrency 8")?;
+    let publish = rate(2 * messages, seq_publish + par_publish);
+    let tasks = if baseline_tasks == 1 { "1 task".to_owned() } else { format!("{baseline_tasks} tasks") };
+    print_rate("baseline publish (INSERT, 1,000 rows/statement)", base_publish, base_publish);
+    print_rate("messaging publish (send_batch, 1,000/call)", publish, base_publish);
+    print_rate(&format!("baseline drain (DELETE 100 … RETURNING, {tasks})"), base_drain, base_drain);
+    print_rate("messaging drain, concurrency 1", rate(messages, seq_drain), base_drain);
+    print_rate("messaging drain, concurrency 8", rate(messages, par_drain), base_drain);
+
+    let base = baseline_latency(raw, url, config.latency).await.context("the baseline latency")?;
+    let ours =
+        framework_latency(&transport, &publisher_transport, config.latency).await.context("the framework latency")?;
+    let wake = if system == "postgresql" { "LISTEN/NOTIFY" } else { "in-process wake-up" };
+    let (b50, b99) = (percentile(&base, 50.0), percentile(&base, 99.0));
+    print_latency(&format!("baseline latency p50 ({} pings)", base.len()), b50, b50);
+    print_latency("baseline latency p99", b99, b99);
+    print_latency(&format!("messaging latency p50 ({} pings, {wake})", ours.len()), percentile(&ours, 50.0), b50);
+    print_latency("messaging latency p99", percentile(&ours, 99.0), b99);
+    print_latency("messaging latency max", ours.last().copied().unwrap_or(0), base.last().copied().unwrap_or(0));
+    Ok(())
+}
+
+/// A runtime like the one `#[messaging::main]` builds.
+fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    Ok(tokio::runtime::Builder::new_multi_thread().enable_all().build()?)
+}
+
+/// Runs `body` on a fresh runtime, turning a panic into an error, then shuts
+/// the runtime down so that every connection it opened is closed.
+fn isolated<F: Future<Output = anyhow::Result<()>>>(body: F) -> anyhow::Result<()> {
+    let runtime = runtime()?;
+    let result = std::panic::catch_unwind(AssertUnwindSafe(|| runtime.block_on(body)));
+    runtime.shutdown_timeout(Duration::from_secs(5));
+    match result {
+        Ok(result) => result,
+        Err(panic) => {
+            let message = panic
+                .downcast_ref::<&str>()
+                .map(|s| (*s).to_owned())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "(no message)".to_owned());
+            Err(anyhow!("panicked: {message}"))
+        }
+    }
+}
+
+/// Runs one statement on the server with a connection of its own.
+fn admin(base: &str, statement: &str) -> anyhow::Result<()> {
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    runtime.block_on(within(Duration::from_secs(30), statement, async {
+        let mut conn = PgConnection::connect(base).await.with_context(|| format!("connecting to {base}"))?;
+        sqlx::query(statement).execute(&mut conn).await?;
+        conn.close().await?;
+        anyhow::Ok(())
+    }))?
+}
+
+/// The PostgreSQL measurements, in a schema of their own that is dropped at the end.
+fn postgres(config: &Config) -> anyhow::Result<()> {
+    let schema = unique("msgbench");
+    admin(&config.postgres, &format!("CREATE SCHEMA {schema}")).context("creating the benchmark schema")?;
+    let sep = if config.postgres.contains('?') { '&' } else { '?' };
+    let url = format!("{}{sep}options=-c%20search_path%3D{schema}", config.postgres);
+    let result = isolated(async {
+        let transport = messaging::transport::connect(&format!("{url}&migrate=true")).await?;
+        // The publisher of the latency run has its own transport, so that the
+        // worker learns of each message by NOTIFY, as from another process.
+        let publisher_transport = messaging::transport::connect(&url).await?;
+        let pool = PgPoolOptions::new()
+            .max_connections(PG_TASKS as u32)
+            .acquire_timeout(Duration::from_secs(5))
+            .connect(&url)
+            .await?;
+        let raw = Raw::Postgres(pool);
+        measure("postgresql", config, &raw, &url, transport, publisher_transport, PG_TASKS).await
+    });
+    if let Err(e) = admin(&config.postgres, &format!("DROP SCHEMA IF EXISTS {schema} CASCADE")) {
+        eprintln!("could not drop the schema `{schema}` ({e:#}); drop it by hand");
+    }
+    result
+}
+
+/// The SQLite measurements, in a file of their own that is removed at the end.
+fn sqlite(config: &Config) -> anyhow::Result<()> {
+    let path: PathBuf = std::env::temp_dir().join(format!("{}.db", unique("msgbench")));
+    let url = format!("sqlite://{}?mode=rwc", path.display());
+    let result = isolated(async {
+        let transport = messaging::transport::connect(&format!("{url}&migrate=true")).await?;
+        // The baseline connects as the transport does: WAL, synchronous=NORMAL.
+        let options = SqliteConnectOptions::from_str(&url)?
+            .create_if_missing(true)
+            .journal_mode(SqliteJournalMode::Wal)
+            .synchronous(SqliteSynchronous::Normal)
+            .busy_timeout(Duration::from_secs(5));
+        let pool = SqlitePoolOptions::new().max_connections(2).connect_with(options).await?;
+        let raw = Raw::Sqlite(pool);
+        measure("sqlite", config, &raw, &url, transport.clone(), transport, 1).await
+    });
+    for suffix in ["", "-wal", "-shm"] {
+        let file = format!("{}{suffix}", path.display());
+        if let Err(e) = std::fs::remove_file(&file) {
+            if e.kind() != std::io::ErrorKind::NotFound {
+                eprintln!("could not remove `{file}` ({e}); remove it by hand");
+            }
+        }
+    }
+    result
+}
+
+fn main() -> std::process::ExitCode {
+    let filter = std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".to_owned());
+    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+    let config = Config::from_env();
+    let mut failed = false;
+    if let Err(e) = postgres(&config) {
+        eprintln!("postgresql: FAILED: {e:#}");
+        failed = true;
+    }
+    println!();
+    if let Err(e) = sqlite(&config) {
+        eprintln!("sqlite: FAILED: {e:#}");
+        failed = true;
+    }
+    if failed {
+        std::process::ExitCode::FAILURE
+    } else {
+        std::process::ExitCode::SUCCESS
+    }
+}
