@@ -271,7 +271,7 @@ async fn compare<S: RowStore>(
 
 fn check<S: RowStore>(store: S, runtime: &tokio::runtime::Runtime, label: &str) {
     runtime.block_on(store.migrate()).expect("migrate");
-    let mut runner = TestRunner::new(Config { cases: 48, failure_persistence: None, ..Config::default() });
+    let mut runner = TestRunner::new(Config { cases: 96, failure_persistence: None, ..Config::default() });
     let case = std::sync::atomic::AtomicUsize::new(0);
     let result = runner.run(&(rules(), prop::collection::vec(cmd(), 1..40)), |(rules, cmds)| {
         let n = case.fetch_add(1, std::sync::atomic::Ordering::SeqCst);

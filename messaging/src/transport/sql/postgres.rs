@@ -43,6 +43,24 @@ pub async fn connect(url: &str) -> Result<PostgresTransport, Error> {
     Ok(SqlTransport::new(store, options))
 }
 
+/// Commits on success; on failure rolls back at once. (A dropped transaction
+/// is only rolled back when its connection is next used, and until then it
+/// keeps its row locks: a lease would skip those rows as locked.)
+async fn finish<R>(tx: Transaction<'static, Postgres>, result: Result<R, TransportError>) -> Result<R, TransportError> {
+    match result {
+        Ok(value) => {
+            tx.commit().await.map_err(|e| backend("commit", e))?;
+            Ok(value)
+        }
+        Err(e) => {
+            if let Err(rollback) = tx.rollback().await {
+                tracing::warn!("postgresql: rollback failed: {rollback}");
+            }
+            Err(e)
+        }
+    }
+}
+
 fn backend(what: &str, e: sqlx::Error) -> TransportError {
     TransportError::Backend(format!("postgresql: {what} failed: {e}"))
 }
@@ -165,27 +183,36 @@ impl PostgresStore {
         e: Enqueue,
         idempotent: bool,
     ) -> Result<Enqueued, TransportError> {
-        let identity = e.identity.clone().unwrap_or_default();
         let mut tx = self.begin().await?;
-        let seq = Self::next_seq(&mut tx).await?;
+        let result = Self::enqueue_identity_in(&mut tx, queue, now, e, idempotent).await;
+        finish(tx, result).await
+    }
+
+    async fn enqueue_identity_in(
+        tx: &mut Transaction<'static, Postgres>,
+        queue: &str,
+        now: i64,
+        e: Enqueue,
+        idempotent: bool,
+    ) -> Result<Enqueued, TransportError> {
+        let identity = e.identity.clone().unwrap_or_default();
+        let seq = Self::next_seq(tx).await?;
         let select = format!("SELECT {COLUMNS} FROM messaging_messages WHERE queue = $1 AND identity = $2 FOR UPDATE");
         let mut existing = sqlx::query(&select)
             .bind(queue)
             .bind(&identity)
-            .fetch_optional(&mut *tx)
+            .fetch_optional(&mut **tx)
             .await
             .map_err(|e| backend("enqueue", e))?;
         if existing.is_none() {
-            let inserted = insert(&mut tx, queue, &e, seq, now, true).await?;
-            if let Some(id) = inserted {
-                tx.commit().await.map_err(|e| backend("commit", e))?;
+            if let Some(id) = insert(tx, queue, &e, seq, now, true).await? {
                 return Ok(Enqueued { outcome: EnqueueOutcome::Inserted(id), message_id: e.message_id });
             }
             // Someone inserted the identity meanwhile: lock theirs.
             existing = sqlx::query(&select)
                 .bind(queue)
                 .bind(&identity)
-                .fetch_optional(&mut *tx)
+                .fetch_optional(&mut **tx)
                 .await
                 .map_err(|e| backend("enqueue", e))?;
         }
@@ -195,14 +222,44 @@ impl PostgresStore {
         let mut row = row_of(&found)?;
         let outcome = row.enqueue(now, seq, e, idempotent);
         if !matches!(outcome, EnqueueOutcome::Discarded(_)) {
-            Self::store_row(&mut tx, &row).await?;
+            Self::store_row(tx, &row).await?;
         }
-        tx.commit().await.map_err(|e| backend("commit", e))?;
         let message_id = match (&row.status, &row.deferred) {
             (Status::AwaitingRelease, Some(d)) => d.message_id.clone(),
             _ => row.message_id.clone(),
         };
         Ok(Enqueued { outcome, message_id })
+    }
+
+    /// Loads and locks one row of `queue` (`StaleReceipt` when it is gone).
+    async fn lock_row(tx: &mut Transaction<'static, Postgres>, queue: &str, id: RowId) -> Result<Row, TransportError> {
+        let select = format!("SELECT {COLUMNS} FROM messaging_messages WHERE id = $1 AND queue = $2 FOR UPDATE");
+        let found = sqlx::query(&select)
+            .bind(id as i64)
+            .bind(queue)
+            .fetch_optional(&mut **tx)
+            .await
+            .map_err(|e| backend("loading a message", e))?
+            .ok_or(TransportError::StaleReceipt)?;
+        row_of(&found)
+    }
+
+    /// Writes a row back after its transition, or deletes it.
+    async fn store_or_delete(
+        tx: &mut Transaction<'static, Postgres>,
+        row: &Row,
+        delete: bool,
+    ) -> Result<(), TransportError> {
+        if delete {
+            sqlx::query("DELETE FROM messaging_messages WHERE id = $1")
+                .bind(row.id as i64)
+                .execute(&mut **tx)
+                .await
+                .map_err(|e| backend("deleting a message", e))?;
+            Ok(())
+        } else {
+            Self::store_row(tx, row).await
+        }
     }
 
     /// Loads a row for update, applies `f`, stores the row (or deletes it).
@@ -213,27 +270,14 @@ impl PostgresStore {
         f: impl FnOnce(&mut Row) -> Result<(R, bool), TransportError>,
     ) -> Result<R, TransportError> {
         let mut tx = self.begin().await?;
-        let select = format!("SELECT {COLUMNS} FROM messaging_messages WHERE id = $1 AND queue = $2 FOR UPDATE");
-        let found = sqlx::query(&select)
-            .bind(id as i64)
-            .bind(queue)
-            .fetch_optional(&mut *tx)
-            .await
-            .map_err(|e| backend("loading a message", e))?
-            .ok_or(TransportError::StaleReceipt)?;
-        let mut row = row_of(&found)?;
-        let (result, delete) = f(&mut row)?;
-        if delete {
-            sqlx::query("DELETE FROM messaging_messages WHERE id = $1")
-                .bind(id as i64)
-                .execute(&mut *tx)
-                .await
-                .map_err(|e| backend("deleting a message", e))?;
-        } else {
-            Self::store_row(&mut tx, &row).await?;
+        let result = async {
+            let mut row = Self::lock_row(&mut tx, queue, id).await?;
+            let (result, delete) = f(&mut row)?;
+            Self::store_or_delete(&mut tx, &row, delete).await?;
+            Ok(result)
         }
-        tx.commit().await.map_err(|e| backend("commit", e))?;
-        Ok(result)
+        .await;
+        finish(tx, result).await
     }
 
     async fn complete_one(
@@ -245,42 +289,30 @@ impl PostgresStore {
         retention_ms: i64,
     ) -> Result<(), TransportError> {
         let mut tx = self.begin().await?;
-        let select = format!("SELECT {COLUMNS} FROM messaging_messages WHERE id = $1 AND queue = $2 FOR UPDATE");
-        let found = sqlx::query(&select)
-            .bind(id as i64)
-            .bind(queue)
-            .fetch_optional(&mut *tx)
-            .await
-            .map_err(|e| backend("loading a message", e))?
-            .ok_or(TransportError::StaleReceipt)?;
-        let mut row = row_of(&found)?;
-        let done = row.complete(now, token, retention_ms).map_err(|_| TransportError::StaleReceipt)?;
-        if done.delete {
-            sqlx::query("DELETE FROM messaging_messages WHERE id = $1")
-                .bind(id as i64)
+        let result = async {
+            let mut row = Self::lock_row(&mut tx, queue, id).await?;
+            let done = row.complete(now, token, retention_ms).map_err(|_| TransportError::StaleReceipt)?;
+            Self::store_or_delete(&mut tx, &row, done.delete).await?;
+            // The processed version becomes the previous message, in the same transaction.
+            if let Some((identity, message_id, payload)) = done.previous {
+                sqlx::query(
+                    "INSERT INTO messaging_previous (queue, identity, message_id, payload, processed_at) VALUES ($1, $2, $3, $4, $5) \
+                     ON CONFLICT (queue, identity) DO UPDATE SET message_id = EXCLUDED.message_id, payload = EXCLUDED.payload, \
+                     processed_at = EXCLUDED.processed_at",
+                )
+                .bind(queue)
+                .bind(identity)
+                .bind(message_id)
+                .bind(payload)
+                .bind(now)
                 .execute(&mut *tx)
                 .await
-                .map_err(|e| backend("deleting a message", e))?;
-        } else {
-            Self::store_row(&mut tx, &row).await?;
+                .map_err(|e| backend("recording the previous message", e))?;
+            }
+        Ok(())
         }
-        // The processed version becomes the previous message, in the same transaction.
-        if let Some((identity, message_id, payload)) = done.previous {
-            sqlx::query(
-                "INSERT INTO messaging_previous (queue, identity, message_id, payload, processed_at) VALUES ($1, $2, $3, $4, $5) \
-                 ON CONFLICT (queue, identity) DO UPDATE SET message_id = EXCLUDED.message_id, payload = EXCLUDED.payload, \
-                 processed_at = EXCLUDED.processed_at",
-            )
-            .bind(queue)
-            .bind(identity)
-            .bind(message_id)
-            .bind(payload)
-            .bind(now)
-            .execute(&mut *tx)
-            .await
-            .map_err(|e| backend("recording the previous message", e))?;
-        }
-        tx.commit().await.map_err(|e| backend("commit", e))
+        .await;
+        finish(tx, result).await
     }
 
     /// Inserts messages without identity with one multi-row INSERT.
@@ -363,38 +395,42 @@ impl PostgresStore {
         lease_ms: i64,
     ) -> Result<Vec<LeasedRow>, TransportError> {
         let mut tx = self.begin().await?;
-        sqlx::query("SELECT pg_advisory_xact_lock(hashtext('messaging:' || $1))")
+        let result = async {
+            sqlx::query("SELECT pg_advisory_xact_lock(hashtext('messaging:' || $1))")
+                .bind(queue)
+                .execute(&mut *tx)
+                .await
+                .map_err(|e| backend("lease lock", e))?;
+            let heads: Vec<i64> = sqlx::query_scalar(
+                "SELECT id FROM ( \
+                    SELECT DISTINCT ON (group_id) id, group_id, status, seq FROM messaging_messages \
+                    WHERE queue = $1 AND status IN ('pending', 'sleeping') ORDER BY group_id, seq) heads \
+                 WHERE status = 'pending' AND NOT EXISTS ( \
+                    SELECT 1 FROM messaging_messages l WHERE l.queue = $1 \
+                    AND l.group_id IS NOT DISTINCT FROM heads.group_id \
+                    AND l.status IN ('processing', 'awaiting_release')) \
+                 ORDER BY seq LIMIT $2",
+            )
             .bind(queue)
-            .execute(&mut *tx)
+            .bind(n as i64)
+            .fetch_all(&mut *tx)
             .await
-            .map_err(|e| backend("lease lock", e))?;
-        let heads: Vec<i64> = sqlx::query_scalar(
-            "SELECT id FROM ( \
-                SELECT DISTINCT ON (group_id) id, group_id, status, seq FROM messaging_messages \
-                WHERE queue = $1 AND status IN ('pending', 'sleeping') ORDER BY group_id, seq) heads \
-             WHERE status = 'pending' AND NOT EXISTS ( \
-                SELECT 1 FROM messaging_messages l WHERE l.queue = $1 \
-                AND l.group_id IS NOT DISTINCT FROM heads.group_id \
-                AND l.status IN ('processing', 'awaiting_release')) \
-             ORDER BY seq LIMIT $2",
-        )
-        .bind(queue)
-        .bind(n as i64)
-        .fetch_all(&mut *tx)
-        .await
-        .map_err(|e| backend("lease", e))?;
-        let rows = sqlx::query(
-            "UPDATE messaging_messages SET status = 'processing', lease_token = nextval('messaging_seq'), \
-                lease_expires = $2, attempts = attempts + 1 \
-             WHERE id = ANY($1) AND status = 'pending' \
-             RETURNING id, lease_token, message_id, payload, attempts, group_id, attributes, sent_at, priority, seq",
-        )
-        .bind(&heads)
-        .bind(now + lease_ms)
-        .fetch_all(&mut *tx)
-        .await
-        .map_err(|e| backend("lease", e))?;
-        tx.commit().await.map_err(|e| backend("commit", e))?;
+            .map_err(|e| backend("lease", e))?;
+            let rows = sqlx::query(
+                "UPDATE messaging_messages SET status = 'processing', lease_token = nextval('messaging_seq'), \
+                    lease_expires = $2, attempts = attempts + 1 \
+                 WHERE id = ANY($1) AND status = 'pending' \
+                 RETURNING id, lease_token, message_id, payload, attempts, group_id, attributes, sent_at, priority, seq",
+            )
+            .bind(&heads)
+            .bind(now + lease_ms)
+            .fetch_all(&mut *tx)
+            .await
+            .map_err(|e| backend("lease", e))?;
+        Ok(rows)
+        }
+        .await;
+        let rows = finish(tx, result).await?;
         let mut leased = rows.iter().map(leased_of).collect::<Result<Vec<_>, _>>()?;
         leased.sort_by_key(|(_, _, seq)| *seq);
         Ok(leased.into_iter().map(|(l, _, _)| l).collect())
