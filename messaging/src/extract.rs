@@ -33,12 +33,6 @@ impl Resources {
         self.states.get(&TypeId::of::<T>()).cloned().and_then(|s| s.downcast::<T>().ok())
     }
 
-    /// Whether a state of this type was provided.
-    #[allow(dead_code)]
-    pub(crate) fn has_state(&self, id: TypeId) -> bool {
-        self.states.contains_key(&id)
-    }
-
     /// The publisher.
     pub fn publisher(&self) -> &Publisher {
         &self.publisher
