@@ -31,6 +31,11 @@ pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 /// String attributes carried beside the body (type, version, trace context...).
 pub type Attributes = BTreeMap<String, String>;
 
+/// One `QueueNotFound` per item of a batch sent or acknowledged to `queue`.
+pub(crate) fn unknown_queue<T, R>(queue: &str, items: &[T]) -> Vec<Result<R, TransportError>> {
+    items.iter().map(|_| Err(TransportError::QueueNotFound(queue.to_owned()))).collect()
+}
+
 /// A message on its way to a queue.
 #[derive(Debug, Clone, Default)]
 pub struct Outgoing {

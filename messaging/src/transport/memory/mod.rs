@@ -155,9 +155,7 @@ impl Transport for MemoryTransport {
         Box::pin(async move {
             let q = match self.queue(queue) {
                 Ok(q) => q,
-                Err(_) => {
-                    return messages.iter().map(|_| Err(TransportError::QueueNotFound(queue.to_owned()))).collect()
-                }
+                Err(_) => return crate::transport::unknown_queue(queue, &messages),
             };
             let results = {
                 let mut state = q.lock();
@@ -182,9 +180,7 @@ impl Transport for MemoryTransport {
         Box::pin(async move {
             let q = match self.queue(queue) {
                 Ok(q) => q,
-                Err(_) => {
-                    return receipts.iter().map(|_| Err(TransportError::QueueNotFound(queue.to_owned()))).collect()
-                }
+                Err(_) => return crate::transport::unknown_queue(queue, &receipts),
             };
             let results: Vec<_> = {
                 let mut state = q.lock();

@@ -278,9 +278,7 @@ impl<S: RowStore> Transport for SqlTransport<S> {
         Box::pin(async move {
             let q = match self.queue(queue) {
                 Ok(q) => q,
-                Err(_) => {
-                    return messages.iter().map(|_| Err(TransportError::QueueNotFound(queue.to_owned()))).collect()
-                }
+                Err(_) => return crate::transport::unknown_queue(queue, &messages),
             };
             let now = now_ms();
             let mut results: Vec<Option<Result<MessageId, TransportError>>> = Vec::with_capacity(messages.len());
@@ -327,9 +325,7 @@ impl<S: RowStore> Transport for SqlTransport<S> {
         Box::pin(async move {
             let retention = match self.queue(queue) {
                 Ok(q) => q.rules.retention_ms,
-                Err(_) => {
-                    return receipts.iter().map(|_| Err(TransportError::QueueNotFound(queue.to_owned()))).collect()
-                }
+                Err(_) => return crate::transport::unknown_queue(queue, &receipts),
             };
             let items = receipts.iter().map(|r| (r.key, r.token)).collect();
             let results = self.store.complete(queue, now_ms(), items, retention).await;

@@ -313,9 +313,7 @@ impl Transport for SqsTransport {
         Box::pin(async move {
             let q = match self.queue(queue) {
                 Ok(q) => q,
-                Err(_) => {
-                    return messages.iter().map(|_| Err(TransportError::QueueNotFound(queue.to_owned()))).collect()
-                }
+                Err(_) => return crate::transport::unknown_queue(queue, &messages),
             };
             let mut results: Vec<Option<Result<MessageId, TransportError>>> =
                 (0..messages.len()).map(|_| None).collect();
@@ -382,9 +380,7 @@ impl Transport for SqsTransport {
         Box::pin(async move {
             let q = match self.queue(queue) {
                 Ok(q) => q,
-                Err(_) => {
-                    return receipts.iter().map(|_| Err(TransportError::QueueNotFound(queue.to_owned()))).collect()
-                }
+                Err(_) => return crate::transport::unknown_queue(queue, &receipts),
             };
             let mut results: Vec<Result<(), TransportError>> = Vec::with_capacity(receipts.len());
             for chunk in receipts.chunks(MAX_BATCH) {
