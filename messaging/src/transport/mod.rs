@@ -136,6 +136,14 @@ pub trait Transport: Send + Sync + 'static {
         visibility: Duration,
     ) -> BoxFuture<'a, Result<(), TransportError>>;
 
+    /// How many receives a worker keeps going at once on a standard queue
+    /// (FIFO queues always use one). A remote queue whose receive is a round
+    /// trip gains from more; a database whose concurrent leases contend for
+    /// the same rows does not.
+    fn receivers(&self) -> usize {
+        1
+    }
+
     /// The most messages one receive/ack call handles.
     fn max_batch(&self) -> usize {
         10

@@ -3,7 +3,7 @@
 
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures_util::FutureExt;
 
@@ -39,10 +39,12 @@ impl Worker {
         };
         let ctx = MessageContext::new(spec.name, self.transport.system(), batch, i, decoded.type_name, decoded.version);
         let route = decoded.route;
+        let started = Instant::now();
         let result = AssertUnwindSafe(self.pipeline.dispatch(decoded.message, route, &ctx))
             .catch_unwind()
             .await
             .unwrap_or_else(|panic| Err(HandlerError::transient(PanicError(panic_message(&panic)))));
+        self.pace.record(started.elapsed());
         match result {
             Ok(()) => {
                 self.acker.ack(delivery.receipt.clone());

@@ -49,12 +49,17 @@ impl Batch {
     }
 
     /// Claims the next unit of work; `None` when all are claimed.
-    pub(crate) fn claim(&self) -> Option<Unit<'_>> {
+    pub(crate) fn claim(&self) -> Option<Unit> {
         let u = self.next.fetch_add(1, Ordering::Relaxed);
         if u >= self.units() {
             return None;
         }
-        Some(if self.chains.is_empty() { Unit::One(u) } else { Unit::Chain(&self.chains[u]) })
+        Some(if self.chains.is_empty() { Unit::One(u) } else { Unit::Chain(u) })
+    }
+
+    /// The messages of FIFO chain `u`, in order.
+    pub(crate) fn chain(&self, u: usize) -> &[usize] {
+        &self.chains[u]
     }
 
     /// Marks message `i` settled; returns true when it was the batch's last.
@@ -71,11 +76,12 @@ impl Batch {
 }
 
 /// A unit of work claimed from a batch.
-pub(crate) enum Unit<'a> {
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Unit {
     /// One message (standard queues).
     One(usize),
-    /// One FIFO group's messages, in order.
-    Chain(&'a [usize]),
+    /// One FIFO group's messages, in order ([`Batch::chain`]).
+    Chain(usize),
 }
 
 /// Splits a FIFO batch into per-group chains, keeping the order within each.

@@ -7,23 +7,25 @@
 mod acker;
 mod dispatch;
 mod inflight;
+mod pace;
+mod ready;
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
-
-use std::sync::atomic::Ordering;
 
 use self::acker::Acker;
 pub(crate) use self::inflight::Batch;
 use self::inflight::{InFlight, Unit};
+use self::pace::Pace;
+use self::ready::Ready;
+use crate::error::TransportError;
 use crate::observe::SharedObserver;
 use crate::pipeline::Pipeline;
 use crate::registry::Routes;
 use crate::shutdown::Shutdown;
-use crate::transport::Transport;
+use crate::transport::{Delivery, Transport};
 
 /// Timing of a worker.
 #[derive(Debug, Clone, Copy)]
@@ -34,6 +36,11 @@ pub(crate) struct WorkerSettings {
     pub(crate) grace: Duration,
 }
 
+/// The pause before receiving again after `failures` failed receives in a row.
+fn backoff(failures: u32) -> Duration {
+    Duration::from_millis(100 * u64::from(failures.min(50)))
+}
+
 /// The consumer of one queue.
 pub(crate) struct Worker {
     routes: Arc<Routes>,
@@ -42,7 +49,8 @@ pub(crate) struct Worker {
     observer: SharedObserver,
     inflight: Arc<InFlight>,
     acker: Acker,
-    lanes_running: std::sync::atomic::AtomicUsize,
+    ready: Ready,
+    pace: Pace,
 }
 
 /// A running worker's handle, for drain detection.
@@ -55,7 +63,7 @@ impl WorkerHandle {
     /// No message received and unsettled, no ack waiting.
     pub(crate) fn is_idle(&self) -> bool {
         let w = &self.worker;
-        w.inflight.is_empty() && w.acker.pending() == 0 && w.lanes_running.load(Ordering::SeqCst) == 0
+        w.inflight.is_empty() && w.acker.pending() == 0 && w.ready.lanes() == 0
     }
 
     pub(crate) fn queue(&self) -> &'static str {
@@ -71,6 +79,7 @@ impl Worker {
         observer: SharedObserver,
     ) -> WorkerHandle {
         let acker = Acker::start(transport.clone(), routes.spec().name);
+        let ready = Ready::new(routes.spec().concurrency);
         WorkerHandle {
             worker: Arc::new(Worker {
                 routes,
@@ -79,7 +88,8 @@ impl Worker {
                 observer,
                 inflight: Arc::new(InFlight::default()),
                 acker,
-                lanes_running: Default::default(),
+                ready,
+                pace: Pace::default(),
             }),
         }
     }
@@ -93,66 +103,87 @@ impl WorkerHandle {
         let spec = worker.routes.spec().clone();
         let heartbeat =
             tokio::spawn(worker.inflight.clone().heartbeat(worker.transport.clone(), spec.name, spec.visibility));
-        let permits = Arc::new(Semaphore::new(spec.concurrency.max(1)));
         let mut lanes = JoinSet::new();
+        let mut receiving: JoinSet<Result<Vec<Delivery>, TransportError>> = JoinSet::new();
         let max = worker.transport.max_batch().max(1);
+        // A FIFO queue keeps one receive going, so that a group's messages
+        // arrive in order; a standard queue as many as the transport suits.
+        let receivers = if spec.fifo { 1 } else { worker.transport.receivers().max(1) };
         let mut failures = 0u32;
-        while !shutdown.is_triggered() {
+        loop {
             while lanes.try_join_next().is_some() {}
-            // Receive only when a handler slot is free, so that what is
-            // received but not started stays bounded by one batch.
-            let first = tokio::select! {
-                p = permits.clone().acquire_owned() => p,
-                _ = shutdown.wait() => break,
-            };
-            let Ok(first) = first else { break };
-            if spec.fifo {
-                worker.acker.settled(Duration::from_secs(1)).await;
-            }
-            let received = tokio::select! {
-                r = worker.transport.receive(spec.name, max, settings.receive_wait) => r,
-                _ = shutdown.wait() => break,
-            };
-            let deliveries = match received {
-                Ok(deliveries) => {
-                    failures = 0;
-                    deliveries
+            // When to receive. A standard queue receives ahead of its lanes:
+            // at most two batches (or one per receiver) wait or are being
+            // received. A FIFO queue
+            // receives when a lane is free and every batch is claimed, after
+            // its acks have reached the transport (a group stays locked until
+            // its messages are deleted).
+            let (in_flight, fifo) = (receiving.len(), spec.fifo);
+            let wanted = move |batches: usize, lanes: usize, concurrency: usize| {
+                if fifo {
+                    in_flight == 0 && batches == 0 && lanes < concurrency
+                } else {
+                    batches + in_flight < receivers.max(2)
                 }
-                Err(e) => {
-                    failures += 1;
-                    let pause = Duration::from_millis(100 * u64::from(failures.min(50)));
-                    tracing::warn!(queue = spec.name, "receive failed ({e}); retrying in {pause:?}");
-                    drop(first);
-                    tokio::select! {
-                        _ = tokio::time::sleep(pause) => continue,
-                        _ = shutdown.wait() => break,
+            };
+            tokio::select! {
+                biased;
+                _ = shutdown.wait() => break,
+                Some(done) = receiving.join_next(), if in_flight > 0 => {
+                    let deliveries = match done {
+                        Ok(Ok(deliveries)) => {
+                            failures = 0;
+                            deliveries
+                        }
+                        Ok(Err(e)) => {
+                            failures += 1;
+                            tracing::warn!(queue = spec.name, "receive failed ({e}); retrying in {:?}", backoff(failures));
+                            continue;
+                        }
+                        Err(e) => {
+                            failures += 1;
+                            tracing::error!(queue = spec.name, "a receive panicked ({e}); retrying");
+                            continue;
+                        }
+                    };
+                    if deliveries.is_empty() {
+                        continue;
+                    }
+                    let batch = Arc::new(Batch::new(deliveries, spec.fifo));
+                    worker.inflight.hold(batch.clone());
+                    // New lanes only where there is room; running lanes move
+                    // on to this batch when theirs runs dry.
+                    for _ in 0..worker.ready.push(batch) {
+                        let (w, stop) = (worker.clone(), shutdown.clone());
+                        lanes.spawn(async move { w.lane(&stop).await });
                     }
                 }
-            };
-            if deliveries.is_empty() {
-                continue;
-            }
-            let batch = Arc::new(Batch::new(deliveries, spec.fifo));
-            worker.inflight.hold(batch.clone());
-            // One lane per free slot (at most one per unit of work); lanes
-            // take messages (or FIFO chains) from the batch until it is empty.
-            let mut slots = vec![first];
-            while slots.len() < batch.units() {
-                match permits.clone().try_acquire_owned() {
-                    Ok(p) => slots.push(p),
-                    Err(_) => break,
+                _ = worker.ready.until(wanted), if in_flight < receivers => {
+                    let (w, pause) = (worker.clone(), if failures == 0 { Duration::ZERO } else { backoff(failures) });
+                    receiving.spawn(async move {
+                        if !pause.is_zero() {
+                            tokio::time::sleep(pause).await;
+                        }
+                        if fifo {
+                            w.acker.settled(Duration::from_secs(1)).await;
+                        }
+                        let n = w.pace.batch(spec.concurrency, max);
+                        w.transport.receive(spec.name, n, settings.receive_wait).await
+                    });
                 }
             }
-            for slot in slots {
-                let (w, b, stop) = (worker.clone(), batch.clone(), shutdown.clone());
-                w.lanes_running.fetch_add(1, Ordering::SeqCst);
-                lanes.spawn(async move {
-                    w.lane(&b, &stop).await;
-                    w.lanes_running.fetch_sub(1, Ordering::SeqCst);
-                    drop(slot);
-                });
-            }
         }
+        // Receives that complete within a moment give their messages back at
+        // once (rather than leaving them invisible until their timeout).
+        let _ = tokio::time::timeout(Duration::from_millis(250), async {
+            while let Some(done) = receiving.join_next().await {
+                for delivery in done.ok().and_then(Result::ok).unwrap_or_default() {
+                    let _ = worker.transport.nack(spec.name, delivery.receipt, Duration::ZERO).await;
+                }
+            }
+        })
+        .await;
+        receiving.abort_all();
         // Graceful end: let running handlers finish within the grace period.
         let finished = tokio::time::timeout(settings.grace, async { while lanes.join_next().await.is_some() {} }).await;
         if finished.is_err() {
@@ -181,30 +212,33 @@ impl WorkerHandle {
 }
 
 impl Worker {
-    /// Handles units of work from `batch` until none is left (or shutdown).
-    /// A FIFO chain runs in order; after a failure the rest of the chain is
-    /// released, not handled out of order.
-    async fn lane(&self, batch: &Arc<Batch>, shutdown: &Shutdown) {
-        while let Some(unit) = batch.claim() {
+    /// Handles units of work from the waiting batches until none is left (or
+    /// shutdown). A FIFO chain runs in order; after a failure the rest of the
+    /// chain is released, not handled out of order.
+    async fn lane(&self, shutdown: &Shutdown) {
+        while let Some((batch, unit)) = self.ready.next() {
+            if shutdown.is_triggered() {
+                // Unstarted messages stay held and are released at the end.
+                self.ready.stop_lane();
+                return;
+            }
             match unit {
                 Unit::One(i) => {
-                    if shutdown.is_triggered() {
-                        return; // unstarted messages stay held and are released at the end
-                    }
-                    self.process(batch, i).await;
+                    self.process(&batch, i).await;
                 }
-                Unit::Chain(chain) => {
-                    let mut rest = chain.iter();
+                Unit::Chain(u) => {
+                    let mut rest = batch.chain(u).iter();
                     for &i in rest.by_ref() {
                         if shutdown.is_triggered() {
+                            self.ready.stop_lane();
                             return;
                         }
-                        if !self.process(batch, i).await {
+                        if !self.process(&batch, i).await {
                             break;
                         }
                     }
                     for &i in rest {
-                        self.settle(batch, i);
+                        self.settle(&batch, i);
                         self.release(&batch.deliveries[i], Duration::ZERO).await;
                     }
                 }
