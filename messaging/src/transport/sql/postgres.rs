@@ -365,12 +365,15 @@ impl PostgresStore {
         lease_ms: i64,
     ) -> Result<Vec<LeasedRow>, TransportError> {
         let rows = sqlx::query(
+            // One token for the whole lease: fencing compares (row, token),
+            // and a later lease of any of these rows draws a newer token.
             "WITH picked AS ( \
                 SELECT id FROM messaging_messages WHERE queue = $1 AND status = 'pending' \
-                ORDER BY priority DESC, seq LIMIT $2 FOR UPDATE SKIP LOCKED) \
-             UPDATE messaging_messages m SET status = 'processing', lease_token = nextval('messaging_seq'), \
+                ORDER BY priority DESC, seq LIMIT $2 FOR UPDATE SKIP LOCKED), \
+             token AS (SELECT nextval('messaging_seq') AS value) \
+             UPDATE messaging_messages m SET status = 'processing', lease_token = token.value, \
                 lease_expires = $3, attempts = m.attempts + 1 \
-             FROM picked WHERE m.id = picked.id \
+             FROM picked, token WHERE m.id = picked.id \
              RETURNING m.id, m.lease_token, m.message_id, m.payload, m.attempts, m.group_id, m.attributes, m.sent_at, \
                 m.priority, m.seq",
         )
@@ -404,10 +407,11 @@ impl PostgresStore {
             let heads: Vec<i64> = sqlx::query_scalar(
                 "SELECT id FROM ( \
                     SELECT DISTINCT ON (group_id) id, group_id, status, seq FROM messaging_messages \
-                    WHERE queue = $1 AND status IN ('pending', 'sleeping') ORDER BY group_id, seq) heads \
+                    WHERE queue = $1 AND group_id IS NOT NULL AND status IN ('pending', 'sleeping') \
+                    ORDER BY group_id, seq) heads \
                  WHERE status = 'pending' AND NOT EXISTS ( \
                     SELECT 1 FROM messaging_messages l WHERE l.queue = $1 \
-                    AND l.group_id IS NOT DISTINCT FROM heads.group_id \
+                    AND l.group_id = heads.group_id \
                     AND l.status IN ('processing', 'awaiting_release')) \
                  ORDER BY seq LIMIT $2",
             )
@@ -417,8 +421,8 @@ impl PostgresStore {
             .await
             .map_err(|e| backend("lease", e))?;
             let rows = sqlx::query(
-                "UPDATE messaging_messages SET status = 'processing', lease_token = nextval('messaging_seq'), \
-                    lease_expires = $2, attempts = attempts + 1 \
+                "UPDATE messaging_messages SET status = 'processing', \
+                    lease_token = (SELECT nextval('messaging_seq')), lease_expires = $2, attempts = attempts + 1 \
                  WHERE id = ANY($1) AND status = 'pending' \
                  RETURNING id, lease_token, message_id, payload, attempts, group_id, attributes, sent_at, priority, seq",
             )
@@ -450,7 +454,7 @@ async fn insert(
     let sql = if guard_identity {
         "INSERT INTO messaging_messages (queue, identity, group_id, message_id, payload, attributes, priority, process_at, \
          status, attempts, seq, sent_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, 0, $10, $11) \
-         ON CONFLICT (queue, identity) DO NOTHING RETURNING id"
+         ON CONFLICT (queue, identity) WHERE identity IS NOT NULL DO NOTHING RETURNING id"
     } else {
         "INSERT INTO messaging_messages (queue, identity, group_id, message_id, payload, attributes, priority, process_at, \
          status, attempts, seq, sent_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, 0, $10, $11) RETURNING id"
