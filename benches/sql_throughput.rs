@@ -25,6 +25,7 @@
 //! ```text
 //! cargo bench --bench sql_throughput                       # 20,000 messages, 10 s of latency
 //! MESSAGES=5000 LATENCY_SECS=3 cargo bench --bench sql_throughput
+//! BENCH_DB=postgres cargo bench --bench sql_throughput   # or sqlite: one database only
 //! TEST_POSTGRES_URL=postgres://user@host/db cargo bench --bench sql_throughput
 //! ```
 
@@ -711,14 +712,19 @@ fn main() -> std::process::ExitCode {
     tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
     let config = Config::from_env();
     let mut failed = false;
-    if let Err(e) = postgres(&config) {
-        eprintln!("postgresql: FAILED: {e:#}");
-        failed = true;
+    let only = std::env::var("BENCH_DB").unwrap_or_default();
+    if only != "sqlite" {
+        if let Err(e) = postgres(&config) {
+            eprintln!("postgresql: FAILED: {e:#}");
+            failed = true;
+        }
+        println!();
     }
-    println!();
-    if let Err(e) = sqlite(&config) {
-        eprintln!("sqlite: FAILED: {e:#}");
-        failed = true;
+    if only != "postgres" {
+        if let Err(e) = sqlite(&config) {
+            eprintln!("sqlite: FAILED: {e:#}");
+            failed = true;
+        }
     }
     if failed {
         std::process::ExitCode::FAILURE

@@ -375,7 +375,10 @@ impl<S: RowStore> Transport for SqlTransport<S> {
     }
 
     fn max_batch(&self) -> usize {
-        100
+        // A lease or a completion costs about as much per statement as for
+        // 100 rows: 300 rows per statement cut the drain time by a third. The
+        // worker asks for fewer when handlers are slow (see `worker::pace`).
+        300
     }
 
     fn max_delay(&self) -> Duration {
