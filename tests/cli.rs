@@ -131,6 +131,64 @@ fn serve_mode_stops_gracefully_on_sigterm() {
     assert!(stdout(&out).contains("handled order A3"));
 }
 
+/// A plain HTTP/1.1 GET: (status, body).
+fn http_get(addr: &str, path: &str) -> (u16, String) {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(addr).unwrap();
+    stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    write!(stream, "GET {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n").unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    let status = response.split_whitespace().nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
+    (status, response.split_once("\r\n\r\n").map(|(_, b)| b.to_owned()).unwrap_or_default())
+}
+
+#[test]
+fn run_serves_health_readiness_and_metrics_and_logs_json() {
+    use std::io::BufRead;
+    let dir = WorkDir::new();
+    let mut child = orders_in(&dir)
+        .args(["run", "--serve", "--http", "127.0.0.1:0"])
+        .env("RUST_LOG", "info")
+        .env("MESSAGING_LOG_FORMAT", "json")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Every log line is a JSON object; one of them says where the endpoint listens.
+    let mut lines = std::io::BufReader::new(child.stderr.take().unwrap()).lines();
+    let mut address = None;
+    for line in lines.by_ref() {
+        let line = line.unwrap();
+        let entry: serde_json::Value =
+            serde_json::from_str(&line).unwrap_or_else(|e| panic!("not a JSON log line ({e}): {line}"));
+        if let Some(addr) = entry["fields"]["address"].as_str() {
+            address = Some(addr.to_owned());
+            break;
+        }
+    }
+    let address = address.expect("the endpoint's address is logged");
+    assert!(address.starts_with("127.0.0.1:"), "{address}");
+    let (status, body) = http_get(&address, "/health");
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(http_get(&address, "/ready").0, 200);
+    // The demo orders get handled; their metrics show up in the scrape.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (status, metrics) = http_get(&address, "/metrics");
+        assert_eq!(status, 200);
+        if metrics.contains("messaging_client_consumed_messages") && metrics.contains("orders.fifo") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no consume metrics in:\n{metrics}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let status = Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap();
+    assert!(status.success());
+    std::thread::spawn(move || lines.for_each(drop));
+    assert!(child.wait().unwrap().success());
+}
+
 /// Plants one dead letter in the example's SQLite database, as a permanently
 /// failed message of `orders.fifo` would leave it.
 #[cfg(feature = "sqlite")]

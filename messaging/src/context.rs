@@ -112,4 +112,11 @@ impl MessageContext {
     pub fn traceparent(&self) -> Option<&str> {
         self.attribute("traceparent")
     }
+
+    /// The producer's span context (from `traceparent` and `tracestate`), if
+    /// the message carries a valid one. The framework's consumer span already
+    /// continues that trace; use this to parent or link spans of your own.
+    pub fn producer_context(&self) -> Option<opentelemetry::trace::SpanContext> {
+        crate::telemetry::extract_span_context(&self.delivery().attributes)
+    }
 }

@@ -27,6 +27,9 @@ pub enum Error {
     /// The setup hook of `#[messaging::main]` returned an error.
     #[error("setup failed: {0}")]
     Setup(Box<dyn std::error::Error + Send + Sync>),
+    /// Telemetry or the HTTP endpoint could not be set up.
+    #[error("telemetry: {0}")]
+    Telemetry(String),
 }
 
 /// A failure reported by a transport backend.
@@ -86,32 +89,54 @@ pub enum PublishError {
     Transport(#[from] TransportError),
 }
 
+impl PublishError {
+    /// The failure's `error.type` for metrics and spans.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            PublishError::Serialize(_) => "Serialize",
+            PublishError::DelayTooLong { .. } => "DelayTooLong",
+            PublishError::EmptyGroup { .. } => "EmptyGroup",
+            PublishError::InvalidId { .. } => "InvalidId",
+            PublishError::Transport(TransportError::QueueNotFound(_)) => "QueueNotFound",
+            PublishError::Transport(TransportError::Rejected(_)) => "Rejected",
+            PublishError::Transport(_) => "TransportError",
+        }
+    }
+}
+
 /// The error a handler returns. By default a failure is *transient*: the
 /// message is retried with backoff until the queue's receive limit moves it to
 /// the dead-letter queue. [`HandlerError::permanent`] dead-letters at once.
 #[derive(Debug)]
 pub struct HandlerError {
     source: Box<dyn std::error::Error + Send + Sync>,
+    /// The error's type name (without its path), for `error.type`.
+    type_name: &'static str,
     permanent: bool,
     retry_after: Option<Duration>,
 }
 
 impl HandlerError {
     /// A transient failure: the message will be delivered again after a backoff.
-    pub fn transient(error: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> Self {
-        HandlerError { source: error.into(), permanent: false, retry_after: None }
+    pub fn transient<E: Into<Box<dyn std::error::Error + Send + Sync>>>(error: E) -> Self {
+        HandlerError { source: error.into(), type_name: short_type_name::<E>(), permanent: false, retry_after: None }
     }
 
     /// A permanent failure: retrying cannot help, so the message goes to the
     /// dead-letter queue at once.
-    pub fn permanent(error: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> Self {
-        HandlerError { source: error.into(), permanent: true, retry_after: None }
+    pub fn permanent<E: Into<Box<dyn std::error::Error + Send + Sync>>>(error: E) -> Self {
+        HandlerError { source: error.into(), type_name: short_type_name::<E>(), permanent: true, retry_after: None }
     }
 
     /// A transient failure that asks to be retried after `delay` instead of the
     /// computed backoff.
-    pub fn retry_after(error: impl Into<Box<dyn std::error::Error + Send + Sync>>, delay: Duration) -> Self {
-        HandlerError { source: error.into(), permanent: false, retry_after: Some(delay) }
+    pub fn retry_after<E: Into<Box<dyn std::error::Error + Send + Sync>>>(error: E, delay: Duration) -> Self {
+        HandlerError {
+            source: error.into(),
+            type_name: short_type_name::<E>(),
+            permanent: false,
+            retry_after: Some(delay),
+        }
     }
 
     /// Whether this failure sends the message to the dead-letter queue at once.
@@ -124,15 +149,12 @@ impl HandlerError {
         self.retry_after
     }
 
-    /// A short name of the failure's kind, used as the `error.type` of metrics.
+    /// The failure's `error.type` for metrics and spans: the name of the
+    /// error's type (`MessageInProgress`, `sqlx::Error` gives `Error`...), or
+    /// `_OTHER` for a plain message (`&str`, `String`), as the OpenTelemetry
+    /// conventions ask.
     pub fn kind(&self) -> &'static str {
-        if self.source.is::<crate::idempotency::MessageInProgress>() {
-            "MessageInProgress"
-        } else if self.permanent {
-            "permanent"
-        } else {
-            "transient"
-        }
+        self.type_name
     }
 
     /// The underlying error.
@@ -144,6 +166,19 @@ impl HandlerError {
 impl std::fmt::Display for HandlerError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         std::fmt::Display::fmt(&self.source, f)
+    }
+}
+
+/// The last path segment of `E`'s name without generic arguments; `_OTHER`
+/// for strings and boxed errors, whose type says nothing about the failure.
+fn short_type_name<E>() -> &'static str {
+    let full = std::any::type_name::<E>();
+    let bare = full.split('<').next().unwrap_or(full);
+    let name = bare.rsplit("::").next().unwrap_or(bare);
+    match name {
+        "" | "&str" | "str" | "String" | "Box" | "Cow" => "_OTHER",
+        name if name.starts_with('&') => "_OTHER",
+        name => name,
     }
 }
 

@@ -7,6 +7,7 @@ pub mod envelope;
 pub mod error;
 pub mod extract;
 pub mod handler;
+mod health;
 pub mod idempotency;
 pub mod identity;
 pub mod message;

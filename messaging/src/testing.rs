@@ -59,6 +59,7 @@ pub struct TestAppBuilder {
     only: Option<Vec<&'static str>>,
     configure: Vec<Configure>,
     timeout: Duration,
+    transport: Option<Arc<dyn Transport>>,
 }
 
 impl std::fmt::Debug for TestAppBuilder {
@@ -114,7 +115,7 @@ impl TestApp {
 
     /// A builder to provide states, add behaviours or pick queues.
     pub fn builder() -> TestAppBuilder {
-        TestAppBuilder { only: None, configure: Vec::new(), timeout: Duration::from_secs(5) }
+        TestAppBuilder { only: None, configure: Vec::new(), timeout: Duration::from_secs(5), transport: None }
     }
 
     /// A publisher on the app's transport.
@@ -210,6 +211,12 @@ impl TestApp {
     pub async fn stop(self) {
         self.running.stop().await;
     }
+
+    /// Serves `/health`, `/ready` and `/metrics` on `addr` (see
+    /// [`Running::serve_http`]); returns the bound address.
+    pub async fn serve_http(&mut self, addr: std::net::SocketAddr) -> Result<std::net::SocketAddr, Error> {
+        self.running.serve_http(addr).await
+    }
 }
 
 impl TestAppBuilder {
@@ -231,9 +238,19 @@ impl TestAppBuilder {
         self
     }
 
+    /// Runs on `transport` instead of a fresh in-memory one (a SQLite file,
+    /// PostgreSQL, SQS...), to test against the semantics used in production.
+    pub fn transport(mut self, transport: Arc<dyn Transport>) -> Self {
+        self.transport = Some(transport);
+        self
+    }
+
     /// Validates, declares the queues on a new `memory://` transport and starts.
     pub async fn start(self) -> Result<TestApp, Error> {
-        let transport: Arc<dyn Transport> = Arc::new(MemoryTransport::new());
+        let transport: Arc<dyn Transport> = match self.transport {
+            Some(transport) => transport,
+            None => Arc::new(MemoryTransport::new()),
+        };
         let mut app = App::new(transport.clone()).await?;
         if let Some(only) = &self.only {
             app.only_queues(only);

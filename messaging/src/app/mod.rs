@@ -15,8 +15,9 @@ use crate::extract::{RequirementKind, Resources};
 use crate::pipeline::Pipeline;
 use crate::registry::{Registry, ValidationErrors};
 use crate::shutdown::Shutdown;
+use crate::telemetry::DlqDepths;
 use crate::transport::Transport;
-use crate::worker::{Worker, WorkerHandle, WorkerSettings};
+use crate::worker::{Hooks, Worker, WorkerHandle, WorkerSettings};
 
 /// An assembled application: registry, transport and setup.
 #[derive(Debug)]
@@ -120,9 +121,13 @@ impl App {
         let shutdown = setup.shutdown.clone();
         let mut workers = JoinSet::new();
         let mut handles = Vec::new();
+        let hooks = Hooks {
+            observer: setup.observer.clone(),
+            telemetry: setup.telemetry.clone(),
+            enrich: setup.enrich.clone(),
+        };
         for routes in registry.routes() {
-            let handle =
-                Worker::start(routes.clone(), setup.transport.clone(), pipeline.clone(), setup.observer.clone());
+            let handle = Worker::start(routes.clone(), setup.transport.clone(), pipeline.clone(), hooks.clone());
             handles.push(handle.clone());
             workers.spawn(handle.run(settings, shutdown.clone()));
         }
@@ -130,8 +135,24 @@ impl App {
         for task in std::mem::take(&mut setup.tasks) {
             tasks.spawn(task);
         }
+        let queues: Vec<&'static str> = registry.queues().iter().map(|q| q.name).collect();
+        // The dead letters of the queues this app consumes.
+        let consumed: Vec<&'static str> = handles.iter().map(WorkerHandle::queue).collect();
+        let monitor = setup.telemetry.dlq_depths().map(|depths| {
+            tokio::spawn(watch_dead_letters(setup.transport.clone(), consumed, depths, setup.dlq_depth_interval))
+        });
         tracing::info!(transport = setup.transport.system(), workers = handles.len(), "consuming");
-        Ok(Running { shutdown, workers, tasks, handles, transport: setup.transport.clone(), mode: setup.run_mode })
+        Ok(Running {
+            shutdown,
+            workers,
+            tasks,
+            handles,
+            transport: setup.transport.clone(),
+            mode: setup.run_mode,
+            queues,
+            monitor,
+            http: None,
+        })
     }
 
     /// Sets the run mode (see [`RunMode`]).
@@ -153,6 +174,12 @@ pub struct Running {
     handles: Vec<WorkerHandle>,
     transport: Arc<dyn Transport>,
     mode: RunMode,
+    /// Every declared queue (for health).
+    queues: Vec<&'static str>,
+    /// The task observing dead-letter depths for `messaging.dlq.depth`.
+    monitor: Option<tokio::task::JoinHandle<()>>,
+    /// The HTTP endpoint's task, once serving.
+    http: Option<tokio::task::JoinHandle<()>>,
 }
 
 impl std::fmt::Debug for Running {
@@ -193,10 +220,29 @@ impl Running {
         self.join().await;
     }
 
+    /// Serves `/health` (200 when every declared queue answers, else 503 with
+    /// the failing queues), `/ready` (200 until shutdown begins) and
+    /// `/metrics` (Prometheus text, when a
+    /// [`prometheus_reader`](crate::telemetry::prometheus_reader) is installed)
+    /// on `addr` until shutdown. Returns the bound address (so `127.0.0.1:0`
+    /// picks a free port). `run --http ADDR` calls it.
+    pub async fn serve_http(&mut self, addr: std::net::SocketAddr) -> Result<std::net::SocketAddr, Error> {
+        let (bound, task) =
+            crate::health::serve(addr, self.transport.clone(), self.queues.clone(), self.shutdown.clone()).await?;
+        self.http = Some(task);
+        Ok(bound)
+    }
+
     async fn join(&mut self) {
         while self.workers.join_next().await.is_some() {}
         self.tasks.abort_all();
         while self.tasks.join_next().await.is_some() {}
+        if let Some(monitor) = self.monitor.take() {
+            monitor.abort();
+        }
+        if let Some(http) = self.http.take() {
+            let _ = http.await;
+        }
     }
 
     /// Completes once the tasks are done and every queue is empty and settled
@@ -218,6 +264,35 @@ impl Running {
             quiet = if idle { quiet + 1 } else { 0 };
             if quiet >= 2 {
                 return;
+            }
+        }
+    }
+}
+
+/// Observes the dead-letter depth of every queue every `every`, for the
+/// `messaging.dlq.depth` gauge, until aborted. Queues without dead letters
+/// (or whose depth cannot be read) are left out.
+async fn watch_dead_letters(
+    transport: Arc<dyn Transport>,
+    queues: Vec<&'static str>,
+    depths: DlqDepths,
+    every: Duration,
+) {
+    let Some(dead_letters) = transport.dead_letters() else { return };
+    let system = transport.system();
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        for &queue in &queues {
+            match dead_letters.depth(queue).await {
+                Ok(depth) => {
+                    depths.lock().unwrap_or_else(|p| p.into_inner()).insert((system, queue), depth);
+                }
+                Err(e) => {
+                    tracing::debug!(queue, "dead-letter depth unavailable: {e}");
+                    depths.lock().unwrap_or_else(|p| p.into_inner()).remove(&(system, queue));
+                }
             }
         }
     }

@@ -7,11 +7,13 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::context::MessageContext;
 use crate::idempotency::{IdempotencyStore, MemoryIdempotencyStore};
 use crate::observe::Observer;
 use crate::pipeline::Behaviour;
 use crate::publish::Publisher;
 use crate::shutdown::Shutdown;
+use crate::telemetry::{EnrichHook, Telemetry};
 use crate::transport::{BoxFuture, Transport};
 
 /// Whether `run` keeps serving or stops once the queues are drained.
@@ -50,6 +52,9 @@ pub struct Setup {
     pub(crate) grace: Duration,
     pub(crate) receive_wait: Duration,
     pub(crate) observer: Option<Arc<dyn Observer>>,
+    pub(crate) telemetry: Arc<Telemetry>,
+    pub(crate) enrich: Option<EnrichHook>,
+    pub(crate) dlq_depth_interval: Duration,
 }
 
 impl std::fmt::Debug for Setup {
@@ -77,6 +82,9 @@ impl Setup {
             grace: Duration::from_secs(30),
             receive_wait: Duration::from_secs(5),
             observer: None,
+            telemetry: Arc::new(Telemetry::default()),
+            enrich: None,
+            dlq_depth_interval: Duration::from_secs(30),
         }
     }
 
@@ -103,7 +111,7 @@ impl Setup {
 
     /// A publisher on the app's transport.
     pub fn publisher(&self) -> Publisher {
-        Publisher::new(self.transport.clone())
+        Publisher::with_telemetry(self.transport.clone(), self.telemetry.clone())
     }
 
     /// The app's transport.
@@ -138,6 +146,41 @@ impl Setup {
     /// Reports every dispatch outcome to `observer`.
     pub fn observer(&mut self, observer: impl Observer) -> &mut Self {
         self.observer = Some(Arc::new(observer));
+        self
+    }
+
+    /// Turns the framework's metrics off (`messaging.client.*`,
+    /// `messaging.process.duration`, `messaging.dlq.depth`) for this app's
+    /// workers and publishers. Spans and logs stay.
+    pub fn without_observability(&mut self) -> &mut Self {
+        self.telemetry.disable_metrics();
+        self
+    }
+
+    /// Adds attributes to the consumer span of every message: `hook` gets the
+    /// live span and the message's context. A hook that panics is contained
+    /// and logged; dispatch goes on.
+    ///
+    /// ```no_run
+    /// use messaging::telemetry::opentelemetry;
+    /// use tracing_opentelemetry::OpenTelemetrySpanExt as _;
+    /// # fn f(setup: &mut messaging::Setup) {
+    /// setup.enrich(|span, ctx| {
+    ///     if let Some(tenant) = ctx.attribute("tenant") {
+    ///         span.set_attribute("app.tenant", tenant.to_owned());
+    ///     }
+    /// });
+    /// # }
+    /// ```
+    pub fn enrich(&mut self, hook: impl Fn(&tracing::Span, &MessageContext) + Send + Sync + 'static) -> &mut Self {
+        self.enrich = Some(Arc::new(hook));
+        self
+    }
+
+    /// How often the dead-letter depths of `messaging.dlq.depth` are observed
+    /// (default 30 s).
+    pub fn dlq_depth_interval(&mut self, every: Duration) -> &mut Self {
+        self.dlq_depth_interval = every.max(Duration::from_millis(10));
         self
     }
 }

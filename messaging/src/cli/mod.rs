@@ -60,6 +60,19 @@ struct RunArgs {
     /// Create or upgrade the database tables before starting.
     #[arg(long)]
     migrate: bool,
+    /// Serve /health, /ready and /metrics on this address (a bare port binds
+    /// to loopback: `--http 9090` is 127.0.0.1:9090).
+    #[arg(long, value_name = "ADDR", value_parser = parse_http_addr)]
+    http: Option<std::net::SocketAddr>,
+}
+
+/// `9090` → 127.0.0.1:9090; `0.0.0.0:9090` and `[::1]:9090` as written.
+fn parse_http_addr(text: &str) -> Result<std::net::SocketAddr, String> {
+    let text = text.trim();
+    if let Ok(port) = text.parse::<u16>() {
+        return Ok(std::net::SocketAddr::from(([127, 0, 0, 1], port)));
+    }
+    text.parse().map_err(|_| format!("`{text}` is not an address; write a port (9090) or IP:PORT (0.0.0.0:9090)"))
 }
 
 /// Parses `250ms`, `30s`, `5m`, `1h`.
@@ -80,7 +93,8 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
 /// The body of the `main` that `#[messaging::main]` generates.
 pub fn run_main(hook: SetupHook) -> ExitCode {
     let cli = Cli::parse();
-    crate::telemetry::init_logging();
+    let serves_metrics = matches!(&cli.command, Some(Command::Run(RunArgs { http: Some(_), .. })));
+    let _telemetry = crate::telemetry::init(crate::telemetry::TelemetryConfig::from_env().prometheus(serves_metrics));
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
@@ -140,7 +154,10 @@ async fn execute(cli: Cli, hook: SetupHook) -> Result<(), Error> {
             if let Some(grace) = args.grace {
                 app.setup().grace_period(grace);
             }
-            let running = app.start()?;
+            let mut running = app.start()?;
+            if let Some(addr) = args.http {
+                running.serve_http(addr).await?;
+            }
             let shutdown = running.shutdown_handle();
             tokio::spawn(async move {
                 wait_for_signal().await;
@@ -156,12 +173,12 @@ async fn execute(cli: Cli, hook: SetupHook) -> Result<(), Error> {
 /// Probes every declared queue; an error lists the unreachable ones.
 async fn health(app: &App) -> Result<(), Error> {
     let transport = app.setup_transport();
-    let mut failing = Vec::new();
-    for spec in app.registry().queues() {
-        if let Err(e) = transport.depth(spec.name).await {
-            failing.push(format!("`{}`: {e}", spec.name));
-        }
-    }
+    let queues: Vec<&'static str> = app.registry().queues().iter().map(|q| q.name).collect();
+    let failing: Vec<String> = crate::health::probe(transport, &queues)
+        .await
+        .into_iter()
+        .map(|f| format!("`{}`: {}", f.queue, f.error))
+        .collect();
     if failing.is_empty() {
         println!("healthy: {} queue(s) reachable on {}", app.registry().queues().len(), transport.system());
         Ok(())

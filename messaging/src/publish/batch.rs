@@ -12,6 +12,7 @@ use crate::error::PublishError;
 use crate::message::Message;
 use crate::queue::Queue;
 use crate::transport::MessageId;
+use tracing::Instrument as _;
 
 /// A send of several messages to queue `Q`. `.await` gives one result per
 /// message in input order; a failure of one does not stop the others.
@@ -84,6 +85,9 @@ where
 {
     fn start(&self) -> Sending<'a, Vec<Result<MessageId, PublishError>>> {
         let transport = self.publisher.transport.clone();
+        let telemetry = self.publisher.telemetry.clone();
+        let (system, queue) = (transport.system(), Q::SPEC.name);
+        let span = crate::telemetry::producer_span(system, queue, self.messages.len());
         let max_delay = transport.max_delay();
         let mut results: Vec<Option<Result<MessageId, PublishError>>> = Vec::with_capacity(self.messages.len());
         let mut pending = Vec::new();
@@ -96,7 +100,11 @@ where
                 Err(e) => results.push(Some(Err(e))),
             }
         }
-        Box::pin(async move {
+        let sending = async move {
+            let mut pending = pending;
+            for (_, outgoing) in pending.iter_mut() {
+                crate::telemetry::inject(&tracing::Span::current(), &mut outgoing.attributes);
+            }
             let chunk = transport.max_batch().max(1);
             let mut pending = pending.into_iter().peekable();
             while pending.peek().is_some() {
@@ -112,11 +120,21 @@ where
                     results[index] = Some(result.map_err(PublishError::from));
                 }
             }
-            results
+            let results: Vec<_> = results
                 .into_iter()
                 .map(|r| r.unwrap_or(Err(PublishError::Transport(crate::error::TransportError::Closed))))
-                .collect()
-        })
+                .collect();
+            let failed = results.iter().filter_map(|r| r.as_ref().err()).collect::<Vec<_>>();
+            telemetry.sent(system, queue, (results.len() - failed.len()) as u64, None);
+            for e in &failed {
+                telemetry.sent(system, queue, 1, Some(e.kind()));
+            }
+            if let Some(first) = failed.first() {
+                crate::telemetry::record_failure(&tracing::Span::current(), first.kind());
+            }
+            results
+        };
+        Box::pin(sending.instrument(span))
     }
 }
 

@@ -21,6 +21,7 @@ pub use state::{DelaySupported, GroupResolved, Grouped, Ungrouped};
 use crate::error::PublishError;
 use crate::message::Message;
 use crate::queue::{Queue, QueueSpec};
+use crate::telemetry::Telemetry;
 use crate::transport::{Attributes, Outgoing, Transport};
 
 /// Sends messages to queues. Cheap to clone; handlers get one with the
@@ -28,6 +29,7 @@ use crate::transport::{Attributes, Outgoing, Transport};
 #[derive(Clone)]
 pub struct Publisher {
     transport: Arc<dyn Transport>,
+    telemetry: Arc<Telemetry>,
 }
 
 impl std::fmt::Debug for Publisher {
@@ -40,7 +42,12 @@ impl Publisher {
     /// A publisher on a transport. Queues must have been declared on it
     /// (the app does that at startup).
     pub fn new(transport: Arc<dyn Transport>) -> Self {
-        Publisher { transport }
+        Publisher { transport, telemetry: Arc::new(Telemetry::default()) }
+    }
+
+    /// A publisher recording into an app's metrics.
+    pub(crate) fn with_telemetry(transport: Arc<dyn Transport>, telemetry: Arc<Telemetry>) -> Self {
+        Publisher { transport, telemetry }
     }
 
     /// The transport this publisher sends through.

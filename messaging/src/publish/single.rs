@@ -12,6 +12,7 @@ use crate::error::PublishError;
 use crate::message::Message;
 use crate::queue::Queue;
 use crate::transport::MessageId;
+use tracing::Instrument as _;
 
 /// A send of one message to queue `Q`, configured by chained calls and sent by
 /// `.await` (the builder is itself the future). Created by [`Publisher::send`].
@@ -104,8 +105,31 @@ where
 {
     fn start(&self) -> Sending<'a, Result<MessageId, PublishError>> {
         let transport = self.publisher.transport.clone();
+        let telemetry = self.publisher.telemetry.clone();
         let outgoing = self.options.outgoing(&Q::SPEC, self.message, transport.max_delay());
-        Box::pin(async move { Ok(transport.send(Q::SPEC.name, outgoing?).await?) })
+        let (system, queue) = (transport.system(), Q::SPEC.name);
+        let span = crate::telemetry::producer_span(system, queue, 1);
+        Box::pin(async move {
+            let sent = async {
+                let mut outgoing = outgoing?;
+                crate::telemetry::inject(&span, &mut outgoing.attributes);
+                Ok(transport.send(queue, outgoing).await?)
+            }
+            .instrument(span.clone())
+            .await;
+            match &sent {
+                Ok(id) => {
+                    span.record("messaging.message.id", tracing::field::display(id));
+                    telemetry.sent(system, queue, 1, None);
+                }
+                Err(e) => {
+                    let e: &PublishError = e;
+                    crate::telemetry::record_failure(&span, e.kind());
+                    telemetry.sent(system, queue, 1, Some(e.kind()));
+                }
+            }
+            sent
+        })
     }
 }
 

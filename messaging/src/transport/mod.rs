@@ -136,10 +136,12 @@ pub trait Transport: Send + Sync + 'static {
         visibility: Duration,
     ) -> BoxFuture<'a, Result<(), TransportError>>;
 
-    /// How many receives a worker keeps going at once on a standard queue
-    /// (FIFO queues always use one). A remote queue whose receive is a round
-    /// trip gains from more; a database whose concurrent leases contend for
-    /// the same rows does not.
+    /// How many receives a worker keeps going ahead of its lanes on a
+    /// standard queue (FIFO queues receive one batch at a time). A remote
+    /// queue whose receive is a round trip gains from more; a database whose
+    /// concurrent leases contend for the same rows keeps one; `0` receives
+    /// only when a lane is free, for a transport whose receive costs no round
+    /// trip.
     fn receivers(&self) -> usize {
         1
     }

@@ -13,13 +13,16 @@ use crate::context::MessageContext;
 use crate::error::HandlerError;
 use crate::handler::RetryPolicy;
 use crate::observe::{DispatchEvent, Outcome};
+use crate::telemetry;
 use crate::transport::Delivery;
+use tracing::Instrument as _;
 
 impl Worker {
     /// Handles message `i` of `batch` to the end. Returns whether it succeeded.
     pub(super) async fn process(&self, batch: &Arc<Batch>, i: usize) -> bool {
         let delivery = &batch.deliveries[i];
         let spec = self.routes.spec();
+        let system = self.transport.system();
         let decoded = match self.routes.decode(&delivery.body) {
             Ok(decoded) => decoded,
             Err(e) => {
@@ -33,18 +36,30 @@ impl Worker {
                 let delay = RetryPolicy::default().backoff(delivery.receive_count);
                 self.settle(batch, i);
                 self.release(delivery, delay).await;
+                self.hooks.telemetry.consumed(system, spec.name, Duration::ZERO, Some("Undecodable"));
                 self.report(delivery, Outcome::Undecodable { error: e.to_string() });
                 return false;
             }
         };
-        let ctx = MessageContext::new(spec.name, self.transport.system(), batch, i, decoded.type_name, decoded.version);
+        let ctx = MessageContext::new(spec.name, system, batch, i, decoded.type_name, decoded.version);
+        let span = telemetry::consumer_span(system, spec.name, delivery, decoded.type_name);
+        if let Some(hook) = &self.hooks.enrich {
+            telemetry::enrich(hook, &span, &ctx);
+        }
         let route = decoded.route;
         let started = Instant::now();
         let result = AssertUnwindSafe(self.pipeline.dispatch(decoded.message, route, &ctx))
             .catch_unwind()
+            .instrument(span.clone())
             .await
-            .unwrap_or_else(|panic| Err(HandlerError::transient(PanicError(panic_message(&panic)))));
-        self.pace.record(started.elapsed());
+            .unwrap_or_else(|panic| Err(HandlerError::transient(Panic(panic_message(&panic)))));
+        let took = started.elapsed();
+        self.pace.record(took);
+        let failure = result.as_ref().err().map(HandlerError::kind);
+        if let Some(kind) = failure {
+            telemetry::record_failure(&span, kind);
+        }
+        self.hooks.telemetry.consumed(system, spec.name, took, failure);
         match result {
             Ok(()) => {
                 self.acker.ack(delivery.receipt.clone());
@@ -53,8 +68,10 @@ impl Worker {
                 true
             }
             Err(error) if error.is_permanent() => {
-                tracing::warn!(queue = spec.name, message.id = %delivery.message_id, handler = route.entry.name,
-                    "permanent failure, dead-lettering: {error}");
+                span.in_scope(|| {
+                    tracing::warn!(queue = spec.name, message.id = %delivery.message_id, handler = route.entry.name,
+                        "permanent failure, dead-lettering: {error}");
+                });
                 self.settle(batch, i);
                 self.dead_letter(delivery, &error).await;
                 self.report(delivery, Outcome::DeadLettered { error: error.to_string() });
@@ -63,8 +80,10 @@ impl Worker {
             Err(error) => {
                 let policy = route.entry.retry.unwrap_or_default();
                 let delay = error.requested_delay().unwrap_or_else(|| policy.backoff(delivery.receive_count));
-                tracing::warn!(queue = spec.name, message.id = %delivery.message_id, handler = route.entry.name,
-                    receive_count = delivery.receive_count, retry_in = ?delay, "handler failed: {error}");
+                span.in_scope(|| {
+                    tracing::warn!(queue = spec.name, message.id = %delivery.message_id, handler = route.entry.name,
+                        receive_count = delivery.receive_count, retry_in = ?delay, "handler failed: {error}");
+                });
                 self.settle(batch, i);
                 self.release(delivery, delay).await;
                 self.report(delivery, Outcome::Retried { error: error.to_string() });
@@ -97,7 +116,7 @@ impl Worker {
     }
 
     fn report(&self, delivery: &Delivery, outcome: Outcome) {
-        if let Some(observer) = &self.observer {
+        if let Some(observer) = &self.hooks.observer {
             observer.on_dispatch(&DispatchEvent {
                 queue: self.routes.spec().name,
                 message_id: delivery.message_id.clone(),
@@ -110,7 +129,7 @@ impl Worker {
 
 #[derive(Debug, thiserror::Error)]
 #[error("handler panicked: {0}")]
-struct PanicError(String);
+struct Panic(String);
 
 fn panic_message(panic: &Box<dyn std::any::Any + Send>) -> String {
     panic

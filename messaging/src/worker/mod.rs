@@ -25,6 +25,7 @@ use crate::observe::SharedObserver;
 use crate::pipeline::Pipeline;
 use crate::registry::Routes;
 use crate::shutdown::Shutdown;
+use crate::telemetry::{EnrichHook, Telemetry};
 use crate::transport::{Delivery, Transport};
 
 /// Timing of a worker.
@@ -46,11 +47,19 @@ pub(crate) struct Worker {
     routes: Arc<Routes>,
     transport: Arc<dyn Transport>,
     pipeline: Arc<Pipeline>,
-    observer: SharedObserver,
+    hooks: Hooks,
     inflight: Arc<InFlight>,
     acker: Acker,
     ready: Ready,
     pace: Pace,
+}
+
+/// What watches a worker: the test observer, metrics, the span enrichment hook.
+#[derive(Clone)]
+pub(crate) struct Hooks {
+    pub(crate) observer: SharedObserver,
+    pub(crate) telemetry: Arc<Telemetry>,
+    pub(crate) enrich: Option<EnrichHook>,
 }
 
 /// A running worker's handle, for drain detection.
@@ -76,7 +85,7 @@ impl Worker {
         routes: Arc<Routes>,
         transport: Arc<dyn Transport>,
         pipeline: Arc<Pipeline>,
-        observer: SharedObserver,
+        hooks: Hooks,
     ) -> WorkerHandle {
         let acker = Acker::start(transport.clone(), routes.spec().name);
         let ready = Ready::new(routes.spec().concurrency);
@@ -85,7 +94,7 @@ impl Worker {
                 routes,
                 transport,
                 pipeline,
-                observer,
+                hooks,
                 inflight: Arc::new(InFlight::default()),
                 acker,
                 ready,
@@ -106,21 +115,21 @@ impl WorkerHandle {
         let mut lanes = JoinSet::new();
         let mut receiving: JoinSet<Result<Vec<Delivery>, TransportError>> = JoinSet::new();
         let max = worker.transport.max_batch().max(1);
-        // A FIFO queue keeps one receive going, so that a group's messages
-        // arrive in order; a standard queue as many as the transport suits.
-        let receivers = if spec.fifo { 1 } else { worker.transport.receivers().max(1) };
+        // Receives kept going ahead of the lanes: as many as the transport
+        // suits on a standard queue; none on a FIFO queue, whose groups must
+        // be released (acked) before their next messages can come.
+        let receivers = if spec.fifo { 0 } else { worker.transport.receivers() };
         let mut failures = 0u32;
         loop {
             while lanes.try_join_next().is_some() {}
-            // When to receive. A standard queue receives ahead of its lanes:
-            // at most two batches (or one per receiver) wait or are being
-            // received. A FIFO queue
-            // receives when a lane is free and every batch is claimed, after
-            // its acks have reached the transport (a group stays locked until
-            // its messages are deleted).
+            // When to receive. Ahead of the lanes: while fewer than two
+            // batches (or one per receiver) wait or are being received. Else
+            // when a lane is free and every batch is claimed (a FIFO queue
+            // also waits for its acks to reach the transport: a group stays
+            // locked until its messages are deleted).
             let (in_flight, fifo) = (receiving.len(), spec.fifo);
             let wanted = move |batches: usize, lanes: usize, concurrency: usize| {
-                if fifo {
+                if receivers == 0 {
                     in_flight == 0 && batches == 0 && lanes < concurrency
                 } else {
                     batches + in_flight < receivers.max(2)
@@ -158,7 +167,7 @@ impl WorkerHandle {
                         lanes.spawn(async move { w.lane(&stop).await });
                     }
                 }
-                _ = worker.ready.until(wanted), if in_flight < receivers => {
+                _ = worker.ready.until(wanted), if in_flight < receivers.max(1) => {
                     let (w, pause) = (worker.clone(), if failures == 0 { Duration::ZERO } else { backoff(failures) });
                     receiving.spawn(async move {
                         if !pause.is_zero() {
@@ -216,7 +225,12 @@ impl Worker {
     /// shutdown). A FIFO chain runs in order; after a failure the rest of the
     /// chain is released, not handled out of order.
     async fn lane(&self, shutdown: &Shutdown) {
-        while let Some((batch, unit)) = self.ready.next() {
+        let mut current = None;
+        while let Some(unit) = self.ready.next(&mut current) {
+            let Some(batch) = current.as_ref() else {
+                self.ready.stop_lane(); // `next` sets `current` with every unit it returns
+                return;
+            };
             if shutdown.is_triggered() {
                 // Unstarted messages stay held and are released at the end.
                 self.ready.stop_lane();
@@ -224,7 +238,7 @@ impl Worker {
             }
             match unit {
                 Unit::One(i) => {
-                    self.process(&batch, i).await;
+                    self.process(batch, i).await;
                 }
                 Unit::Chain(u) => {
                     let mut rest = batch.chain(u).iter();
@@ -233,12 +247,12 @@ impl Worker {
                             self.ready.stop_lane();
                             return;
                         }
-                        if !self.process(&batch, i).await {
+                        if !self.process(batch, i).await {
                             break;
                         }
                     }
                     for &i in rest {
-                        self.settle(&batch, i);
+                        self.settle(batch, i);
                         self.release(&batch.deliveries[i], Duration::ZERO).await;
                     }
                 }

@@ -49,19 +49,28 @@ impl Ready {
         start
     }
 
-    /// Claims the next unit of work for a lane, with its batch; `None` means
-    /// nothing is left and the lane has been counted out (it must stop).
-    pub(crate) fn next(&self) -> Option<(Arc<Batch>, Unit)> {
+    /// Claims the next unit of work for a lane: from the lane's `current`
+    /// batch without locking while it lasts, else from the oldest batch with
+    /// work left (which becomes `current`). `None` means nothing is left and
+    /// the lane has been counted out (it must stop).
+    pub(crate) fn next(&self, current: &mut Option<Arc<Batch>>) -> Option<Unit> {
+        if let Some(unit) = current.as_ref().and_then(|batch| batch.claim()) {
+            return Some(unit);
+        }
         let mut state = self.lock();
         loop {
             let Some(batch) = state.batches.front().cloned() else {
                 state.lanes -= 1;
                 drop(state);
+                *current = None;
                 self.changed.notify_waiters();
                 return None;
             };
             match batch.claim() {
-                Some(unit) => return Some((batch, unit)),
+                Some(unit) => {
+                    *current = Some(batch);
+                    return Some(unit);
+                }
                 None => {
                     state.batches.pop_front();
                     self.changed.notify_waiters();

@@ -221,6 +221,11 @@ impl Transport for MemoryTransport {
         })
     }
 
+    fn receivers(&self) -> usize {
+        // A receive is a lock, not a round trip: receiving ahead only adds wake-ups.
+        0
+    }
+
     fn max_batch(&self) -> usize {
         // No request limit in memory; larger batches mean fewer lock round trips.
         100

@@ -1,0 +1,114 @@
+//! Health: probing every declared queue (the `health` command), and the HTTP
+//! endpoints `/health`, `/ready` and `/metrics` of
+//! [`Running::serve_http`](crate::Running::serve_http) (`run --http ADDR`).
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::State;
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::Router;
+
+use crate::error::Error;
+use crate::shutdown::Shutdown;
+use crate::transport::Transport;
+
+/// How long one queue's probe may take before it counts as unreachable.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// One queue that failed its probe.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Unreachable {
+    pub(crate) queue: &'static str,
+    pub(crate) error: String,
+}
+
+/// Asks the transport for each queue's depth; returns the queues that failed.
+pub(crate) async fn probe(transport: &Arc<dyn Transport>, queues: &[&'static str]) -> Vec<Unreachable> {
+    let mut failing = Vec::new();
+    for &queue in queues {
+        let error = match tokio::time::timeout(PROBE_TIMEOUT, transport.depth(queue)).await {
+            Ok(Ok(_)) => continue,
+            Ok(Err(e)) => e.to_string(),
+            Err(_) => format!("no answer within {PROBE_TIMEOUT:?}"),
+        };
+        failing.push(Unreachable { queue, error });
+    }
+    failing
+}
+
+#[derive(Clone)]
+struct Endpoints {
+    transport: Arc<dyn Transport>,
+    queues: Arc<[&'static str]>,
+    shutdown: Shutdown,
+}
+
+/// Serves the endpoints on `addr` until `shutdown`; returns the bound address.
+pub(crate) async fn serve(
+    addr: SocketAddr,
+    transport: Arc<dyn Transport>,
+    queues: Vec<&'static str>,
+    shutdown: Shutdown,
+) -> Result<(SocketAddr, tokio::task::JoinHandle<()>), Error> {
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|e| Error::Telemetry(format!("cannot listen on {addr}: {e}")))?;
+    let bound = listener.local_addr().map_err(|e| Error::Telemetry(format!("cannot listen on {addr}: {e}")))?;
+    let endpoints = Endpoints { transport, queues: queues.into(), shutdown: shutdown.clone() };
+    let router = Router::new()
+        .route("/health", get(health))
+        .route("/ready", get(ready))
+        .route("/metrics", get(metrics))
+        .with_state(endpoints);
+    let task = tokio::spawn(async move {
+        let served = axum::serve(listener, router).with_graceful_shutdown(async move { shutdown.wait().await }).await;
+        if let Err(e) = served {
+            tracing::warn!("the HTTP endpoint stopped: {e}");
+        }
+    });
+    tracing::info!(address = %bound, "serving /health, /ready and /metrics");
+    Ok((bound, task))
+}
+
+fn json(status: StatusCode, body: serde_json::Value) -> Response {
+    (status, [(header::CONTENT_TYPE, "application/json")], body.to_string()).into_response()
+}
+
+/// 200 when every declared queue answers; 503 listing those that do not.
+async fn health(State(endpoints): State<Endpoints>) -> Response {
+    let failing = probe(&endpoints.transport, &endpoints.queues).await;
+    if failing.is_empty() {
+        json(StatusCode::OK, serde_json::json!({ "status": "healthy", "queues": endpoints.queues.len() }))
+    } else {
+        let failing: Vec<_> =
+            failing.iter().map(|f| serde_json::json!({ "queue": f.queue, "error": f.error })).collect();
+        json(StatusCode::SERVICE_UNAVAILABLE, serde_json::json!({ "status": "unhealthy", "failing": failing }))
+    }
+}
+
+/// 200 while consuming; 503 once shutdown has begun.
+async fn ready(State(endpoints): State<Endpoints>) -> Response {
+    if endpoints.shutdown.is_triggered() {
+        json(StatusCode::SERVICE_UNAVAILABLE, serde_json::json!({ "status": "stopping" }))
+    } else {
+        json(StatusCode::OK, serde_json::json!({ "status": "ready" }))
+    }
+}
+
+/// The Prometheus text format of every metric the process records.
+async fn metrics() -> Response {
+    match crate::telemetry::gather_prometheus() {
+        Some(Ok(text)) => (StatusCode::OK, [(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response(),
+        Some(Err(e)) => (StatusCode::INTERNAL_SERVER_ERROR, format!("encoding metrics failed: {e}\n")).into_response(),
+        None => (
+            StatusCode::NOT_FOUND,
+            "no Prometheus reader is installed: run with --http, or add messaging::telemetry::prometheus_reader() \
+             to your meter provider\n",
+        )
+            .into_response(),
+    }
+}

@@ -1,0 +1,112 @@
+//! The instruments, named and tagged per the OpenTelemetry messaging semantic
+//! conventions.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use opentelemetry::metrics::{Counter, Histogram, ObservableGauge};
+use opentelemetry::{InstrumentationScope, KeyValue};
+
+/// Bucket boundaries (seconds) of `messaging.process.duration`, as the
+/// semantic conventions advise for messaging durations.
+const DURATION_BUCKETS: [f64; 14] = [0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0];
+
+/// The last observed dead-letter depth per (system, queue).
+pub(crate) type DlqDepths = Arc<Mutex<BTreeMap<(&'static str, &'static str), u64>>>;
+
+pub(super) struct Metrics {
+    sent: Counter<u64>,
+    consumed: Counter<u64>,
+    duration: Histogram<f64>,
+    pub(super) dlq_depths: DlqDepths,
+    /// Kept so that its callback stays registered.
+    _dlq_depth: ObservableGauge<u64>,
+}
+
+impl Metrics {
+    /// Instruments of the global meter provider (no-ops without one).
+    pub(super) fn from_global() -> Self {
+        let scope = InstrumentationScope::builder("messaging").with_version(env!("CARGO_PKG_VERSION")).build();
+        let meter = opentelemetry::global::meter_with_scope(scope);
+        let dlq_depths = DlqDepths::default();
+        let observed = dlq_depths.clone();
+        Metrics {
+            sent: meter
+                .u64_counter("messaging.client.sent.messages")
+                .with_unit("{message}")
+                .with_description("Messages a producer attempted to send")
+                .build(),
+            consumed: meter
+                .u64_counter("messaging.client.consumed.messages")
+                .with_unit("{message}")
+                .with_description("Messages handed to a handler (error.type set when handling failed)")
+                .build(),
+            duration: meter
+                .f64_histogram("messaging.process.duration")
+                .with_unit("s")
+                .with_description("Duration of handling one message, behaviours included")
+                .with_boundaries(DURATION_BUCKETS.to_vec())
+                .build(),
+            _dlq_depth: meter
+                .u64_observable_gauge("messaging.dlq.depth")
+                .with_unit("{message}")
+                .with_description("Messages in a queue's dead letters, as last observed")
+                .with_callback(move |gauge| {
+                    let depths = observed.lock().unwrap_or_else(|p| p.into_inner());
+                    for ((system, queue), depth) in depths.iter() {
+                        gauge.observe(
+                            *depth,
+                            &[
+                                KeyValue::new("messaging.system", *system),
+                                KeyValue::new("messaging.destination.name", *queue),
+                            ],
+                        );
+                    }
+                })
+                .build(),
+            dlq_depths,
+        }
+    }
+
+    pub(super) fn sent(&self, system: &'static str, queue: &'static str, count: u64, error: Option<&'static str>) {
+        let base = [
+            KeyValue::new("messaging.system", system),
+            KeyValue::new("messaging.destination.name", queue),
+            KeyValue::new("messaging.operation.name", "send"),
+        ];
+        match error {
+            None => self.sent.add(count, &base),
+            Some(kind) => {
+                let [a, b, c] = base;
+                self.sent.add(count, &[a, b, c, KeyValue::new("error.type", kind)]);
+            }
+        }
+    }
+
+    pub(super) fn consumed(
+        &self,
+        system: &'static str,
+        queue: &'static str,
+        took: Duration,
+        error: Option<&'static str>,
+    ) {
+        let base = [
+            KeyValue::new("messaging.system", system),
+            KeyValue::new("messaging.destination.name", queue),
+            KeyValue::new("messaging.operation.name", "process"),
+        ];
+        match error {
+            None => {
+                self.consumed.add(1, &base);
+                self.duration.record(took.as_secs_f64(), &base);
+            }
+            Some(kind) => {
+                let [a, b, c] = base;
+                let tags = [a, b, c, KeyValue::new("error.type", kind)];
+                self.consumed.add(1, &tags);
+                self.duration.record(took.as_secs_f64(), &tags);
+            }
+        }
+    }
+}

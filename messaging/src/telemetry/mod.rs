@@ -1,0 +1,107 @@
+//! Telemetry across the queue hop: OpenTelemetry spans, propagation, metrics
+//! and logs.
+//!
+//! * **Spans.** Publishing opens a `send {queue}` span (kind producer) and
+//!   handling a message a `process {queue}` span (kind consumer), both
+//!   `tracing` spans at level `DEBUG` under the target `messaging`, with the
+//!   OpenTelemetry messaging attributes. With the `tracing-opentelemetry`
+//!   layer installed (as [`init`] does when an exporter is configured) they
+//!   become OpenTelemetry spans; give your own OpenTelemetry layer a filter
+//!   that lets `messaging=debug` through.
+//! * **Propagation.** The producer span's W3C `traceparent` (and `tracestate`)
+//!   travel in the message attributes on every transport; the consumer span
+//!   continues the producer's trace, and handlers see the producer's context
+//!   as [`MessageContext::producer_context`](crate::MessageContext::producer_context).
+//! * **Metrics** (OpenTelemetry semantic conventions, meter `messaging`):
+//!   `messaging.client.sent.messages`, `messaging.client.consumed.messages`
+//!   (with `error.type` on failure), `messaging.process.duration` (seconds)
+//!   and `messaging.dlq.depth` (per queue). They are recorded through the
+//!   global meter provider: without one (no collector) recording is a no-op.
+//!   [`Setup::without_observability`](crate::Setup::without_observability)
+//!   turns them off.
+//! * **Enrichment.** [`Setup::enrich`](crate::Setup::enrich) adds attributes
+//!   to every consumer span; a hook that panics is contained and logged.
+//! * **Logs and export.** [`init`] sets up `tracing-subscriber` (`RUST_LOG`,
+//!   text or JSON), the Prometheus reader behind `/metrics`, and OTLP export
+//!   when `OTEL_EXPORTER_OTLP_ENDPOINT` is set (feature `otlp`).
+//!   `#[messaging::main]` calls it.
+
+mod enrich;
+mod logging;
+mod metrics;
+mod propagation;
+mod spans;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+pub(crate) use enrich::enrich;
+pub use enrich::EnrichHook;
+pub(crate) use logging::gather_prometheus;
+pub use logging::{init, init_logging, prometheus_reader, LogFormat, TelemetryConfig, TelemetryGuard};
+pub(crate) use metrics::DlqDepths;
+pub(crate) use propagation::{extract_span_context, inject};
+pub(crate) use spans::{consumer_span, producer_span, record_failure};
+
+/// The OpenTelemetry API crate this framework records with (the same version
+/// your own instrumentation must use to share traces and metrics).
+pub use opentelemetry;
+
+use metrics::Metrics;
+
+/// Metrics of one app (its publishers and workers), which
+/// [`Setup::without_observability`](crate::Setup::without_observability) can
+/// turn off.
+pub(crate) struct Telemetry {
+    metrics: Metrics,
+    enabled: AtomicBool,
+}
+
+impl std::fmt::Debug for Telemetry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Telemetry").field("metrics", &self.enabled.load(Ordering::Relaxed)).finish()
+    }
+}
+
+impl Default for Telemetry {
+    fn default() -> Self {
+        Telemetry { metrics: Metrics::from_global(), enabled: AtomicBool::new(true) }
+    }
+}
+
+impl Telemetry {
+    /// Turns the metrics off (spans stay).
+    pub(crate) fn disable_metrics(&self) {
+        self.enabled.store(false, Ordering::Relaxed);
+    }
+
+    fn metrics(&self) -> Option<&Metrics> {
+        self.enabled.load(Ordering::Relaxed).then_some(&self.metrics)
+    }
+
+    /// Counts messages sent to `queue` (`error` set for failures).
+    pub(crate) fn sent(&self, system: &'static str, queue: &'static str, count: u64, error: Option<&'static str>) {
+        if let Some(m) = self.metrics() {
+            m.sent(system, queue, count, error);
+        }
+    }
+
+    /// Records one dispatch: its duration, and its failure kind if it failed.
+    pub(crate) fn consumed(
+        &self,
+        system: &'static str,
+        queue: &'static str,
+        took: Duration,
+        error: Option<&'static str>,
+    ) {
+        if let Some(m) = self.metrics() {
+            m.consumed(system, queue, took, error);
+        }
+    }
+
+    /// The dead-letter depths the `messaging.dlq.depth` gauge reports, or
+    /// `None` when metrics are off.
+    pub(crate) fn dlq_depths(&self) -> Option<DlqDepths> {
+        self.metrics().map(|m| m.dlq_depths.clone())
+    }
+}
