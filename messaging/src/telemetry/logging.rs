@@ -215,7 +215,6 @@ mod otlp {
         if !configured("TRACES") {
             return None;
         }
-        use opentelemetry_otlp::WithExportConfig as _;
         match opentelemetry_otlp::SpanExporter::builder().with_http().build() {
             Ok(exporter) => {
                 Some(SdkTracerProvider::builder().with_resource(resource.clone()).with_batch_exporter(exporter).build())
