@@ -3,6 +3,12 @@
 //! baseline measured in the same run: a tokio mpsc channel carrying the same
 //! payload through a serde_json round trip.
 //!
+//! Then the cost of telemetry, at concurrency 8, against the same app with
+//! `without_observability()`: metrics on without a collector (no meter
+//! provider: the default), metrics collected by an SDK meter provider with the
+//! Prometheus reader of `/metrics`, and with the log subscriber at `INFO`
+//! that `#[messaging::main]` installs.
+//!
 //! ```text
 //! cargo bench --bench memory_throughput            # 1,000,000 messages
 //! MESSAGES=200000 cargo bench --bench memory_throughput
@@ -66,9 +72,16 @@ const CHUNK: usize = 1_000;
 const MAX_BACKLOG: u64 = 100_000;
 
 async fn framework<Q: Queue<Kind = messaging::Standard>>(messages: u64) -> Duration {
+    run::<Q>(messages, false).await
+}
+
+async fn run<Q: Queue<Kind = messaging::Standard>>(messages: u64, quiet: bool) -> Duration {
     let transport = Arc::new(MemoryTransport::new());
     let mut app = messaging::App::new(transport.clone()).await.expect("valid app");
     app.only_queues(&[Q::SPEC.name]);
+    if quiet {
+        app.setup().without_observability();
+    }
     let counter = Arc::new(Counter { handled: AtomicU64::new(0), target: messages, done: Notify::new() });
     app.setup().provide(counter.clone());
     let publisher = app.setup().publisher();
@@ -134,5 +147,24 @@ fn main() {
         println!("{:<36} {:>12.0} msgs/s   {:.2} x baseline", "messaging, concurrency 1", seq, seq / base);
         let par = rate(messages, framework::<Parallel>(messages).await);
         println!("{:<36} {:>12.0} msgs/s   {:.2} x baseline", "messaging, concurrency 8", par, par / base);
+
+        println!("\ntelemetry, concurrency 8 (ratio to without_observability() in the same run)");
+        let quiet = rate(messages, run::<Parallel>(messages, true).await);
+        let line = |what: &str, value: f64| println!("{what:<44} {value:>12.0} msgs/s   {:.2} x", value / quiet);
+        line("without_observability()", quiet);
+        line("metrics on, no collector (default)", rate(messages, run::<Parallel>(messages, false).await));
+        // A collector: the SDK aggregates every recording for /metrics.
+        let provider = opentelemetry_sdk::metrics::SdkMeterProvider::builder()
+            .with_reader(messaging::telemetry::prometheus_reader().expect("reader"))
+            .build();
+        opentelemetry::global::set_meter_provider(provider.clone());
+        line("metrics on, SDK + Prometheus reader", rate(messages, run::<Parallel>(messages, false).await));
+        // The log subscriber `#[messaging::main]` installs (RUST_LOG=info),
+        // writing to a sink. Last: a global subscriber cannot be removed.
+        let subscriber =
+            tracing_subscriber::fmt().with_max_level(tracing::Level::INFO).with_writer(std::io::sink).finish();
+        tracing::subscriber::set_global_default(subscriber).expect("no subscriber yet");
+        line("SDK metrics + the default log subscriber", rate(messages, run::<Parallel>(messages, false).await));
+        let _ = provider.shutdown();
     });
 }

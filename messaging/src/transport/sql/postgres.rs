@@ -676,6 +676,7 @@ impl RowStore for PostgresStore {
                     return items.iter().map(|_| Err(TransportError::Backend(message.clone()))).collect();
                 }
             };
+            let done: std::collections::HashSet<i64> = done.into_iter().collect();
             let mut results = Vec::with_capacity(items.len());
             for (id, token) in items {
                 if done.contains(&(id as i64)) {
