@@ -15,6 +15,10 @@ use tracing_opentelemetry::OpenTelemetrySpanExt;
 
 use crate::transport::Delivery;
 
+// `unobserved`: without any subscriber, `tracing` (with its `log` feature,
+// which dependencies turn on) still builds every field of a disabled span for
+// the `log` crate; nothing would record these spans, so none is made.
+
 /// `{operation} {queue}`, formatted only when a subscriber records it. (With
 /// `tracing`'s `log` feature on, which some dependencies turn on, a disabled
 /// span still evaluates its field values when no subscriber is installed: a
@@ -29,6 +33,9 @@ impl std::fmt::Display for SpanName {
 
 /// The span of one publish call (`count` messages to `queue`).
 pub(crate) fn producer_span(system: &'static str, queue: &'static str, count: usize) -> tracing::Span {
+    if !tracing::dispatcher::has_been_set() {
+        return tracing::Span::none(); // see `unobserved`
+    }
     tracing::debug_span!(
         target: "messaging",
         "send",
@@ -53,6 +60,9 @@ pub(crate) fn consumer_span(
     delivery: &Delivery,
     type_name: Option<&'static str>,
 ) -> tracing::Span {
+    if !tracing::dispatcher::has_been_set() {
+        return tracing::Span::none(); // see `unobserved`
+    }
     let span = tracing::debug_span!(
         target: "messaging",
         "process",

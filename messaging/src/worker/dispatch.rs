@@ -19,7 +19,11 @@ use tracing::Instrument as _;
 
 impl Worker {
     /// Handles message `i` of `batch` to the end. Returns whether it succeeded.
-    pub(super) async fn process(&self, batch: &Arc<Batch>, i: usize) -> bool {
+    ///
+    /// `clock` is when the lane's previous message ended, if it went straight
+    /// on to this one: reading the clock once per message instead of twice
+    /// is measurable at a million messages a second.
+    pub(super) async fn process(&self, batch: &Arc<Batch>, i: usize, clock: &mut Option<Instant>) -> bool {
         let delivery = &batch.deliveries[i];
         let spec = self.routes.spec();
         let system = self.transport.system();
@@ -47,13 +51,14 @@ impl Worker {
             telemetry::enrich(hook, &span, &ctx);
         }
         let route = decoded.route;
-        let started = Instant::now();
+        let started = clock.take().unwrap_or_else(Instant::now);
         let result = AssertUnwindSafe(self.pipeline.dispatch(decoded.message, route, &ctx))
             .catch_unwind()
             .instrument(span.clone())
             .await
             .unwrap_or_else(|panic| Err(HandlerError::transient(Panic(panic_message(&panic)))));
-        let took = started.elapsed();
+        let ended = Instant::now();
+        let took = ended.duration_since(started);
         self.pace.record(took);
         let failure = result.as_ref().err().map(HandlerError::kind);
         if let Some(kind) = failure {
@@ -62,6 +67,7 @@ impl Worker {
         self.hooks.telemetry.consumed(system, spec.name, took, failure);
         match result {
             Ok(()) => {
+                *clock = Some(ended); // acking only queues: the next message starts now
                 self.acker.ack(delivery.receipt.clone());
                 self.settle(batch, i);
                 self.report(delivery, Outcome::Handled);

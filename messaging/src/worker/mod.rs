@@ -127,7 +127,7 @@ impl WorkerHandle {
             // when a lane is free and every batch is claimed (a FIFO queue
             // also waits for its acks to reach the transport: a group stays
             // locked until its messages are deleted).
-            let (in_flight, fifo) = (receiving.len(), spec.fifo);
+            let in_flight = receiving.len();
             let wanted = move |batches: usize, lanes: usize, concurrency: usize| {
                 if receivers == 0 {
                     in_flight == 0 && batches == 0 && lanes < concurrency
@@ -139,46 +139,22 @@ impl WorkerHandle {
                 biased;
                 _ = shutdown.wait() => break,
                 Some(done) = receiving.join_next(), if in_flight > 0 => {
-                    let deliveries = match done {
-                        Ok(Ok(deliveries)) => {
-                            failures = 0;
-                            deliveries
-                        }
-                        Ok(Err(e)) => {
-                            failures += 1;
-                            tracing::warn!(queue = spec.name, "receive failed ({e}); retrying in {:?}", backoff(failures));
-                            continue;
-                        }
-                        Err(e) => {
-                            failures += 1;
-                            tracing::error!(queue = spec.name, "a receive panicked ({e}); retrying");
-                            continue;
-                        }
-                    };
-                    if deliveries.is_empty() {
-                        continue;
-                    }
-                    let batch = Arc::new(Batch::new(deliveries, spec.fifo));
-                    worker.inflight.hold(batch.clone());
-                    // New lanes only where there is room; running lanes move
-                    // on to this batch when theirs runs dry.
-                    for _ in 0..worker.ready.push(batch) {
-                        let (w, stop) = (worker.clone(), shutdown.clone());
-                        lanes.spawn(async move { w.lane(&stop).await });
-                    }
+                    let received = done.unwrap_or_else(|e| Err(TransportError::Backend(format!("the receive panicked: {e}"))));
+                    worker.accept(received, &mut failures, &mut lanes, &shutdown);
                 }
                 _ = worker.ready.until(wanted), if in_flight < receivers.max(1) => {
-                    let (w, pause) = (worker.clone(), if failures == 0 { Duration::ZERO } else { backoff(failures) });
-                    receiving.spawn(async move {
-                        if !pause.is_zero() {
-                            tokio::time::sleep(pause).await;
-                        }
-                        if fifo {
-                            w.acker.settled(Duration::from_secs(1)).await;
-                        }
-                        let n = w.pace.batch(spec.concurrency, max);
-                        w.transport.receive(spec.name, n, settings.receive_wait).await
-                    });
+                    let pause = if failures == 0 { Duration::ZERO } else { backoff(failures) };
+                    let receive = worker.clone().receive(spec.concurrency, max, settings.receive_wait, pause);
+                    if receivers == 0 {
+                        // On demand: receive here, sparing a task hop per batch.
+                        let received = tokio::select! {
+                            r = receive => r,
+                            _ = shutdown.wait() => break,
+                        };
+                        worker.accept(received, &mut failures, &mut lanes, &shutdown);
+                    } else {
+                        receiving.spawn(receive);
+                    }
                 }
             }
         }
@@ -221,11 +197,66 @@ impl WorkerHandle {
 }
 
 impl Worker {
+    /// One receive: after `pause` (backing off after failures), for a FIFO
+    /// queue once its acks have reached the transport, as many messages as
+    /// the handlers' pace asks for.
+    async fn receive(
+        self: Arc<Self>,
+        concurrency: usize,
+        max: usize,
+        wait: Duration,
+        pause: Duration,
+    ) -> Result<Vec<Delivery>, TransportError> {
+        if !pause.is_zero() {
+            tokio::time::sleep(pause).await;
+        }
+        let spec = self.routes.spec();
+        if spec.fifo {
+            self.acker.settled(Duration::from_secs(1)).await;
+        }
+        let n = self.pace.batch(concurrency, max);
+        self.transport.receive(spec.name, n, wait).await
+    }
+
+    /// Takes a receive's outcome: queues the batch, and starts lanes for it
+    /// where there is room (running lanes move on to it when theirs runs dry).
+    fn accept(
+        self: &Arc<Self>,
+        received: Result<Vec<Delivery>, TransportError>,
+        failures: &mut u32,
+        lanes: &mut JoinSet<()>,
+        shutdown: &Shutdown,
+    ) {
+        let spec = self.routes.spec();
+        let deliveries = match received {
+            Ok(deliveries) => {
+                *failures = 0;
+                deliveries
+            }
+            Err(e) => {
+                *failures += 1;
+                tracing::warn!(queue = spec.name, "receive failed ({e}); retrying in {:?}", backoff(*failures));
+                return;
+            }
+        };
+        if deliveries.is_empty() {
+            return;
+        }
+        let batch = Arc::new(Batch::new(deliveries, spec.fifo));
+        self.inflight.hold(batch.clone());
+        for _ in 0..self.ready.push(batch) {
+            let (w, stop) = (self.clone(), shutdown.clone());
+            lanes.spawn(async move { w.lane(&stop).await });
+        }
+    }
+}
+
+impl Worker {
     /// Handles units of work from the waiting batches until none is left (or
     /// shutdown). A FIFO chain runs in order; after a failure the rest of the
     /// chain is released, not handled out of order.
     async fn lane(&self, shutdown: &Shutdown) {
-        let mut current = None;
+        let (mut current, mut clock) = (None, None);
         while let Some(unit) = self.ready.next(&mut current) {
             let Some(batch) = current.as_ref() else {
                 self.ready.stop_lane(); // `next` sets `current` with every unit it returns
@@ -238,7 +269,7 @@ impl Worker {
             }
             match unit {
                 Unit::One(i) => {
-                    self.process(batch, i).await;
+                    self.process(batch, i, &mut clock).await;
                 }
                 Unit::Chain(u) => {
                     let mut rest = batch.chain(u).iter();
@@ -247,7 +278,7 @@ impl Worker {
                             self.ready.stop_lane();
                             return;
                         }
-                        if !self.process(batch, i).await {
+                        if !self.process(batch, i, &mut clock).await {
                             break;
                         }
                     }
