@@ -301,43 +301,6 @@ async fn consume_and_send_metrics_carry_names_units_tags_and_values() {
     assert_eq!(value(&points("messaging.dlq.depth", "tele-metered"), None), 1.0, "tagged per queue");
 }
 
-/// An idempotency store whose first claim finds the message in progress elsewhere.
-struct BusyOnce {
-    inner: messaging::idempotency::MemoryIdempotencyStore,
-    busy: AtomicUsize,
-}
-
-impl messaging::idempotency::IdempotencyStore for BusyOnce {
-    fn claim<'a>(
-        &'a self,
-        message_id: &'a str,
-        scope: &'a str,
-        processor: &'a str,
-        lease: Duration,
-    ) -> messaging::BoxFuture<'a, Result<messaging::idempotency::Claim, messaging::TransportError>> {
-        if self.busy.fetch_sub(1, Ordering::SeqCst) == 1 {
-            return Box::pin(async { Ok(messaging::idempotency::Claim::InProgress) });
-        }
-        self.inner.claim(message_id, scope, processor, lease)
-    }
-    fn complete<'a>(
-        &'a self,
-        m: &'a str,
-        s: &'a str,
-        p: &'a str,
-    ) -> messaging::BoxFuture<'a, Result<(), messaging::TransportError>> {
-        self.inner.complete(m, s, p)
-    }
-    fn release<'a>(
-        &'a self,
-        m: &'a str,
-        s: &'a str,
-        p: &'a str,
-    ) -> messaging::BoxFuture<'a, Result<(), messaging::TransportError>> {
-        self.inner.release(m, s, p)
-    }
-}
-
 #[messaging::queue("tele-claims")]
 struct Claims;
 
@@ -350,7 +313,7 @@ async fn a_message_in_progress_elsewhere_counts_as_message_in_progress() {
     let app = TestApp::builder()
         .only::<Claims>()
         .setup(|setup| {
-            setup.idempotency_store(BusyOnce { inner: Default::default(), busy: AtomicUsize::new(1) });
+            setup.idempotency_store(fixtures::BusyOnce::new());
         })
         .start()
         .await

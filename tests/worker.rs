@@ -2,6 +2,8 @@
 //! concurrency, FIFO order, retries, dead letters, heartbeat, panics,
 //! behaviours, idempotency and graceful shutdown.
 
+mod fixtures;
+
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -396,43 +398,6 @@ async fn an_idempotent_handler_runs_once_when_its_message_is_delivered_twice() {
     app.stop().await;
 }
 
-/// A store whose first claim finds the message in progress elsewhere.
-struct BusyOnce {
-    inner: messaging::idempotency::MemoryIdempotencyStore,
-    busy: AtomicUsize,
-}
-
-impl messaging::idempotency::IdempotencyStore for BusyOnce {
-    fn claim<'a>(
-        &'a self,
-        message_id: &'a str,
-        scope: &'a str,
-        processor: &'a str,
-        lease: Duration,
-    ) -> messaging::BoxFuture<'a, Result<messaging::idempotency::Claim, messaging::TransportError>> {
-        if self.busy.fetch_sub(1, Ordering::SeqCst) == 1 {
-            return Box::pin(async { Ok(messaging::idempotency::Claim::InProgress) });
-        }
-        self.inner.claim(message_id, scope, processor, lease)
-    }
-    fn complete<'a>(
-        &'a self,
-        m: &'a str,
-        s: &'a str,
-        p: &'a str,
-    ) -> messaging::BoxFuture<'a, Result<(), messaging::TransportError>> {
-        self.inner.complete(m, s, p)
-    }
-    fn release<'a>(
-        &'a self,
-        m: &'a str,
-        s: &'a str,
-        p: &'a str,
-    ) -> messaging::BoxFuture<'a, Result<(), messaging::TransportError>> {
-        self.inner.release(m, s, p)
-    }
-}
-
 #[tokio::test]
 async fn a_message_in_progress_elsewhere_is_retried_later() {
     let rec = Arc::new(Recorder::default());
@@ -440,7 +405,7 @@ async fn a_message_in_progress_elsewhere_is_retried_later() {
     let app = TestApp::builder()
         .only::<Charges>()
         .setup(move |s| {
-            s.provide(r).idempotency_store(BusyOnce { inner: Default::default(), busy: AtomicUsize::new(1) });
+            s.provide(r).idempotency_store(fixtures::BusyOnce::new());
         })
         .start()
         .await
