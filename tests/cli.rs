@@ -189,6 +189,21 @@ fn run_serves_health_readiness_and_metrics_and_logs_json() {
     assert!(child.wait().unwrap().success());
 }
 
+#[test]
+fn the_telemetry_example_handles_its_readings() {
+    let dir = WorkDir::new();
+    let mut cmd = example("telemetry");
+    cmd.current_dir(&dir.0);
+    let out = run(&mut cmd);
+    let text = stdout(&out);
+    assert!(out.status.success(), "{text}\n{}", String::from_utf8_lossy(&out.stderr));
+    for line in
+        ["handled reading of m-1 (12.5 kWh) for tenant north", "handled reading of m-2 (3.25 kWh) for tenant south"]
+    {
+        assert!(text.contains(line), "missing `{line}` in:\n{text}");
+    }
+}
+
 /// Plants one dead letter in the example's SQLite database, as a permanently
 /// failed message of `orders.fifo` would leave it.
 #[cfg(feature = "sqlite")]
