@@ -304,3 +304,56 @@ fn sqlite_follows_the_model() {
     let store = runtime.block_on(messaging::transport::sql::sqlite::SqliteStore::connect(&file.url)).expect("connect");
     check(store, &runtime, "sqlite");
 }
+
+/// PostgreSQL leases a standard queue in two partitions at once: each lease
+/// takes only its partition's rows, in priority then enqueue order, and two
+/// concurrent partition leases never return the same row.
+#[cfg(feature = "postgres")]
+#[test]
+fn postgres_partition_leases_split_the_queue_in_order() {
+    let runtime = fixtures::runtime();
+    let db = runtime.block_on(fixtures::Postgres::new());
+    runtime.block_on(async {
+        let store = messaging::transport::sql::postgres::PostgresStore::connect(&db.url).await.expect("connect");
+        store.migrate().await.expect("migrate");
+        assert_eq!(store.concurrent_leases(), 2);
+        store.declare("parts", false, START).await.expect("declare");
+        let items: Vec<Enqueue> = (0..40)
+            .map(|n| Enqueue {
+                identity: None,
+                message_id: format!("m{n}"),
+                payload: vec![n as u8],
+                priority: if n % 5 == 0 { 1 } else { 0 },
+                process_at: None,
+                status: None,
+                group: None,
+                attributes: String::new(),
+            })
+            .collect();
+        for result in store.enqueue("parts", START, items, false).await {
+            result.expect("enqueued");
+        }
+        let (even, odd) = tokio::join!(
+            store.lease_partition("parts", START, 100, 30_000, 0, 2),
+            store.lease_partition("parts", START, 100, 30_000, 1, 2),
+        );
+        let (even, odd) = (even.expect("lease"), odd.expect("lease"));
+        assert_eq!(even.len() + odd.len(), 40, "together the partitions are the whole queue");
+        assert!(even.iter().all(|r| r.id % 2 == 0) && odd.iter().all(|r| r.id % 2 == 1));
+        for part in [&even, &odd] {
+            // Priority first, then enqueue order (message ids m0, m1, ... follow it).
+            let order: Vec<(bool, u32)> = part
+                .iter()
+                .map(|r| {
+                    let n: u32 = r.message_id[1..].parse().expect("m<n>");
+                    (n % 5 != 0, n)
+                })
+                .collect();
+            let mut sorted = order.clone();
+            sorted.sort();
+            assert_eq!(order, sorted, "priority then enqueue order within a partition");
+        }
+        assert!(store.lease("parts", START, 100, 30_000, false).await.expect("lease").is_empty());
+    });
+    runtime.block_on(db.drop());
+}

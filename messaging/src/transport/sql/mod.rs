@@ -42,6 +42,8 @@ struct SqlQueue {
     rules: QueueRules,
     local: Notify,
     last_maintenance: Mutex<Option<std::time::Instant>>,
+    /// Which partition the next lease of a standard queue takes.
+    turn: std::sync::atomic::AtomicU32,
 }
 
 /// The transport over a database: one [`RowStore`] and the queues declared on it.
@@ -160,6 +162,23 @@ impl<S: RowStore> SqlTransport<S> {
         }
     }
 
+    /// One lease. Where the store allows concurrent leases, the worker keeps
+    /// that many receives going and each takes its turn's partition (two
+    /// leases of the same rows lock each other's fresh rows while they
+    /// re-check them: measured five times slower than one); an empty
+    /// partition falls back to the whole queue.
+    async fn lease(&self, q: &SqlQueue, n: usize, lease_ms: i64) -> Result<Vec<LeasedRow>, TransportError> {
+        let (name, fifo, of) = (q.spec.name, q.spec.fifo, self.store.concurrent_leases());
+        if !fifo && of > 1 {
+            let part = q.turn.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % of;
+            let rows = self.store.lease_partition(name, now_ms(), n, lease_ms, part, of).await?;
+            if !rows.is_empty() {
+                return Ok(rows);
+            }
+        }
+        self.store.lease(name, now_ms(), n, lease_ms, fifo).await
+    }
+
     async fn receive_from(&self, name: &str, max: usize, wait: Duration) -> Result<Vec<Delivery>, TransportError> {
         let q = self.queue(name)?;
         let deadline = tokio::time::Instant::now() + wait;
@@ -170,7 +189,7 @@ impl<S: RowStore> SqlTransport<S> {
             tokio::pin!(notified);
             notified.as_mut().enable();
             self.maintain(&q, force).await?;
-            let rows = self.store.lease(name, now_ms(), max.max(1), lease_ms, q.spec.fifo).await?;
+            let rows = self.lease(&q, max.max(1), lease_ms).await?;
             if !rows.is_empty() {
                 return Ok(rows.into_iter().map(delivery).collect());
             }
@@ -257,6 +276,7 @@ impl<S: RowStore> Transport for SqlTransport<S> {
                 rules,
                 local: Notify::new(),
                 last_maintenance: Mutex::new(None),
+                turn: Default::default(),
             });
             self.queues.write().unwrap_or_else(|p| p.into_inner()).insert(spec.name.to_owned(), queue);
             Ok(())
@@ -372,6 +392,10 @@ impl<S: RowStore> Transport for SqlTransport<S> {
             let op = RowOp::Extend { lease_ms: visibility.as_millis() as i64 };
             self.store.apply(queue, now_ms(), receipt.key, receipt.token, op).await
         })
+    }
+
+    fn receivers(&self) -> usize {
+        self.store.concurrent_leases() as usize
     }
 
     fn max_batch(&self) -> usize {

@@ -357,17 +357,19 @@ impl PostgresStore {
             .collect()
     }
 
+    /// Leases up to `n` pending rows, from partition `id % of == part` only
+    /// when given (`of` is then at least 1).
     async fn lease_standard(
         &self,
         queue: &str,
         now: i64,
         n: usize,
         lease_ms: i64,
+        partition: Option<(u32, u32)>,
     ) -> Result<Vec<LeasedRow>, TransportError> {
-        let rows = sqlx::query(
-            // One token for the whole lease: fencing compares (row, token),
-            // and a later lease of any of these rows draws a newer token.
-            "WITH picked AS ( \
+        // One token for the whole lease: fencing compares (row, token), and a
+        // later lease of any of these rows draws a newer token.
+        const WHOLE: &str = "WITH picked AS ( \
                 SELECT id FROM messaging_messages WHERE queue = $1 AND status = 'pending' \
                 ORDER BY priority DESC, seq LIMIT $2 FOR UPDATE SKIP LOCKED), \
              token AS (SELECT nextval('messaging_seq') AS value) \
@@ -375,14 +377,28 @@ impl PostgresStore {
                 lease_expires = $3, attempts = m.attempts + 1 \
              FROM picked, token WHERE m.id = picked.id \
              RETURNING m.id, m.lease_token, m.message_id, m.payload, m.attempts, m.group_id, m.attributes, m.sent_at, \
-                m.priority, m.seq",
-        )
-        .bind(queue)
-        .bind(n as i64)
-        .bind(now + lease_ms)
-        .fetch_all(&self.pool)
-        .await
-        .map_err(|e| backend("lease", e))?;
+                m.priority, m.seq";
+        // The partition filter applies before rows are locked, so concurrent
+        // leases of different partitions never lock each other's rows.
+        const PART: &str = "WITH picked AS ( \
+                SELECT id FROM messaging_messages WHERE queue = $1 AND status = 'pending' AND id % $5 = $4 \
+                ORDER BY priority DESC, seq LIMIT $2 FOR UPDATE SKIP LOCKED), \
+             token AS (SELECT nextval('messaging_seq') AS value) \
+             UPDATE messaging_messages m SET status = 'processing', lease_token = token.value, \
+                lease_expires = $3, attempts = m.attempts + 1 \
+             FROM picked, token WHERE m.id = picked.id \
+             RETURNING m.id, m.lease_token, m.message_id, m.payload, m.attempts, m.group_id, m.attributes, m.sent_at, \
+                m.priority, m.seq";
+        let query = match partition {
+            None => sqlx::query(WHOLE).bind(queue).bind(n as i64).bind(now + lease_ms),
+            Some((part, of)) => sqlx::query(PART)
+                .bind(queue)
+                .bind(n as i64)
+                .bind(now + lease_ms)
+                .bind(i64::from(part))
+                .bind(i64::from(of.max(1))),
+        };
+        let rows = query.fetch_all(&self.pool).await.map_err(|e| backend("lease", e))?;
         let mut leased = rows.iter().map(leased_of).collect::<Result<Vec<_>, _>>()?;
         leased.sort_by(|a, b| b.1.cmp(&a.1).then(a.2.cmp(&b.2)));
         Ok(leased.into_iter().map(|(l, _, _)| l).collect())
@@ -636,9 +652,25 @@ impl RowStore for PostgresStore {
             if fifo {
                 self.lease_fifo(queue, now, n, lease_ms).await
             } else {
-                self.lease_standard(queue, now, n, lease_ms).await
+                self.lease_standard(queue, now, n, lease_ms, None).await
             }
         })
+    }
+
+    fn concurrent_leases(&self) -> u32 {
+        2
+    }
+
+    fn lease_partition<'a>(
+        &'a self,
+        queue: &'a str,
+        now: i64,
+        n: usize,
+        lease_ms: i64,
+        part: u32,
+        of: u32,
+    ) -> BoxFuture<'a, Result<Vec<LeasedRow>, TransportError>> {
+        Box::pin(self.lease_standard(queue, now, n, lease_ms, Some((part, of))))
     }
 
     fn complete<'a>(

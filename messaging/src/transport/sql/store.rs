@@ -109,6 +109,28 @@ pub trait RowStore: Send + Sync + 'static {
         fifo: bool,
     ) -> BoxFuture<'a, Result<Vec<LeasedRow>, TransportError>>;
 
+    /// How many leases of one standard queue may run at once, each in its
+    /// own partition ([`RowStore::lease_partition`]), without contending.
+    fn concurrent_leases(&self) -> u32 {
+        1
+    }
+
+    /// Leases from one partition of a standard queue: the rows whose id is
+    /// `part` modulo `of`, in priority then enqueue order. A store that does
+    /// not partition leases from the whole queue.
+    fn lease_partition<'a>(
+        &'a self,
+        queue: &'a str,
+        now: i64,
+        n: usize,
+        lease_ms: i64,
+        part: u32,
+        of: u32,
+    ) -> BoxFuture<'a, Result<Vec<LeasedRow>, TransportError>> {
+        let _ = (part, of);
+        self.lease(queue, now, n, lease_ms, false)
+    }
+
     /// Completes leased rows; one result per item (`StaleReceipt` for a lost lease).
     fn complete<'a>(
         &'a self,
