@@ -15,7 +15,7 @@ use crate::extract::{RequirementKind, Resources};
 use crate::pipeline::Pipeline;
 use crate::registry::{Registry, ValidationErrors};
 use crate::shutdown::Shutdown;
-use crate::telemetry::DlqDepths;
+use crate::telemetry::DlqGauge;
 use crate::transport::Transport;
 use crate::worker::{Hooks, Worker, WorkerHandle, WorkerSettings};
 
@@ -138,8 +138,8 @@ impl App {
         let queues: Vec<&'static str> = registry.queues().iter().map(|q| q.name).collect();
         // The dead letters of the queues this app consumes.
         let consumed: Vec<&'static str> = handles.iter().map(WorkerHandle::queue).collect();
-        let monitor = setup.telemetry.dlq_depths().map(|depths| {
-            tokio::spawn(watch_dead_letters(setup.transport.clone(), consumed, depths, setup.dlq_depth_interval))
+        let monitor = setup.telemetry.dlq_gauge().map(|gauge| {
+            tokio::spawn(watch_dead_letters(setup.transport.clone(), consumed, gauge, setup.dlq_depth_interval))
         });
         tracing::info!(transport = setup.transport.system(), workers = handles.len(), "consuming");
         Ok(Running {
@@ -275,9 +275,10 @@ impl Running {
 async fn watch_dead_letters(
     transport: Arc<dyn Transport>,
     queues: Vec<&'static str>,
-    depths: DlqDepths,
+    gauge: DlqGauge,
     every: Duration,
 ) {
+    let depths = &gauge.depths;
     let Some(dead_letters) = transport.dead_letters() else { return };
     let system = transport.system();
     let mut tick = tokio::time::interval(every);

@@ -162,7 +162,6 @@ impl Setup {
     /// and logged; dispatch goes on.
     ///
     /// ```no_run
-    /// use messaging::telemetry::opentelemetry;
     /// use tracing_opentelemetry::OpenTelemetrySpanExt as _;
     /// # fn f(setup: &mut messaging::Setup) {
     /// setup.enrich(|span, ctx| {

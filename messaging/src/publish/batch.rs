@@ -100,10 +100,11 @@ where
                 Err(e) => results.push(Some(Err(e))),
             }
         }
+        let producer = span.clone();
         let sending = async move {
             let mut pending = pending;
             for (_, outgoing) in pending.iter_mut() {
-                crate::telemetry::inject(&tracing::Span::current(), &mut outgoing.attributes);
+                crate::telemetry::inject(&producer, &mut outgoing.attributes);
             }
             let chunk = transport.max_batch().max(1);
             let mut pending = pending.into_iter().peekable();
@@ -124,14 +125,7 @@ where
                 .into_iter()
                 .map(|r| r.unwrap_or(Err(PublishError::Transport(crate::error::TransportError::Closed))))
                 .collect();
-            let failed = results.iter().filter_map(|r| r.as_ref().err()).collect::<Vec<_>>();
-            telemetry.sent(system, queue, (results.len() - failed.len()) as u64, None);
-            for e in &failed {
-                telemetry.sent(system, queue, 1, Some(e.kind()));
-            }
-            if let Some(first) = failed.first() {
-                crate::telemetry::record_failure(&tracing::Span::current(), first.kind());
-            }
+            telemetry.published(&producer, system, queue, &results);
             results
         };
         Box::pin(sending.instrument(span))

@@ -117,17 +117,7 @@ where
             }
             .instrument(span.clone())
             .await;
-            match &sent {
-                Ok(id) => {
-                    span.record("messaging.message.id", tracing::field::display(id));
-                    telemetry.sent(system, queue, 1, None);
-                }
-                Err(e) => {
-                    let e: &PublishError = e;
-                    crate::telemetry::record_failure(&span, e.kind());
-                    telemetry.sent(system, queue, 1, Some(e.kind()));
-                }
-            }
+            telemetry.published(&span, system, queue, std::slice::from_ref(&sent));
             sent
         })
     }

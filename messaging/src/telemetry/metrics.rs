@@ -15,22 +15,56 @@ const DURATION_BUCKETS: [f64; 14] = [0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25,
 /// The last observed dead-letter depth per (system, queue).
 pub(crate) type DlqDepths = Arc<Mutex<BTreeMap<(&'static str, &'static str), u64>>>;
 
+/// The framework's meter, from the global meter provider (a no-op without one).
+fn meter() -> opentelemetry::metrics::Meter {
+    let scope = InstrumentationScope::builder("messaging").with_version(env!("CARGO_PKG_VERSION")).build();
+    opentelemetry::global::meter_with_scope(scope)
+}
+
 pub(super) struct Metrics {
     sent: Counter<u64>,
     consumed: Counter<u64>,
     duration: Histogram<f64>,
-    pub(super) dlq_depths: DlqDepths,
-    /// Kept so that its callback stays registered.
-    _dlq_depth: ObservableGauge<u64>,
+}
+
+/// The `messaging.dlq.depth` gauge of one running app and the depths it
+/// reports. Registered when the app starts (not per publisher: the SDK keeps
+/// every registered callback).
+pub(crate) struct DlqGauge {
+    pub(crate) depths: DlqDepths,
+    /// Kept while the app runs.
+    _gauge: ObservableGauge<u64>,
+}
+
+impl DlqGauge {
+    pub(super) fn register() -> Self {
+        let depths = DlqDepths::default();
+        let observed = depths.clone();
+        let gauge = meter()
+            .u64_observable_gauge("messaging.dlq.depth")
+            .with_unit("{message}")
+            .with_description("Messages in a queue's dead letters, as last observed")
+            .with_callback(move |gauge| {
+                let depths = observed.lock().unwrap_or_else(|p| p.into_inner());
+                for ((system, queue), depth) in depths.iter() {
+                    gauge.observe(
+                        *depth,
+                        &[
+                            KeyValue::new("messaging.system", *system),
+                            KeyValue::new("messaging.destination.name", *queue),
+                        ],
+                    );
+                }
+            })
+            .build();
+        DlqGauge { depths, _gauge: gauge }
+    }
 }
 
 impl Metrics {
     /// Instruments of the global meter provider (no-ops without one).
     pub(super) fn from_global() -> Self {
-        let scope = InstrumentationScope::builder("messaging").with_version(env!("CARGO_PKG_VERSION")).build();
-        let meter = opentelemetry::global::meter_with_scope(scope);
-        let dlq_depths = DlqDepths::default();
-        let observed = dlq_depths.clone();
+        let meter = meter();
         Metrics {
             sent: meter
                 .u64_counter("messaging.client.sent.messages")
@@ -48,24 +82,6 @@ impl Metrics {
                 .with_description("Duration of handling one message, behaviours included")
                 .with_boundaries(DURATION_BUCKETS.to_vec())
                 .build(),
-            _dlq_depth: meter
-                .u64_observable_gauge("messaging.dlq.depth")
-                .with_unit("{message}")
-                .with_description("Messages in a queue's dead letters, as last observed")
-                .with_callback(move |gauge| {
-                    let depths = observed.lock().unwrap_or_else(|p| p.into_inner());
-                    for ((system, queue), depth) in depths.iter() {
-                        gauge.observe(
-                            *depth,
-                            &[
-                                KeyValue::new("messaging.system", *system),
-                                KeyValue::new("messaging.destination.name", *queue),
-                            ],
-                        );
-                    }
-                })
-                .build(),
-            dlq_depths,
         }
     }
 

@@ -39,7 +39,7 @@ pub(crate) use enrich::enrich;
 pub use enrich::EnrichHook;
 pub(crate) use logging::gather_prometheus;
 pub use logging::{init, init_logging, prometheus_reader, LogFormat, TelemetryConfig, TelemetryGuard};
-pub(crate) use metrics::DlqDepths;
+pub(crate) use metrics::DlqGauge;
 pub(crate) use propagation::{extract_span_context, inject};
 pub(crate) use spans::{consumer_span, producer_span, record_failure};
 
@@ -47,6 +47,8 @@ pub(crate) use spans::{consumer_span, producer_span, record_failure};
 /// your own instrumentation must use to share traces and metrics).
 pub use opentelemetry;
 
+use crate::error::PublishError;
+use crate::transport::MessageId;
 use metrics::Metrics;
 
 /// Metrics of one app (its publishers and workers), which
@@ -79,10 +81,38 @@ impl Telemetry {
         self.enabled.load(Ordering::Relaxed).then_some(&self.metrics)
     }
 
-    /// Counts messages sent to `queue` (`error` set for failures).
-    pub(crate) fn sent(&self, system: &'static str, queue: &'static str, count: u64, error: Option<&'static str>) {
-        if let Some(m) = self.metrics() {
-            m.sent(system, queue, count, error);
+    /// Records the outcome of one publish call on its producer span and in
+    /// `messaging.client.sent.messages`: the message id of a single send, the
+    /// count of successes, each failure with its `error.type`.
+    pub(crate) fn published(
+        &self,
+        span: &tracing::Span,
+        system: &'static str,
+        queue: &'static str,
+        results: &[Result<MessageId, PublishError>],
+    ) {
+        if let [Ok(id)] = results {
+            span.record("messaging.message.id", tracing::field::display(id));
+        }
+        let metrics = self.metrics();
+        let mut succeeded = 0;
+        let mut first_failure = None;
+        for result in results {
+            match result {
+                Ok(_) => succeeded += 1,
+                Err(e) => {
+                    first_failure.get_or_insert(e.kind());
+                    if let Some(m) = metrics {
+                        m.sent(system, queue, 1, Some(e.kind()));
+                    }
+                }
+            }
+        }
+        if let (Some(m), true) = (metrics, succeeded > 0) {
+            m.sent(system, queue, succeeded, None);
+        }
+        if let Some(kind) = first_failure {
+            record_failure(span, kind);
         }
     }
 
@@ -99,9 +129,9 @@ impl Telemetry {
         }
     }
 
-    /// The dead-letter depths the `messaging.dlq.depth` gauge reports, or
+    /// Registers the `messaging.dlq.depth` gauge of a starting app, or
     /// `None` when metrics are off.
-    pub(crate) fn dlq_depths(&self) -> Option<DlqDepths> {
-        self.metrics().map(|m| m.dlq_depths.clone())
+    pub(crate) fn dlq_gauge(&self) -> Option<DlqGauge> {
+        self.metrics().map(|_| DlqGauge::register())
     }
 }
