@@ -57,32 +57,75 @@ async fn on_groups(_t: Tick, n: State<Arc<AtomicUsize>>) {
     n.fetch_add(1, Ordering::SeqCst);
 }
 
-/// moto_server on a free loopback port, stopped on drop.
-struct Moto(std::process::Child, u16);
+/// An SQS-compatible server on a free loopback port, stopped on drop.
+struct Server {
+    name: &'static str,
+    child: std::process::Child,
+    port: u16,
+}
 
-impl Moto {
-    fn start() -> Moto {
-        let port = std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("free port").port();
+impl Server {
+    /// moto_server (PyPI `moto[server]`), the server of the test suite.
+    fn moto() -> Result<Server, String> {
+        let port = free_port();
         let child = std::process::Command::new("moto_server")
             .args(["-H", "127.0.0.1", "-p", &port.to_string()])
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::null())
             .spawn()
-            .expect("moto_server (pip install 'moto[server]')");
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(Instant::now() < deadline, "moto_server did not start");
-            std::thread::sleep(Duration::from_millis(50));
+            .map_err(|e| format!("moto_server did not start ({e}); pip install 'moto[server]'"))?;
+        Server { name: "moto_server 5.2", child, port }.ready("/", Duration::from_secs(30))
+    }
+
+    /// LocalStack's SQS emulator through `scripts/localstack-sqs`, which
+    /// installs it on first use.
+    fn localstack() -> Result<Server, String> {
+        let port = free_port();
+        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/localstack-sqs");
+        let child = std::process::Command::new(script)
+            .arg(port.to_string())
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .map_err(|e| format!("{script} did not start: {e}"))?;
+        // The first run installs LocalStack before it starts.
+        Server { name: "LocalStack", child, port }.ready("/_localstack/health", Duration::from_secs(900))
+    }
+
+    /// Waits until `path` answers 200, or the server exits, or `patience` ends.
+    fn ready(mut self, path: &str, patience: Duration) -> Result<Server, String> {
+        use std::io::{Read, Write};
+        let deadline = Instant::now() + patience;
+        loop {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Err(format!("{} exited before it was ready ({status})", self.name));
+            }
+            if Instant::now() > deadline {
+                return Err(format!("{} was not ready within {patience:?}", self.name));
+            }
+            if let Ok(mut stream) = std::net::TcpStream::connect(("127.0.0.1", self.port)) {
+                let mut answer = String::new();
+                let asked = write!(stream, "GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n");
+                if asked.is_ok()
+                    && stream.read_to_string(&mut answer).is_ok()
+                    && answer.split_whitespace().nth(1) == Some("200")
+                {
+                    return Ok(self);
+                }
+            }
+            std::thread::sleep(Duration::from_millis(100));
         }
-        Moto(child, port)
     }
 }
 
-impl Drop for Moto {
+impl Drop for Server {
     fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("a free port").port()
 }
 
 fn ticks(count: usize, groups: usize) -> Vec<Tick> {
@@ -182,46 +225,60 @@ fn line(label: &str, count: usize, (requests, elapsed): (u64, Duration), base_ra
 
 fn main() {
     let count: usize = std::env::var("MESSAGES").ok().and_then(|v| v.parse().ok()).unwrap_or(200);
+    let servers = std::env::var("BENCH_SQS_SERVERS").unwrap_or_else(|_| "moto,localstack".into());
     std::env::set_var("AWS_ACCESS_KEY_ID", "test");
     std::env::set_var("AWS_SECRET_ACCESS_KEY", "test");
-    let moto = Moto::start();
-    let url = format!("sqs://us-east-1?endpoint=http://127.0.0.1:{}&create_queues=true", moto.1);
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime");
-    runtime.block_on(async {
-        let t = Arc::new(messaging::transport::sqs::connect(&url).await.expect("connect"));
-        messaging::App::new(t.clone() as Arc<dyn Transport>).await.expect("declare the queues");
-        println!("Amazon SQS on moto_server, {count} messages per run (queue depth {count} at the start)");
-
-        // Publishing.
-        let p = Publisher::new(t.clone());
-        let one_by_one = {
-            let before = t.requests();
-            let started = Instant::now();
-            for tick in ticks(count, 1) {
-                p.send::<Base, _>(&tick).await.expect("sent");
-            }
-            (t.requests() - before, started.elapsed())
+    for name in servers.split(',').map(str::trim) {
+        let server = match name {
+            "moto" => Server::moto(),
+            "localstack" => Server::localstack(),
+            other => Err(format!("unknown server {other:?} in BENCH_SQS_SERVERS (moto, localstack)")),
         };
-        let base_publish = line("publish one by one (SendMessage)", count, one_by_one, None);
-        line(
-            "publish batched (SendMessageBatch)",
-            count,
-            publish_batched::<One>(&t, &ticks(count, 1)).await,
-            Some(base_publish),
-        );
-        publish_batched::<Eight>(&t, &ticks(count, 1)).await;
-        publish_batched::<Groups>(&t, &ticks(count, 10)).await;
-        println!();
+        match server {
+            Ok(server) => runtime.block_on(measure(&server, count)),
+            Err(why) => println!("{name}: not measured: {why}\n"),
+        }
+    }
+}
 
-        // Consuming, each queue holding `count` messages.
-        let base = line("baseline: sequential poller (seed design)", count, baseline(&t, count).await, None);
-        line("messaging, defaults (concurrency 1)", count, framework(&t, "bench-one", count).await, Some(base));
-        line("messaging, concurrency 8", count, framework(&t, "bench-eight", count).await, Some(base));
-        line(
-            "messaging, FIFO, 10 groups, concurrency 8",
-            count,
-            framework(&t, "bench-groups.fifo", count).await,
-            Some(base),
-        );
-    });
+/// Publishing and consuming on one server.
+async fn measure(server: &Server, count: usize) {
+    let url = format!("sqs://us-east-1?endpoint=http://127.0.0.1:{}&create_queues=true", server.port);
+    let t = Arc::new(messaging::transport::sqs::connect(&url).await.expect("connect"));
+    messaging::App::new(t.clone() as Arc<dyn Transport>).await.expect("declare the queues");
+    println!("Amazon SQS on {}, {count} messages per run (queue depth {count} at the start)", server.name);
+
+    // Publishing.
+    let p = Publisher::new(t.clone());
+    let one_by_one = {
+        let before = t.requests();
+        let started = Instant::now();
+        for tick in ticks(count, 1) {
+            p.send::<Base, _>(&tick).await.expect("sent");
+        }
+        (t.requests() - before, started.elapsed())
+    };
+    let base_publish = line("publish one by one (SendMessage)", count, one_by_one, None);
+    line(
+        "publish batched (SendMessageBatch)",
+        count,
+        publish_batched::<One>(&t, &ticks(count, 1)).await,
+        Some(base_publish),
+    );
+    publish_batched::<Eight>(&t, &ticks(count, 1)).await;
+    publish_batched::<Groups>(&t, &ticks(count, 10)).await;
+    println!();
+
+    // Consuming, each queue holding `count` messages.
+    let base = line("baseline: sequential poller (seed design)", count, baseline(&t, count).await, None);
+    line("messaging, defaults (concurrency 1)", count, framework(&t, "bench-one", count).await, Some(base));
+    line("messaging, concurrency 8", count, framework(&t, "bench-eight", count).await, Some(base));
+    line(
+        "messaging, FIFO, 10 groups, concurrency 8",
+        count,
+        framework(&t, "bench-groups.fifo", count).await,
+        Some(base),
+    );
+    println!();
 }
