@@ -138,8 +138,9 @@ fn job(n: u32, kind: &str) -> Job {
     Job { n, kind: kind.to_owned() }
 }
 
-/// What handlers saw as the producer's context: (trace id, span id).
-type Seen = Arc<Mutex<Vec<(String, String)>>>;
+/// What handlers saw: the producer's context (trace id, span id) and the
+/// names of the message's attributes.
+type Seen = Arc<Mutex<Vec<(String, String, Vec<String>)>>>;
 
 #[messaging::queue("tele-traced")]
 struct Traced;
@@ -147,7 +148,9 @@ struct Traced;
 #[messaging::handler(queue = Traced)]
 async fn traced(_job: Job, ctx: MessageContext, seen: State<Seen>) {
     if let Some(producer) = ctx.producer_context() {
-        seen.lock().unwrap().push((producer.trace_id().to_string(), producer.span_id().to_string()));
+        let mut names: Vec<String> = ctx.attributes().keys().cloned().collect();
+        names.sort();
+        seen.lock().unwrap().push((producer.trace_id().to_string(), producer.span_id().to_string(), names));
     }
 }
 
@@ -199,8 +202,12 @@ async fn assert_consumer_joins_producer_trace(transport: Option<Arc<dyn Transpor
     let seen = seen.lock().unwrap().clone();
     assert_eq!(
         seen,
-        [(producer.span_context.trace_id().to_string(), producer.span_context.span_id().to_string())],
-        "MessageContext::producer_context is the producer span"
+        [(
+            producer.span_context.trace_id().to_string(),
+            producer.span_context.span_id().to_string(),
+            vec!["traceparent".to_owned()]
+        )],
+        "MessageContext::producer_context is the producer span; an empty tracestate is not sent (SQS refuses it)"
     );
 }
 
@@ -220,7 +227,7 @@ async fn the_consumer_span_joins_the_producer_trace_on_sqlite() {
 #[cfg(feature = "sqs")]
 #[tokio::test(flavor = "multi_thread")]
 async fn the_consumer_span_joins_the_producer_trace_on_sqs() {
-    let moto = fixtures::Moto::start();
+    let moto = fixtures::SqsServer::start();
     let transport = messaging::transport::connect(&moto.url(true)).await.expect("sqs");
     assert_consumer_joins_producer_trace(Some(transport), "aws_sqs").await;
 }
@@ -469,7 +476,7 @@ async fn sqs_call(endpoint: SocketAddr, action: &str, body: &str) -> String {
 #[tokio::test(flavor = "multi_thread")]
 async fn health_turns_503_when_an_sqs_queue_is_deleted() {
     otel();
-    let moto = fixtures::Moto::start();
+    let moto = fixtures::SqsServer::start();
     let transport = messaging::transport::connect(&moto.url(true)).await.expect("sqs");
     let mut app = TestApp::builder().only::<Health>().transport(transport).start().await.expect("app");
     let addr = app.serve_http("127.0.0.1:0".parse().expect("addr")).await.expect("serving");

@@ -10,8 +10,12 @@ use crate::transport::Attributes;
 struct Inject<'a>(&'a mut Attributes);
 
 impl Injector for Inject<'_> {
+    /// Leaves out empty values (an empty `tracestate` means none): Amazon SQS
+    /// refuses a message with an empty attribute.
     fn set(&mut self, key: &str, value: String) {
-        self.0.insert(key.to_owned(), value);
+        if !value.is_empty() {
+            self.0.insert(key.to_owned(), value);
+        }
     }
 }
 
@@ -72,6 +76,26 @@ mod tests {
         attributes.insert("traceparent".into(), "not a traceparent".into());
         assert!(extract_span_context(&attributes).is_none());
         assert!(extract_span_context(&Attributes::new()).is_none());
+    }
+
+    #[test]
+    fn an_empty_trace_state_is_left_out() {
+        use opentelemetry::trace::{SpanId, TraceFlags, TraceId, TraceState};
+        let parent = SpanContext::new(
+            TraceId::from_hex("4bf92f3577b34da6a3ce929d0e0e4736").expect("trace id"),
+            SpanId::from_hex("00f067aa0ba902b7").expect("span id"),
+            TraceFlags::SAMPLED,
+            false,
+            TraceState::default(),
+        );
+        let context = opentelemetry::Context::new().with_remote_span_context(parent);
+        let mut attributes = Attributes::new();
+        TraceContextPropagator::new().inject_context(&context, &mut Inject(&mut attributes));
+        assert_eq!(
+            attributes.get("traceparent").map(String::as_str),
+            Some("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")
+        );
+        assert!(!attributes.contains_key("tracestate"), "{attributes:?}");
     }
 
     #[test]
