@@ -101,6 +101,30 @@ async fn delays_and_attributes_on_standard_queues() {
 }
 
 #[tokio::test]
+async fn attributes_follow_the_sqs_rules_on_every_transport() {
+    let (t, p) = transport().await;
+    let mut eight = p.send::<Mail, _>(&Event { n: 1 });
+    for i in 0..8 {
+        eight = eight.attribute(format!("k{i}"), "v");
+    }
+    eight.await.expect("eight attributes are fine");
+    let mut nine = p.send::<Mail, _>(&Event { n: 2 });
+    for i in 0..9 {
+        nine = nine.attribute(format!("k{i}"), "v");
+    }
+    let err = nine.await.unwrap_err();
+    assert!(matches!(err, PublishError::TooManyAttributes { count: 9, max: 8 }), "{err}");
+    let err = p.send::<Mail, _>(&Event { n: 3 }).attribute("tenant", "").await.unwrap_err();
+    assert!(matches!(&err, PublishError::InvalidAttribute { name, .. } if name == "tenant"), "{err}");
+    assert!(err.to_string().contains("leave the attribute out"), "{err}");
+    let err = p.send::<Mail, _>(&Event { n: 4 }).attribute("AWS.trace", "x").await.unwrap_err();
+    assert!(err.to_string().contains("reserved by SQS"), "{err}");
+    let results = p.send_batch::<Mail, _>(&[Event { n: 5 }]).attribute("bad name", "x").await;
+    assert!(matches!(&results[0], Err(PublishError::InvalidAttribute { .. })), "{:?}", results[0]);
+    assert_eq!(t.depth("pub-mail").await.unwrap(), 1, "only the valid message was sent");
+}
+
+#[tokio::test]
 async fn a_batch_gives_one_result_per_message_in_order() {
     let (t, p) = transport().await;
     // More than one transport batch (memory sends 100 per call).

@@ -56,7 +56,7 @@ async fn slow(_m: Mailing, calls: State<Arc<AtomicUsize>>) {
     tokio::time::sleep(Duration::from_millis(2_500)).await;
 }
 
-async fn connect(moto: &fixtures::Moto) -> Arc<dyn Transport> {
+async fn connect(moto: &fixtures::SqsServer) -> Arc<dyn Transport> {
     messaging::transport::connect(&moto.url(true)).await.expect("connect")
 }
 
@@ -70,7 +70,7 @@ async fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
 
 #[tokio::test]
 async fn publishing_rules_batches_and_sizes() {
-    let moto = fixtures::Moto::start();
+    let moto = fixtures::SqsServer::start();
     let t = connect(&moto).await;
     messaging::App::new(t.clone()).await.expect("declares (creating the queues)");
     let p = Publisher::new(t.clone());
@@ -96,11 +96,23 @@ async fn publishing_rules_batches_and_sizes() {
     let got = t.receive("sqs-orders.fifo", 10, Duration::from_secs(1)).await.expect("receive");
     assert_eq!(got[0].group_id.as_deref(), Some("c1"));
     assert_eq!(t.depth("sqs-mail").await.expect("depth"), 23 + 2 + 1);
+    // Text SQS refuses in a body (U+FFFF) goes out escaped and comes back as
+    // sent; attributes travel with any printable Unicode.
+    let odd = Mailing { to: "a\u{FFFF}b\u{0}c\tü😀".into(), fail: false };
+    p.send::<Slow, _>(&odd).attribute("note", "é\t😀").await.expect("sent");
+    let got = t.receive("sqs-slow", 10, Duration::from_secs(1)).await.expect("receive");
+    assert_eq!(got.len(), 1);
+    let envelope: serde_json::Value = serde_json::from_slice(&got[0].body).expect("json");
+    assert_eq!(envelope["data"]["to"], odd.to);
+    assert_eq!(got[0].attributes.get("note").map(String::as_str), Some("é\t😀"));
+    // An attribute SQS would refuse is an error naming it, before any request.
+    let err = p.send::<Slow, _>(&odd).attribute("note", "").await.unwrap_err();
+    assert!(err.to_string().contains("invalid attribute `note`: the value is empty"), "{err}");
 }
 
 #[tokio::test]
 async fn a_poison_message_and_a_malformed_one_end_in_the_dead_letter_queue() {
-    let moto = fixtures::Moto::start();
+    let moto = fixtures::SqsServer::start();
     let t = connect(&moto).await;
     let mut app = messaging::App::new(t.clone()).await.expect("app");
     app.only_queues(&["sqs-mail"]);
@@ -145,7 +157,7 @@ async fn a_poison_message_and_a_malformed_one_end_in_the_dead_letter_queue() {
 
 #[tokio::test]
 async fn redrive_to_a_fifo_queue_keeps_the_group() {
-    let moto = fixtures::Moto::start();
+    let moto = fixtures::SqsServer::start();
     let t = connect(&moto).await;
     messaging::App::new(t.clone()).await.expect("declares");
     let p = Publisher::new(t.clone());
@@ -170,7 +182,7 @@ async fn redrive_to_a_fifo_queue_keeps_the_group() {
 
 #[tokio::test]
 async fn a_handler_slower_than_the_visibility_timeout_is_not_redelivered() {
-    let moto = fixtures::Moto::start();
+    let moto = fixtures::SqsServer::start();
     let t = connect(&moto).await;
     let mut app = messaging::App::new(t.clone()).await.expect("app");
     app.only_queues(&["sqs-slow"]);
@@ -195,7 +207,7 @@ async fn startup_errors_are_clear_and_quick() {
     assert!(err.contains("sqs-mail") || err.contains("sqs"), "{err}");
     assert!(started.elapsed() < Duration::from_secs(30), "took {:?}", started.elapsed());
     // Missing queues (no create_queues).
-    let moto = fixtures::Moto::start();
+    let moto = fixtures::SqsServer::start();
     let t = messaging::transport::connect(&moto.url(false)).await.expect("connect");
     let err = messaging::App::new(t.clone()).await.expect_err("missing").to_string();
     assert!(err.contains("does not exist; create it"), "{err}");
@@ -246,7 +258,7 @@ async fn step(s: Step, seen: State<Arc<Seen>>) {
 async fn fifo_order_holds_within_groups_and_groups_overlap() {
     const GROUPS: u32 = 10;
     const PER_GROUP: u32 = 100;
-    let moto = fixtures::Moto::start();
+    let moto = fixtures::SqsServer::start();
     let t = connect(&moto).await;
     let mut app = messaging::App::new(t.clone()).await.expect("app");
     app.only_queues(&["sqs-steps.fifo"]);

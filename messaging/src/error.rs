@@ -84,6 +84,26 @@ pub enum PublishError {
         /// What is wrong.
         reason: String,
     },
+    /// More attributes than [`MAX_ATTRIBUTES`](crate::publish::MAX_ATTRIBUTES)
+    /// were set with `.attribute(..)`.
+    #[error(
+        "a message carries at most {max} attributes (SQS takes 10; two are kept for the trace context); this one has {count}"
+    )]
+    TooManyAttributes {
+        /// How many were set.
+        count: usize,
+        /// The most a message may carry.
+        max: usize,
+    },
+    /// An attribute set with `.attribute(..)` has a name or value that not
+    /// every transport carries (the Amazon SQS rules, applied everywhere).
+    #[error("invalid attribute `{name}`: {reason}")]
+    InvalidAttribute {
+        /// The attribute's name.
+        name: String,
+        /// What is wrong, and what to do.
+        reason: String,
+    },
     /// The transport refused or failed the send.
     #[error(transparent)]
     Transport(#[from] TransportError),
@@ -97,6 +117,8 @@ impl PublishError {
             PublishError::DelayTooLong { .. } => "DelayTooLong",
             PublishError::EmptyGroup { .. } => "EmptyGroup",
             PublishError::InvalidId { .. } => "InvalidId",
+            PublishError::TooManyAttributes { .. } => "TooManyAttributes",
+            PublishError::InvalidAttribute { .. } => "InvalidAttribute",
             PublishError::Transport(TransportError::QueueNotFound(_)) => "QueueNotFound",
             PublishError::Transport(TransportError::Rejected(_)) => "Rejected",
             PublishError::Transport(_) => "TransportError",

@@ -9,12 +9,16 @@
 //! Publishing never panics; every failure is a [`PublishError`] value.
 
 mod batch;
+mod checks;
 mod single;
 mod state;
 
 use std::sync::Arc;
 
 pub use batch::BatchBuilder;
+#[cfg(feature = "sqs")]
+pub(crate) use checks::sqs_text_char;
+pub use checks::{MAX_ATTRIBUTES, MAX_ID_LEN};
 pub use single::SendBuilder;
 pub use state::{DelaySupported, GroupResolved, Grouped, Ungrouped};
 
@@ -23,6 +27,7 @@ use crate::message::Message;
 use crate::queue::{Queue, QueueSpec};
 use crate::telemetry::Telemetry;
 use crate::transport::{Attributes, Outgoing, Transport};
+use checks::{check_attributes, check_id};
 
 /// Sends messages to queues. Cheap to clone; handlers get one with the
 /// `Publisher` extractor.
@@ -71,25 +76,6 @@ impl Publisher {
     }
 }
 
-/// The longest identity, group or deduplication id (the Amazon SQS limit,
-/// applied everywhere so that a service can move between transports).
-pub const MAX_ID_LEN: usize = 128;
-
-/// Checks an identifier: 1 to 128 printable ASCII characters.
-fn check_id(field: &'static str, id: Option<&str>) -> Result<(), PublishError> {
-    let Some(id) = id else { return Ok(()) };
-    let reason = if id.is_empty() {
-        "it is empty".to_owned()
-    } else if id.len() > MAX_ID_LEN {
-        format!("it is {} characters long; the limit is {MAX_ID_LEN}", id.len())
-    } else if let Some(c) = id.chars().find(|c| !c.is_ascii_graphic()) {
-        format!("it contains {c:?}; use printable ASCII characters without spaces")
-    } else {
-        return Ok(());
-    };
-    Err(PublishError::InvalidId { field, reason })
-}
-
 /// Options shared by single and batch sends.
 #[derive(Debug, Clone, Default)]
 struct SendOptions {
@@ -125,6 +111,7 @@ impl SendOptions {
         check_id("identity", identity.as_deref())?;
         check_id("deduplication id", dedup_id.as_deref())?;
         check_id("group id", group_id.as_deref())?;
+        check_attributes(&self.attributes)?;
         if let Some(delay) = self.delay {
             if delay > max_delay {
                 return Err(PublishError::DelayTooLong { requested: delay, max: max_delay });

@@ -15,6 +15,8 @@ use crate::transport::{
 
 /// How long messages stay reserved while a peek or redrive looks at them.
 const RESERVE: Duration = Duration::from_secs(30);
+/// The attribute carrying why a message was dead-lettered.
+const REASON: &str = "messaging.dead_letter_reason";
 
 impl SqsTransport {
     fn dlq(&self, queue: &str) -> Result<(super::SqsQueue, String), TransportError> {
@@ -105,7 +107,7 @@ fn letter_of(d: &Delivery) -> DeadLetter {
         group_id: d.group_id.clone(),
         attributes: Arc::clone(&d.attributes),
         receive_count: d.receive_count,
-        reason: d.attributes.get("messaging.dead_letter_reason").cloned(),
+        reason: d.attributes.get(REASON).cloned(),
     }
 }
 
@@ -119,7 +121,16 @@ impl DeadLetters for SqsTransport {
         Box::pin(async move {
             let (q, dlq_url) = self.dlq(queue)?;
             let mut attributes = (*delivery.attributes).clone();
-            attributes.insert("messaging.dead_letter_reason".into(), reason.chars().take(1_000).collect());
+            attributes.remove(REASON);
+            // SQS takes 10 attributes per message: a message that has them all
+            // (from another producer) goes to the DLQ without the reason,
+            // which is logged instead.
+            if attributes.len() < super::text::MAX_ATTRIBUTES {
+                let reason: String = reason.chars().take(1_000).collect();
+                attributes.insert(REASON.into(), if reason.is_empty() { "unknown".into() } else { reason });
+            } else {
+                tracing::warn!(queue, message_id = %delivery.message_id, %reason, "dead-lettered without its reason attribute: the message has 10 attributes already");
+            }
             let outgoing = Outgoing {
                 body: delivery.body.clone(),
                 group_id: delivery.group_id.clone(),
@@ -168,7 +179,7 @@ impl DeadLetters for SqsTransport {
                     continue;
                 }
                 let mut attributes = (*d.attributes).clone();
-                attributes.remove("messaging.dead_letter_reason");
+                attributes.remove(REASON);
                 let group_id = d
                     .group_id
                     .clone()

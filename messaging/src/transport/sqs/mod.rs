@@ -11,6 +11,7 @@
 mod dead_letters;
 mod declare;
 mod options;
+mod text;
 
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
@@ -138,9 +139,6 @@ impl SqsTransport {
                 "the message is {size} bytes with its attributes; SQS accepts at most {MAX_MESSAGE_BYTES}"
             )));
         }
-        if std::str::from_utf8(&m.body).is_err() {
-            return Err(TransportError::Rejected("SQS message bodies must be UTF-8 text".into()));
-        }
         if let Some(delay) = m.delay.filter(|d| !d.is_zero()) {
             if spec.fifo {
                 return Err(TransportError::Rejected(format!("FIFO queue `{}` takes no per-message delay", spec.name)));
@@ -157,13 +155,23 @@ impl SqsTransport {
         Ok(())
     }
 
+    /// The message's attributes as SQS takes them: no empty values (SQS
+    /// refuses them; an absent attribute reads the same to our consumers).
     fn attributes_of(m: &Outgoing) -> Result<HashMap<String, MessageAttributeValue>, TransportError> {
+        if m.attributes.len() > text::MAX_ATTRIBUTES {
+            return Err(TransportError::Rejected(format!(
+                "the message has {} attributes; SQS takes at most {}",
+                m.attributes.len(),
+                text::MAX_ATTRIBUTES
+            )));
+        }
         m.attributes
             .iter()
+            .filter(|(_, v)| !v.is_empty())
             .map(|(k, v)| {
                 let value = MessageAttributeValue::builder()
                     .data_type("String")
-                    .string_value(v)
+                    .string_value(text::attribute_value(v))
                     .build()
                     .map_err(|e| TransportError::Rejected(format!("attribute `{k}`: {e}")))?;
                 Ok((k.clone(), value))
@@ -172,11 +180,9 @@ impl SqsTransport {
     }
 
     fn entry(index: usize, spec: &QueueSpec, m: &Outgoing) -> Result<SendMessageBatchRequestEntry, TransportError> {
-        let body = String::from_utf8(m.body.to_vec())
-            .map_err(|_| TransportError::Rejected("SQS message bodies must be UTF-8 text".into()))?;
         let mut entry = SendMessageBatchRequestEntry::builder()
             .id(index.to_string())
-            .message_body(body)
+            .message_body(text::body(&m.body)?)
             .set_message_attributes(Some(Self::attributes_of(m)?).filter(|a| !a.is_empty()));
         if spec.fifo {
             entry = entry.set_message_group_id(m.group_id.clone());
@@ -291,7 +297,7 @@ impl Transport for SqsTransport {
                 .client
                 .send_message()
                 .queue_url(&q.url)
-                .message_body(String::from_utf8_lossy(&message.body))
+                .message_body(text::body(&message.body)?)
                 .set_message_attributes(Some(Self::attributes_of(&message)?).filter(|a| !a.is_empty()));
             if q.spec.fifo {
                 let dedup = message.dedup_id.clone().unwrap_or_else(|| MessageId::random().to_string());
