@@ -57,76 +57,10 @@ async fn on_groups(_t: Tick, n: State<Arc<AtomicUsize>>) {
     n.fetch_add(1, Ordering::SeqCst);
 }
 
-/// An SQS-compatible server on a free loopback port, stopped on drop.
-struct Server {
-    name: &'static str,
-    child: std::process::Child,
-    port: u16,
-}
-
-impl Server {
-    /// moto_server (PyPI `moto[server]`), the server of the test suite.
-    fn moto() -> Result<Server, String> {
-        let port = free_port();
-        let child = std::process::Command::new("moto_server")
-            .args(["-H", "127.0.0.1", "-p", &port.to_string()])
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .map_err(|e| format!("moto_server did not start ({e}); pip install 'moto[server]'"))?;
-        Server { name: "moto_server 5.2", child, port }.ready("/", Duration::from_secs(30))
-    }
-
-    /// LocalStack's SQS emulator through `scripts/localstack-sqs`, which
-    /// installs it on first use.
-    fn localstack() -> Result<Server, String> {
-        let port = free_port();
-        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/localstack-sqs");
-        let child = std::process::Command::new(script)
-            .arg(port.to_string())
-            .stdout(std::process::Stdio::null())
-            .spawn()
-            .map_err(|e| format!("{script} did not start: {e}"))?;
-        // The first run installs LocalStack before it starts.
-        Server { name: "LocalStack", child, port }.ready("/_localstack/health", Duration::from_secs(900))
-    }
-
-    /// Waits until `path` answers 200, or the server exits, or `patience` ends.
-    fn ready(mut self, path: &str, patience: Duration) -> Result<Server, String> {
-        use std::io::{Read, Write};
-        let deadline = Instant::now() + patience;
-        loop {
-            if let Ok(Some(status)) = self.child.try_wait() {
-                return Err(format!("{} exited before it was ready ({status})", self.name));
-            }
-            if Instant::now() > deadline {
-                return Err(format!("{} was not ready within {patience:?}", self.name));
-            }
-            if let Ok(mut stream) = std::net::TcpStream::connect(("127.0.0.1", self.port)) {
-                let mut answer = String::new();
-                let asked = write!(stream, "GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n");
-                if asked.is_ok()
-                    && stream.read_to_string(&mut answer).is_ok()
-                    && answer.split_whitespace().nth(1) == Some("200")
-                {
-                    return Ok(self);
-                }
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("a free port").port()
-}
+#[path = "../tests/fixtures/sqs_server.rs"]
+#[allow(dead_code, unreachable_pub)]
+mod sqs_server;
+use sqs_server::SqsServer;
 
 fn ticks(count: usize, groups: usize) -> Vec<Tick> {
     (0..count).map(|n| Tick { n, group: format!("g{}", n % groups) }).collect()
@@ -231,8 +165,8 @@ fn main() {
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime");
     for name in servers.split(',').map(str::trim) {
         let server = match name {
-            "moto" => Server::moto(),
-            "localstack" => Server::localstack(),
+            "moto" => SqsServer::moto(),
+            "localstack" => SqsServer::localstack(),
             other => Err(format!("unknown server {other:?} in BENCH_SQS_SERVERS (moto, localstack)")),
         };
         match server {
@@ -243,9 +177,8 @@ fn main() {
 }
 
 /// Publishing and consuming on one server.
-async fn measure(server: &Server, count: usize) {
-    let url = format!("sqs://us-east-1?endpoint=http://127.0.0.1:{}&create_queues=true", server.port);
-    let t = Arc::new(messaging::transport::sqs::connect(&url).await.expect("connect"));
+async fn measure(server: &SqsServer, count: usize) {
+    let t = Arc::new(messaging::transport::sqs::connect(&server.url(true)).await.expect("connect"));
     messaging::App::new(t.clone() as Arc<dyn Transport>).await.expect("declare the queues");
     println!("Amazon SQS on {}, {count} messages per run (queue depth {count} at the start)", server.name);
 

@@ -270,7 +270,7 @@ fn health_has_an_exit_code_for_orchestrators() {
 #[cfg(feature = "sqs")]
 #[test]
 fn the_same_app_runs_on_sqs_by_configuration() {
-    let moto = fixtures::Moto::start();
+    let moto = fixtures::SqsServer::start();
     let out = run(example("sqs_orders")
         .env_remove("MESSAGING_URL")
         .env("RUST_LOG", "warn")

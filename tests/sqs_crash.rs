@@ -63,7 +63,7 @@ fn spawn(sqs: &str, db: &str) -> std::process::Child {
 
 #[test]
 fn a_killed_sqs_consumer_repeats_nothing() {
-    let moto = fixtures::Moto::start();
+    let moto = fixtures::SqsServer::start();
     let file = fixtures::SqliteFile::new();
     let sqs = moto.url(true);
     let runtime = fixtures::runtime();
