@@ -79,14 +79,21 @@ async fn publishing_rules_batches_and_sizes() {
     let ids: Vec<MessageId> = p.send_batch::<Mail, _>(&mails).await.into_iter().map(|r| r.expect("sent")).collect();
     assert_eq!(ids.len(), 23);
     assert_eq!(ids.iter().collect::<std::collections::HashSet<_>>().len(), 23, "distinct ids");
-    // An oversized message fails alone; the rest of the batch goes through.
-    let big = Mailing { to: "x".repeat(300 * 1024), fail: false };
+    // An oversized message (over the queue's 1 MiB) fails alone; the rest of
+    // the batch goes through.
+    let big = Mailing { to: "x".repeat(1024 * 1024), fail: false };
     let small = Mailing { to: "ok".into(), fail: false };
     let results = p.send_batch::<Mail, _>(&[small.clone(), big.clone(), small]).await;
     assert!(results[0].is_ok() && results[2].is_ok());
     let err = results[1].as_ref().unwrap_err().to_string();
-    assert!(err.contains("SQS accepts at most 262144"), "{err}");
+    assert!(err.contains("queue `sqs-mail` accepts at most 1048576"), "{err}");
     assert!(p.send::<Mail, _>(&big).await.is_err());
+    // Five messages of 300 KiB go in requests of at most 1 MiB (the server
+    // refuses a larger batch).
+    let large: Vec<Mailing> = (0..5).map(|_| Mailing { to: "y".repeat(300 * 1024), fail: false }).collect();
+    for result in p.send_batch::<Mail, _>(&large).await {
+        result.expect("sent in requests of at most 1 MiB");
+    }
     // Delay on a standard queue; FIFO group from the message's field.
     p.send::<Mail, _>(&Mailing { to: "later".into(), fail: false })
         .delay(Duration::from_secs(2))
@@ -95,7 +102,7 @@ async fn publishing_rules_batches_and_sizes() {
     p.send::<Orders, _>(&Order { customer: "c1".into(), n: 1 }).await.expect("fifo");
     let got = t.receive("sqs-orders.fifo", 10, Duration::from_secs(1)).await.expect("receive");
     assert_eq!(got[0].group_id.as_deref(), Some("c1"));
-    assert_eq!(t.depth("sqs-mail").await.expect("depth"), 23 + 2 + 1);
+    assert_eq!(t.depth("sqs-mail").await.expect("depth"), 23 + 2 + 5 + 1);
     // Text SQS refuses in a body (U+FFFF) goes out escaped and comes back as
     // sent; attributes travel with any printable Unicode.
     let odd = Mailing { to: "a\u{FFFF}b\u{0}c\tü😀".into(), fail: false };
@@ -225,6 +232,47 @@ async fn startup_errors_are_clear_and_quick() {
     assert!(err.contains("is a standard queue on SQS but is declared FIFO"), "{err}");
     let err = t.declare(&<Mail as Queue>::SPEC).await.expect_err("no redrive policy").to_string();
     assert!(err.contains("has no redrive policy") || err.contains("does not exist"), "{err}");
+}
+
+#[tokio::test]
+async fn each_queue_is_held_to_its_own_maximum_message_size() {
+    let server = fixtures::SqsServer::start();
+    let t = Arc::new(messaging::transport::sqs::connect(&server.url(true)).await.expect("connect"));
+    // A queue made with a 2 KiB limit; the others are created with the
+    // server's default (256 KiB on moto, 1 MiB on LocalStack and SQS).
+    t.client()
+        .create_queue()
+        .queue_name("sqs-slow")
+        .attributes(messaging::transport::sqs::aws_sdk_sqs::types::QueueAttributeName::MaximumMessageSize, "2048")
+        .send()
+        .await
+        .expect("created");
+    messaging::App::new(t.clone() as Arc<dyn Transport>).await.expect("declares");
+    let p = Publisher::new(t.clone());
+    let of = |bytes: usize| Mailing { to: "x".repeat(bytes), fail: false };
+    p.send::<Slow, _>(&of(1_500)).await.expect("under the queue's limit");
+    let err = p.send::<Slow, _>(&of(3_000)).await.unwrap_err().to_string();
+    assert!(err.contains("queue `sqs-slow` accepts at most 2048"), "{err}");
+    let results = p.send_batch::<Slow, _>(&[of(10), of(3_000), of(10)]).await;
+    assert!(results[0].is_ok() && results[1].is_err() && results[2].is_ok(), "{results:?}");
+    // The other queue takes what its server's default allows.
+    let default = t.client().get_queue_url().queue_name("sqs-mail").send().await.expect("url");
+    let limit: usize = t
+        .client()
+        .get_queue_attributes()
+        .queue_url(default.queue_url().unwrap_or_default())
+        .attribute_names(messaging::transport::sqs::aws_sdk_sqs::types::QueueAttributeName::MaximumMessageSize)
+        .send()
+        .await
+        .expect("attributes")
+        .attributes()
+        .and_then(|a| {
+            a.get(&messaging::transport::sqs::aws_sdk_sqs::types::QueueAttributeName::MaximumMessageSize)?.parse().ok()
+        })
+        .expect("a limit");
+    p.send::<Mail, _>(&of(limit - 1_000)).await.expect("just under the default limit");
+    let err = p.send::<Mail, _>(&of(limit + 1)).await.unwrap_err().to_string();
+    assert!(err.contains(&format!("accepts at most {limit}")), "{err}");
 }
 
 #[messaging::queue("sqs-steps.fifo", fifo, concurrency = 8, visibility = "30s")]

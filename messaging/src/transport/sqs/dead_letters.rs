@@ -192,7 +192,7 @@ impl DeadLetters for SqsTransport {
                     ..Outgoing::default()
                 };
                 // Republish first, then delete from the DLQ.
-                let entry = Self::check(&q.spec, &outgoing).and_then(|()| Self::entry(0, &q.spec, &outgoing));
+                let entry = Self::check(&q, &outgoing).and_then(|()| Self::entry(0, &q.spec, &outgoing));
                 let sent = match entry {
                     Ok(entry) => self.send_chunk(&q.url, vec![(0, entry)]).await.into_iter().all(|(_, r)| r.is_ok()),
                     Err(e) => {

@@ -36,7 +36,13 @@ pub(super) async fn declare(
     if let Some(dlq) = spec.dlq {
         check_redrive(spec.name, dlq, &attributes)?;
     }
-    Ok(SqsQueue { spec: spec.clone(), url, dlq_url: dlq_url.map(|(u, _)| u) })
+    // The queue's own limit (at most 1 MiB); a queue that does not report
+    // one is held to the long-standing 256 KiB.
+    let max_message_bytes = attributes
+        .get(&QueueAttributeName::MaximumMessageSize)
+        .and_then(|v| v.parse::<usize>().ok())
+        .map_or(256 * 1024, |bytes| bytes.min(super::MAX_MESSAGE_BYTES));
+    Ok(SqsQueue { spec: spec.clone(), url, dlq_url: dlq_url.map(|(u, _)| u), max_message_bytes })
 }
 
 async fn find_or_create(

@@ -2,8 +2,8 @@
 //!
 //! Configured by the standard AWS environment (credentials chain, region,
 //! `AWS_ENDPOINT_URL` / `AWS_ENDPOINT_URL_SQS`). Publishing uses
-//! `SendMessageBatch` (10 entries and 256 KiB per request, each message's size
-//! checked first); consuming long-polls up to 10 messages, deletes in batches,
+//! `SendMessageBatch` (10 entries and 1 MiB per request, each message's size
+//! checked first against its queue's `MaximumMessageSize`); consuming long-polls up to 10 messages, deletes in batches,
 //! extends visibility for slow handlers and retries by setting the visibility
 //! from the receive count. Queues are never created unless the URL asks for
 //! it (`?create_queues=true`, for development and tests).
@@ -23,14 +23,21 @@ use aws_sdk_sqs::types::{
 };
 use aws_sdk_sqs::Client;
 
+/// The AWS SDK for SQS, re-exported so that code using
+/// [`SqsTransport::client`] names the same version.
+pub use aws_sdk_sqs;
 pub use options::SqsOptions;
 
 use crate::error::{Error, TransportError};
 use crate::queue::QueueSpec;
 use crate::transport::{Attributes, BoxFuture, DeadLetters, Delivery, MessageId, Outgoing, Receipt, Transport};
 
-/// The largest message SQS accepts (body plus attributes).
-pub const MAX_MESSAGE_BYTES: usize = 256 * 1024;
+/// The largest message SQS accepts on any queue (body plus attributes); each
+/// queue's `MaximumMessageSize` may set less, and is what sends are checked
+/// against.
+pub const MAX_MESSAGE_BYTES: usize = 1024 * 1024;
+/// The largest `SendMessageBatch` request (the sum of its messages).
+const MAX_REQUEST_BYTES: usize = 1024 * 1024;
 /// The most entries per batch request.
 const MAX_BATCH: usize = 10;
 /// The longest per-message delay on a standard queue.
@@ -44,6 +51,8 @@ struct SqsQueue {
     spec: QueueSpec,
     url: String,
     dlq_url: Option<String>,
+    /// The queue's `MaximumMessageSize`.
+    max_message_bytes: usize,
 }
 
 /// The Amazon SQS transport.
@@ -131,12 +140,19 @@ impl SqsTransport {
         self.requests.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     }
 
+    /// A message's size as SQS counts it: body, attribute names, types and values.
+    fn size(m: &Outgoing) -> usize {
+        m.body.len() + m.attributes.iter().map(|(k, v)| k.len() + v.len() + "String".len()).sum::<usize>()
+    }
+
     /// Checks one message before sending: size, delay, group id.
-    fn check(spec: &QueueSpec, m: &Outgoing) -> Result<(), TransportError> {
-        let size = m.body.len() + m.attributes.iter().map(|(k, v)| k.len() + v.len() + "String".len()).sum::<usize>();
-        if size > MAX_MESSAGE_BYTES {
+    fn check(q: &SqsQueue, m: &Outgoing) -> Result<(), TransportError> {
+        let spec = &q.spec;
+        let size = Self::size(m);
+        if size > q.max_message_bytes {
             return Err(TransportError::Rejected(format!(
-                "the message is {size} bytes with its attributes; SQS accepts at most {MAX_MESSAGE_BYTES}"
+                "the message is {size} bytes with its attributes; SQS queue `{}` accepts at most {} (its MaximumMessageSize)",
+                spec.name, q.max_message_bytes
             )));
         }
         if let Some(delay) = m.delay.filter(|d| !d.is_zero()) {
@@ -292,7 +308,7 @@ impl Transport for SqsTransport {
     fn send<'a>(&'a self, queue: &'a str, message: Outgoing) -> BoxFuture<'a, Result<MessageId, TransportError>> {
         Box::pin(async move {
             let q = self.queue(queue)?;
-            Self::check(&q.spec, &message)?;
+            Self::check(&q, &message)?;
             let mut request = self
                 .client
                 .send_message()
@@ -323,18 +339,17 @@ impl Transport for SqsTransport {
             };
             let mut results: Vec<Option<Result<MessageId, TransportError>>> =
                 (0..messages.len()).map(|_| None).collect();
-            // Chunks of at most 10 entries and 256 KiB.
+            // Chunks of at most 10 entries and 1 MiB.
             let mut chunk: Vec<(usize, SendMessageBatchRequestEntry)> = Vec::new();
             let mut chunk_bytes = 0;
             let mut chunks = Vec::new();
             for (i, m) in messages.iter().enumerate() {
-                let entry = Self::check(&q.spec, m).and_then(|()| Self::entry(i, &q.spec, m));
+                let entry = Self::check(&q, m).and_then(|()| Self::entry(i, &q.spec, m));
                 match entry {
                     Err(e) => results[i] = Some(Err(e)),
                     Ok(entry) => {
-                        let size =
-                            m.body.len() + m.attributes.iter().map(|(k, v)| k.len() + v.len() + 6).sum::<usize>();
-                        if chunk.len() == MAX_BATCH || chunk_bytes + size > MAX_MESSAGE_BYTES {
+                        let size = Self::size(m);
+                        if chunk.len() == MAX_BATCH || chunk_bytes + size > MAX_REQUEST_BYTES {
                             chunks.push(std::mem::take(&mut chunk));
                             chunk_bytes = 0;
                         }
