@@ -160,7 +160,9 @@ impl SqliteStore {
         self.pool.begin_with("BEGIN IMMEDIATE").await.map_err(|e| backend("begin", e))
     }
 
-    /// Enqueues a batch in one transaction, in input order.
+    /// Enqueues a batch in one transaction, in input order: messages without
+    /// identity in multi-row inserts, the others one by one (each may meet
+    /// an existing row, or one made earlier in the batch).
     async fn enqueue_in(
         conn: &mut SqliteConnection,
         queue: &str,
@@ -169,16 +171,17 @@ impl SqliteStore {
         idempotent: bool,
     ) -> Result<Vec<Enqueued>, TransportError> {
         let first = reserve(conn, items.len()).await?;
-        let mut out = Vec::with_capacity(items.len());
-        for (seq, e) in (first..).zip(items) {
-            let existing = match &e.identity {
-                Some(identity) => load_identity(conn, queue, identity).await?,
-                None => None,
+        let mut out: Vec<Option<Enqueued>> = (0..items.len()).map(|_| None).collect();
+        let mut plain = Vec::new();
+        for (i, (seq, e)) in (first..).zip(items).enumerate() {
+            let Some(identity) = &e.identity else {
+                plain.push((i, Row::new(0, seq, now, e)));
+                continue;
             };
-            let Some(mut row) = existing else {
+            let Some(mut row) = load_identity(conn, queue, identity).await? else {
                 let message_id = e.message_id.clone();
                 let id = insert(conn, queue, e, seq, now).await?;
-                out.push(Enqueued { outcome: EnqueueOutcome::Inserted(id), message_id });
+                out[i] = Some(Enqueued { outcome: EnqueueOutcome::Inserted(id), message_id });
                 continue;
             };
             let outcome = row.enqueue(now, seq, e, idempotent);
@@ -189,9 +192,16 @@ impl SqliteStore {
                 (Status::AwaitingRelease, Some(d)) => d.message_id.clone(),
                 _ => row.message_id.clone(),
             };
-            out.push(Enqueued { outcome, message_id });
+            out[i] = Some(Enqueued { outcome, message_id });
         }
-        Ok(out)
+        let ids = insert_many(conn, queue, plain.iter().map(|(_, row)| row), now).await?;
+        for (i, row) in plain {
+            let id = ids.get(&row.seq).copied().ok_or_else(|| {
+                TransportError::Backend(format!("sqlite: the insert returned no row for sequence {}", row.seq))
+            })?;
+            out[i] = Some(Enqueued { outcome: EnqueueOutcome::Inserted(id), message_id: row.message_id });
+        }
+        Ok(out.into_iter().flatten().collect())
     }
 
     /// Standard queues: the first pending rows by priority, then enqueue order.
@@ -580,6 +590,48 @@ async fn insert(
     .await
     .map_err(|e| backend("enqueue", e))?;
     Ok(id as RowId)
+}
+
+/// Rows per multi-row insert: 12 values each, well under SQLite's 32,766
+/// bound parameters.
+const INSERT_ROWS: usize = 500;
+
+/// Inserts new rows without identity, [`INSERT_ROWS`] per statement; returns
+/// each row's id by its sequence number.
+async fn insert_many<'r>(
+    conn: &mut SqliteConnection,
+    queue: &str,
+    rows: impl Iterator<Item = &'r Row>,
+    now: i64,
+) -> Result<std::collections::HashMap<u64, RowId>, TransportError> {
+    let rows: Vec<&Row> = rows.collect();
+    let mut ids = std::collections::HashMap::with_capacity(rows.len());
+    for chunk in rows.chunks(INSERT_ROWS) {
+        let mut insert = sqlx::QueryBuilder::<Sqlite>::new(
+            "INSERT INTO messaging_messages (queue, identity, group_id, message_id, payload, attributes, priority, \
+             process_at, status, attempts, seq, sent_at) ",
+        );
+        insert.push_values(chunk, |mut values, row| {
+            values
+                .push_bind(queue)
+                .push_bind(&row.identity)
+                .push_bind(&row.group)
+                .push_bind(&row.message_id)
+                .push_bind(&row.payload)
+                .push_bind(&row.attributes)
+                .push_bind(row.priority)
+                .push_bind(row.process_at)
+                .push_bind(row.status.as_str())
+                .push_bind(0_i64)
+                .push_bind(row.seq as i64)
+                .push_bind(now);
+        });
+        insert.push(" RETURNING id, seq");
+        let inserted: Vec<(i64, i64)> =
+            insert.build_query_as().fetch_all(&mut *conn).await.map_err(|e| backend("enqueue", e))?;
+        ids.extend(inserted.into_iter().map(|(id, seq)| (seq as u64, id as RowId)));
+    }
+    Ok(ids)
 }
 
 /// A leased row (columns as in [`LEASED_COLUMNS`]).
@@ -1257,6 +1309,55 @@ mod tests {
         let again = store.lease("jobs", NOW + LEASE + 2, 10, LEASE, false).await.expect("lease");
         assert_eq!(payloads(&again), ["retried", "v2"]);
         assert_eq!(again[0].attempts, 2);
+        close(store, db).await;
+    }
+
+    #[tokio::test]
+    async fn a_large_mixed_batch_keeps_input_order_and_identities() {
+        let (store, db) = store().await;
+        // More rows than one multi-row insert takes, every tenth with an
+        // identity, and one identity twice (its second version replaces the
+        // first, which is still pending).
+        let mut items: Vec<Enqueue> =
+            (0..1_200)
+                .map(|i| {
+                    if i % 10 == 0 {
+                        msg(Some(&format!("k{i}")), &format!("p{i}"))
+                    } else {
+                        msg(None, &format!("p{i}"))
+                    }
+                })
+                .collect();
+        items.push(msg(Some("k0"), "p0-v2"));
+        let results = store.enqueue("jobs", NOW, items, false).await;
+        let results: Vec<Enqueued> = results.into_iter().map(|r| r.expect("enqueued")).collect();
+        assert_eq!(results.len(), 1_201);
+        assert_eq!(results[1_200].message_id, "m-p0-v2");
+        let first = match results[0].outcome {
+            EnqueueOutcome::Inserted(id) => id,
+            ref other => panic!("{other:?}"),
+        };
+        assert!(
+            matches!(results[1_200].outcome, EnqueueOutcome::Updated(id) if id == first),
+            "{:?}",
+            results[1_200].outcome
+        );
+        let ids: HashSet<RowId> = results[..1_200]
+            .iter()
+            .map(|r| match r.outcome {
+                EnqueueOutcome::Inserted(id) => id,
+                ref other => panic!("{other:?}"),
+            })
+            .collect();
+        assert_eq!(ids.len(), 1_200, "distinct rows");
+        // Input order; the new version of k0 took its place at the back.
+        let leased = store.lease("jobs", NOW, 2_000, LEASE, false).await.expect("lease");
+        let mut expected: Vec<String> = (1..1_200).map(|i| format!("p{i}")).collect();
+        expected.push("p0-v2".into());
+        assert_eq!(payloads(&leased), expected);
+        let message_ids: Vec<&str> = leased.iter().map(|l| l.message_id.as_str()).collect();
+        assert_eq!(message_ids[0], "m-p1");
+        assert_eq!(message_ids[1_199], "m-p0-v2");
         close(store, db).await;
     }
 
