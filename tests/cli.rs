@@ -291,3 +291,107 @@ fn the_same_app_runs_on_sqs_by_configuration() {
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("this example runs on Amazon SQS, not on sqlite"));
 }
+
+#[cfg(feature = "sqlite")]
+#[test]
+fn publish_reads_the_data_as_the_registered_type() {
+    let dir = WorkDir::new();
+    let stderr = |out: &Output| String::from_utf8_lossy(&out.stderr).into_owned();
+    let publish = |args: &[&str]| run(orders_in(&dir).arg("publish").args(args));
+    // The newest version; the group from the message's field.
+    let out = publish(&[
+        "orders.fifo",
+        "--type",
+        "orders.placed",
+        "--data",
+        r#"{"order_id":"C1","customer_id":"cy","coupon":"SPRING"}"#,
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(stdout(&out).starts_with("published orders.placed v2 to `orders.fifo` as "), "{}", stdout(&out));
+    // An older version (no group field: the queue's default group), upcast by the handler.
+    let out = publish(&[
+        "orders.fifo",
+        "--type",
+        "orders.placed",
+        "--version",
+        "1",
+        "--data",
+        r#"{"order_id":"C2","customer_id":"cy"}"#,
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    // The data from standard input, with an attribute.
+    let mut child = orders_in(&dir)
+        .args(["publish", "emails", "--type", "emails.confirmation", "--data", "-", "--attribute", "tenant=acme"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::Write as _;
+    child.stdin.take().unwrap().write_all(br#"{"order_id":"E1","to":"eve@example.com"}"#).unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    // Errors name what is wrong, and send nothing.
+    for (args, expected) in [
+        (
+            vec!["orders.fifo", "--type", "orders.placed", "--data", r#"{"order_id":"C3"}"#],
+            "missing field `customer_id`",
+        ),
+        (vec!["orders.fifo", "--type", "orders.placed", "--data", "not json"], "is not a valid `orders.placed v2`"),
+        (
+            vec!["orders.fifo", "--type", "nope", "--data", "{}"],
+            "no message type `nope`; known: emails.confirmation, orders.placed",
+        ),
+        (
+            vec!["nowhere", "--type", "orders.placed", "--data", "{}"],
+            "`nowhere` is not a declared queue; declared: emails, orders.fifo",
+        ),
+        (
+            vec!["orders.fifo", "--type", "orders.placed", "--version", "7", "--data", "{}"],
+            "has no version 7; it has 1, 2",
+        ),
+        (
+            vec![
+                "orders.fifo",
+                "--type",
+                "emails.confirmation",
+                "--delay",
+                "5s",
+                "--data",
+                r#"{"order_id":"X","to":"x"}"#,
+            ],
+            "FIFO queue `orders.fifo` takes no per-message delay",
+        ),
+        (
+            vec![
+                "emails",
+                "--type",
+                "emails.confirmation",
+                "--attribute",
+                "AWS.x=1",
+                "--data",
+                r#"{"order_id":"X","to":"x"}"#,
+            ],
+            "reserved by SQS",
+        ),
+    ] {
+        let out = publish(&args);
+        assert!(!out.status.success(), "{args:?} succeeded");
+        assert!(stderr(&out).contains(expected), "{args:?}: {}", stderr(&out));
+    }
+    let listing = stdout(&run(orders_in(&dir).arg("queues")));
+    let depth = |queue: &str| {
+        listing.lines().find(|l| l.starts_with(queue)).and_then(|l| l.split_whitespace().nth(2).map(str::to_owned))
+    };
+    assert_eq!((depth("orders.fifo").as_deref(), depth("emails ").as_deref()), (Some("2"), Some("1")), "{listing}");
+    // The app handles them (beside its demo orders).
+    let out = run(&mut orders_in(&dir));
+    let text = stdout(&out);
+    for line in [
+        "handled order C1 for cy (coupon: SPRING; v2)",
+        "handled order C2 for cy (coupon: none; arrived as v1, upcast to v2)",
+        "sent confirmation of order E1 to eve@example.com",
+    ] {
+        assert!(text.contains(line), "missing `{line}` in:\n{text}");
+    }
+}

@@ -199,6 +199,7 @@ fn generate(input: &DeriveInput, item: TokenStream, m: &MessageArgs) -> TokenStr
                     version: #version,
                     upcast: #upcast_entry,
                     decode: ::messaging::__private::decode::<#ident>,
+                    encode: ::messaging::__private::encode::<#ident>,
                 }
             }
         };

@@ -11,7 +11,7 @@ pub use crate::extract::{FromContext, Requirement};
 pub use crate::handler::{AnyMessage, ErasedHandler, IdempotencySpec, IntoHandlerResult, RetryPolicy};
 pub use crate::message::{const_name_is, const_str_eq, Flag, IdentityField, No, Yes};
 pub use crate::queue::{QueueKind, QueueSpec};
-pub use crate::registry::{HandlerEntry, MessageEntry, QueueEntry, Upcast};
+pub use crate::registry::{Encoded, HandlerEntry, MessageEntry, QueueEntry, Upcast};
 
 use crate::error::HandlerError;
 use crate::message::Message;
@@ -24,6 +24,12 @@ pub fn type_id<T: 'static>() -> TypeId {
 /// Reads JSON as `M`.
 pub fn decode<M: Message>(bytes: &[u8]) -> Result<AnyMessage, serde_json::Error> {
     serde_json::from_slice::<M>(bytes).map(|m| Box::new(m) as AnyMessage)
+}
+
+/// Reads JSON data as `M` and writes it as it travels.
+pub fn encode<M: Message>(data: &[u8]) -> Result<Encoded, serde_json::Error> {
+    let message: M = serde_json::from_slice(data)?;
+    Ok(Encoded { body: crate::envelope::encode(&message)?, group: message.group_id(), identity: message.message_id() })
 }
 
 /// Converts a decoded `A` into the next version `B`.

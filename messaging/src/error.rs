@@ -30,6 +30,13 @@ pub enum Error {
     /// Telemetry or the HTTP endpoint could not be set up.
     #[error("telemetry: {0}")]
     Telemetry(String),
+    /// A publish from the command line failed.
+    #[error(transparent)]
+    Publish(#[from] PublishError),
+    /// A command-line argument names something that does not exist or does
+    /// not fit; the message says what is known.
+    #[error("{0}")]
+    Command(String),
 }
 
 /// A failure reported by a transport backend.
@@ -68,6 +75,14 @@ pub enum PublishError {
         requested: Duration,
         /// The largest delay the transport accepts.
         max: Duration,
+    },
+    /// A delay was asked for on a FIFO queue, which has none per message
+    /// (the typed API does not compile such a send; this is the command
+    /// line's error).
+    #[error("FIFO queue `{queue}` takes no per-message delay")]
+    DelayOnFifo {
+        /// The queue's name.
+        queue: &'static str,
     },
     /// A FIFO queue got an empty group id.
     #[error("FIFO queue `{queue}` needs a non-empty message group id")]
@@ -115,6 +130,7 @@ impl PublishError {
         match self {
             PublishError::Serialize(_) => "Serialize",
             PublishError::DelayTooLong { .. } => "DelayTooLong",
+            PublishError::DelayOnFifo { .. } => "DelayOnFifo",
             PublishError::EmptyGroup { .. } => "EmptyGroup",
             PublishError::InvalidId { .. } => "InvalidId",
             PublishError::TooManyAttributes { .. } => "TooManyAttributes",

@@ -2,6 +2,7 @@
 //! `validate`, `queues`, `dlq peek|redrive`, `health`, `migrate`.
 
 mod dlq;
+mod publish;
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -44,6 +45,9 @@ enum Command {
     Dlq(dlq::DlqCommand),
     /// Check that every declared queue is reachable; exit 0 when healthy, 1 otherwise.
     Health,
+    /// Publish one message: its JSON data is read as the registered type and
+    /// sent in the versioned envelope.
+    Publish(publish::PublishArgs),
 }
 
 #[derive(Debug, Default, clap::Args)]
@@ -127,6 +131,7 @@ async fn execute(cli: Cli, hook: SetupHook) -> Result<(), Error> {
         Command::Migrate => Ok(()),
         Command::Dlq(dlq) => dlq::run(&app, dlq).await,
         Command::Health => health(&app).await,
+        Command::Publish(args) => publish::run(&mut app, args).await,
         Command::Queues => {
             print_queues(&app).await;
             Ok(())

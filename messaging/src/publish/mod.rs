@@ -10,6 +10,7 @@
 
 mod batch;
 mod checks;
+mod encoded;
 mod single;
 mod state;
 
@@ -19,12 +20,14 @@ pub use batch::BatchBuilder;
 #[cfg(feature = "sqs")]
 pub(crate) use checks::sqs_text_char;
 pub use checks::{MAX_ATTRIBUTES, MAX_ID_LEN};
+pub(crate) use encoded::EncodedSend;
 pub use single::SendBuilder;
 pub use state::{DelaySupported, GroupResolved, Grouped, Ungrouped};
 
 use crate::error::PublishError;
 use crate::message::Message;
 use crate::queue::{Queue, QueueSpec};
+use crate::registry::Encoded;
 use crate::telemetry::Telemetry;
 use crate::transport::{Attributes, Outgoing, Transport};
 use checks::{check_attributes, check_id};
@@ -95,10 +98,24 @@ impl SendOptions {
         message: &M,
         max_delay: std::time::Duration,
     ) -> Result<Outgoing, PublishError> {
-        let body = crate::envelope::encode(message)?.into();
+        let encoded = Encoded {
+            body: crate::envelope::encode(message)?,
+            group: message.group_id(),
+            identity: message.message_id(),
+        };
+        self.outgoing_encoded(spec, encoded, max_delay)
+    }
+
+    /// The group/dedup rules and checks for a message already encoded.
+    fn outgoing_encoded(
+        &self,
+        spec: &QueueSpec,
+        message: Encoded,
+        max_delay: std::time::Duration,
+    ) -> Result<Outgoing, PublishError> {
+        let body = message.body.into();
         let group_id = if spec.fifo {
-            let group =
-                self.group.clone().or_else(|| message.group_id()).or_else(|| spec.default_group.map(str::to_owned));
+            let group = self.group.clone().or(message.group).or_else(|| spec.default_group.map(str::to_owned));
             match group {
                 Some(g) if !g.is_empty() => Some(g),
                 _ => return Err(PublishError::EmptyGroup { queue: spec.name }),
@@ -106,7 +123,7 @@ impl SendOptions {
         } else {
             self.group.clone()
         };
-        let identity = self.identity.clone().or_else(|| message.message_id());
+        let identity = self.identity.clone().or(message.identity);
         let dedup_id = self.dedup_id.clone().or_else(|| identity.clone());
         check_id("identity", identity.as_deref())?;
         check_id("deduplication id", dedup_id.as_deref())?;

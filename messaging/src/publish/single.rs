@@ -104,22 +104,31 @@ where
     G: 'a,
 {
     fn start(&self) -> Sending<'a, Result<MessageId, PublishError>> {
-        let transport = self.publisher.transport.clone();
-        let telemetry = self.publisher.telemetry.clone();
-        let outgoing = self.options.outgoing(&Q::SPEC, self.message, transport.max_delay());
-        let (system, queue) = (transport.system(), Q::SPEC.name);
-        let span = crate::telemetry::producer_span(system, queue, 1);
-        Box::pin(async move {
-            let sent = async {
-                let mut outgoing = outgoing?;
-                crate::telemetry::inject(&span, &mut outgoing.attributes);
-                Ok(transport.send(queue, outgoing).await?)
-            }
-            .instrument(span.clone())
-            .await;
-            telemetry.published(&span, system, queue, std::slice::from_ref(&sent));
-            sent
-        })
+        let outgoing = self.options.outgoing(&Q::SPEC, self.message, self.publisher.transport.max_delay());
+        Box::pin(send_one(self.publisher, Q::SPEC.name, outgoing))
+    }
+}
+
+/// Sends one encoded message in a producer span, recording the outcome.
+pub(super) fn send_one(
+    publisher: &Publisher,
+    queue: &'static str,
+    outgoing: Result<crate::transport::Outgoing, PublishError>,
+) -> impl Future<Output = Result<MessageId, PublishError>> + Send + 'static {
+    let transport = publisher.transport.clone();
+    let telemetry = publisher.telemetry.clone();
+    let system = transport.system();
+    let span = crate::telemetry::producer_span(system, queue, 1);
+    async move {
+        let sent = async {
+            let mut outgoing = outgoing?;
+            crate::telemetry::inject(&span, &mut outgoing.attributes);
+            Ok(transport.send(queue, outgoing).await?)
+        }
+        .instrument(span.clone())
+        .await;
+        telemetry.published(&span, system, queue, std::slice::from_ref(&sent));
+        sent
     }
 }
 
