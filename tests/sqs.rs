@@ -60,6 +60,23 @@ async fn connect(moto: &fixtures::SqsServer) -> Arc<dyn Transport> {
     messaging::transport::connect(&moto.url(true)).await.expect("connect")
 }
 
+/// A queue's `MaximumMessageSize` on `server`.
+async fn size_limit(server: &fixtures::SqsServer, queue: &str) -> usize {
+    use messaging::transport::sqs::aws_sdk_sqs::types::QueueAttributeName;
+    let t = messaging::transport::sqs::connect(&server.url(false)).await.expect("connect");
+    let url = t.client().get_queue_url().queue_name(queue).send().await.expect("url");
+    t.client()
+        .get_queue_attributes()
+        .queue_url(url.queue_url().unwrap_or_default())
+        .attribute_names(QueueAttributeName::MaximumMessageSize)
+        .send()
+        .await
+        .expect("attributes")
+        .attributes()
+        .and_then(|a| a.get(&QueueAttributeName::MaximumMessageSize)?.parse().ok())
+        .expect("a limit")
+}
+
 async fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
     let deadline = Instant::now() + Duration::from_secs(30);
     while !done() {
@@ -79,18 +96,19 @@ async fn publishing_rules_batches_and_sizes() {
     let ids: Vec<MessageId> = p.send_batch::<Mail, _>(&mails).await.into_iter().map(|r| r.expect("sent")).collect();
     assert_eq!(ids.len(), 23);
     assert_eq!(ids.iter().collect::<std::collections::HashSet<_>>().len(), 23, "distinct ids");
-    // An oversized message (over the queue's 1 MiB) fails alone; the rest of
-    // the batch goes through.
-    let big = Mailing { to: "x".repeat(1024 * 1024), fail: false };
+    // An oversized message (over the queue's limit: 1 MiB on SQS, LocalStack
+    // and moto 5.2) fails alone; the rest of the batch goes through.
+    let limit = size_limit(&moto, "sqs-mail").await;
+    let big = Mailing { to: "x".repeat(limit), fail: false };
     let small = Mailing { to: "ok".into(), fail: false };
     let results = p.send_batch::<Mail, _>(&[small.clone(), big.clone(), small]).await;
     assert!(results[0].is_ok() && results[2].is_ok());
     let err = results[1].as_ref().unwrap_err().to_string();
-    assert!(err.contains("queue `sqs-mail` accepts at most 1048576"), "{err}");
+    assert!(err.contains(&format!("queue `sqs-mail` accepts at most {limit}")), "{err}");
     assert!(p.send::<Mail, _>(&big).await.is_err());
-    // Five messages of 300 KiB go in requests of at most 1 MiB (the server
-    // refuses a larger batch).
-    let large: Vec<Mailing> = (0..5).map(|_| Mailing { to: "y".repeat(300 * 1024), fail: false }).collect();
+    // Five messages of 30% of the limit go in requests of at most the limit
+    // (the server refuses a larger batch).
+    let large: Vec<Mailing> = (0..5).map(|_| Mailing { to: "y".repeat(limit * 3 / 10), fail: false }).collect();
     for result in p.send_batch::<Mail, _>(&large).await {
         result.expect("sent in requests of at most 1 MiB");
     }
@@ -239,7 +257,7 @@ async fn each_queue_is_held_to_its_own_maximum_message_size() {
     let server = fixtures::SqsServer::start();
     let t = Arc::new(messaging::transport::sqs::connect(&server.url(true)).await.expect("connect"));
     // A queue made with a 2 KiB limit; the others are created with the
-    // server's default (256 KiB on moto, 1 MiB on LocalStack and SQS).
+    // server's default (1 MiB on SQS, LocalStack and moto 5.2).
     t.client()
         .create_queue()
         .queue_name("sqs-slow")
@@ -256,23 +274,57 @@ async fn each_queue_is_held_to_its_own_maximum_message_size() {
     let results = p.send_batch::<Slow, _>(&[of(10), of(3_000), of(10)]).await;
     assert!(results[0].is_ok() && results[1].is_err() && results[2].is_ok(), "{results:?}");
     // The other queue takes what its server's default allows.
-    let default = t.client().get_queue_url().queue_name("sqs-mail").send().await.expect("url");
-    let limit: usize = t
-        .client()
-        .get_queue_attributes()
-        .queue_url(default.queue_url().unwrap_or_default())
-        .attribute_names(messaging::transport::sqs::aws_sdk_sqs::types::QueueAttributeName::MaximumMessageSize)
-        .send()
-        .await
-        .expect("attributes")
-        .attributes()
-        .and_then(|a| {
-            a.get(&messaging::transport::sqs::aws_sdk_sqs::types::QueueAttributeName::MaximumMessageSize)?.parse().ok()
-        })
-        .expect("a limit");
+    let limit = size_limit(&server, "sqs-mail").await;
     p.send::<Mail, _>(&of(limit - 1_000)).await.expect("just under the default limit");
     let err = p.send::<Mail, _>(&of(limit + 1)).await.unwrap_err().to_string();
     assert!(err.contains(&format!("accepts at most {limit}")), "{err}");
+}
+
+#[messaging::queue("sqs-tight", dlq = "sqs-tight-dlq")]
+struct Tight;
+
+/// Fails permanently with a long reason.
+#[messaging::handler(queue = Tight)]
+async fn tight(_m: Mailing) -> Result<(), HandlerError> {
+    Err(HandlerError::permanent(std::io::Error::other(format!("rejected: {}", "why ".repeat(500)))))
+}
+
+#[tokio::test]
+async fn a_dead_letter_fits_its_queue_with_as_much_reason_as_there_is_room_for() {
+    use messaging::transport::sqs::aws_sdk_sqs::types::QueueAttributeName;
+    let server = fixtures::SqsServer::start();
+    let admin = messaging::transport::sqs::connect(&server.url(true)).await.expect("connect");
+    // A dead-letter queue that takes 1 KiB, behind a queue that takes 1 MiB.
+    admin
+        .client()
+        .create_queue()
+        .queue_name("sqs-tight-dlq")
+        .attributes(QueueAttributeName::MaximumMessageSize, "1024")
+        .send()
+        .await
+        .expect("created");
+    let t = connect(&server).await;
+    let mut app = messaging::App::new(t.clone()).await.expect("app");
+    app.only_queues(&["sqs-tight"]);
+    app.set_receive_wait(Duration::from_secs(1));
+    let running = app.start().expect("start");
+    let p = Publisher::new(t.clone());
+    p.send::<Tight, _>(&Mailing { to: "t".repeat(700), fail: true }).await.expect("sent");
+    let dlq = t.dead_letters().expect("dead letters");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while dlq.depth("sqs-tight").await.expect("depth") == 0 {
+        assert!(Instant::now() < deadline, "not dead-lettered");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    running.stop().await;
+    let letters = dlq.peek("sqs-tight", 10).await.expect("peek");
+    assert_eq!(letters.len(), 1);
+    let reason = letters[0].reason.clone().expect("a reason, cut to fit");
+    assert!(reason.starts_with("rejected: why why"), "{reason}");
+    let size = letters[0].body.len()
+        + letters[0].attributes.iter().map(|(k, v)| k.len() + v.len() + "String".len()).sum::<usize>();
+    assert!(size <= 1024, "{size} bytes in a 1 KiB queue");
+    assert!(reason.len() < 2_000, "the reason was cut: {} bytes", reason.len());
 }
 
 #[messaging::queue("sqs-steps.fifo", fifo, concurrency = 8, visibility = "30s")]

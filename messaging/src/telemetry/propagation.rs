@@ -10,10 +10,13 @@ use crate::transport::Attributes;
 struct Inject<'a>(&'a mut Attributes);
 
 impl Injector for Inject<'_> {
-    /// Leaves out empty values (an empty `tracestate` means none): Amazon SQS
-    /// refuses a message with an empty attribute.
+    /// Leaves out empty values (an empty `tracestate` means none, and
+    /// replaces any older one): Amazon SQS refuses a message with an empty
+    /// attribute.
     fn set(&mut self, key: &str, value: String) {
-        if !value.is_empty() {
+        if value.is_empty() {
+            self.0.remove(key);
+        } else {
             self.0.insert(key.to_owned(), value);
         }
     }
@@ -90,6 +93,7 @@ mod tests {
         );
         let context = opentelemetry::Context::new().with_remote_span_context(parent);
         let mut attributes = Attributes::new();
+        attributes.insert("tracestate".into(), "stale=1".into());
         TraceContextPropagator::new().inject_context(&context, &mut Inject(&mut attributes));
         assert_eq!(
             attributes.get("traceparent").map(String::as_str),

@@ -122,14 +122,22 @@ impl DeadLetters for SqsTransport {
             let (q, dlq_url) = self.dlq(queue)?;
             let mut attributes = (*delivery.attributes).clone();
             attributes.remove(REASON);
-            // SQS takes 10 attributes per message: a message that has them all
-            // (from another producer) goes to the DLQ without the reason,
-            // which is logged instead.
-            if attributes.len() < super::text::MAX_ATTRIBUTES {
-                let reason: String = reason.chars().take(1_000).collect();
-                attributes.insert(REASON.into(), if reason.is_empty() { "unknown".into() } else { reason });
+            // The reason travels as an attribute when it fits: SQS takes 10
+            // attributes (a message may have them all: 8 of ours and the trace
+            // context, or another producer's) and the DLQ's size limit counts
+            // attributes too. Otherwise the reason is logged instead.
+            let base = Self::size(&Outgoing {
+                body: delivery.body.clone(),
+                attributes: attributes.clone(),
+                ..Outgoing::default()
+            });
+            let room = q.dlq_max_message_bytes.saturating_sub(base + REASON.len() + "String".len());
+            let reason = super::text::attribute_value(if reason.is_empty() { "unknown" } else { &reason }).into_owned();
+            let fitted = fit(&reason, room.min(4 * 1_000));
+            if attributes.len() < super::text::MAX_ATTRIBUTES && !fitted.is_empty() {
+                attributes.insert(REASON.into(), fitted.to_owned());
             } else {
-                tracing::warn!(queue, message_id = %delivery.message_id, %reason, "dead-lettered without its reason attribute: the message has 10 attributes already");
+                tracing::warn!(queue, message_id = %delivery.message_id, %reason, "dead-lettered without its reason attribute: no room for it in the message");
             }
             let outgoing = Outgoing {
                 body: delivery.body.clone(),
@@ -138,6 +146,13 @@ impl DeadLetters for SqsTransport {
                 attributes,
                 ..Outgoing::default()
             };
+            if Self::size(&outgoing) > q.dlq_max_message_bytes {
+                return Err(TransportError::Rejected(format!(
+                    "the message is {} bytes; the dead-letter queue of `{queue}` accepts at most {} (its MaximumMessageSize)",
+                    Self::size(&outgoing),
+                    q.dlq_max_message_bytes
+                )));
+            }
             let entry = Self::entry(0, &q.spec, &outgoing)?;
             // Republish to the DLQ first, then delete: the message is never in neither queue.
             let sent = self.send_chunk(&dlq_url, vec![(0, entry)]).await;
@@ -217,5 +232,31 @@ impl DeadLetters for SqsTransport {
             self.count();
             super::declare::depth(&self.client, &dlq_url).await
         })
+    }
+}
+
+/// The longest prefix of `text` of at most `bytes` bytes and 1,000
+/// characters, cut at a character boundary.
+fn fit(text: &str, bytes: usize) -> &str {
+    let mut end = 0;
+    for (count, (at, c)) in text.char_indices().enumerate() {
+        if count == 1_000 || at + c.len_utf8() > bytes {
+            break;
+        }
+        end = at + c.len_utf8();
+    }
+    &text[..end]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::fit;
+
+    #[test]
+    fn a_reason_is_cut_to_fit_at_a_character_boundary() {
+        assert_eq!(fit("héllo", 3), "hé");
+        assert_eq!(fit("héllo", 2), "h");
+        assert_eq!(fit("héllo", 0), "");
+        assert_eq!(fit(&"x".repeat(5_000), 10_000).len(), 1_000);
     }
 }

@@ -36,13 +36,18 @@ pub(super) async fn declare(
     if let Some(dlq) = spec.dlq {
         check_redrive(spec.name, dlq, &attributes)?;
     }
-    // The queue's own limit (at most 1 MiB); a queue that does not report
-    // one is held to the long-standing 256 KiB.
-    let max_message_bytes = attributes
+    let max_message_bytes = size_limit(&attributes);
+    let dlq_max_message_bytes = dlq_url.as_ref().map_or(max_message_bytes, |(_, a)| size_limit(a));
+    Ok(SqsQueue { spec: spec.clone(), url, dlq_url: dlq_url.map(|(u, _)| u), max_message_bytes, dlq_max_message_bytes })
+}
+
+/// A queue's own size limit (at most 1 MiB); a queue that does not report
+/// one is held to the long-standing 256 KiB.
+fn size_limit(attributes: &HashMap<QueueAttributeName, String>) -> usize {
+    attributes
         .get(&QueueAttributeName::MaximumMessageSize)
         .and_then(|v| v.parse::<usize>().ok())
-        .map_or(256 * 1024, |bytes| bytes.min(super::MAX_MESSAGE_BYTES));
-    Ok(SqsQueue { spec: spec.clone(), url, dlq_url: dlq_url.map(|(u, _)| u), max_message_bytes })
+        .map_or(256 * 1024, |bytes| bytes.min(super::MAX_MESSAGE_BYTES))
 }
 
 async fn find_or_create(

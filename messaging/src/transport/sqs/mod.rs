@@ -53,6 +53,8 @@ struct SqsQueue {
     dlq_url: Option<String>,
     /// The queue's `MaximumMessageSize`.
     max_message_bytes: usize,
+    /// The dead-letter queue's `MaximumMessageSize` (the queue's when it has none).
+    dlq_max_message_bytes: usize,
 }
 
 /// The Amazon SQS transport.
@@ -140,9 +142,11 @@ impl SqsTransport {
         self.requests.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     }
 
-    /// A message's size as SQS counts it: body, attribute names, types and values.
+    /// A message's size as SQS counts it: body (as sent, escapes included),
+    /// attribute names, types and values.
     fn size(m: &Outgoing) -> usize {
-        m.body.len() + m.attributes.iter().map(|(k, v)| k.len() + v.len() + "String".len()).sum::<usize>()
+        let body = text::body(&m.body).map_or(m.body.len(), |b| b.len());
+        body + m.attributes.iter().map(|(k, v)| k.len() + v.len() + "String".len()).sum::<usize>()
     }
 
     /// Checks one message before sending: size, delay, group id.
@@ -339,7 +343,8 @@ impl Transport for SqsTransport {
             };
             let mut results: Vec<Option<Result<MessageId, TransportError>>> =
                 (0..messages.len()).map(|_| None).collect();
-            // Chunks of at most 10 entries and 1 MiB.
+            // Chunks of at most 10 entries and 1 MiB (or the queue's smaller limit).
+            let max_request = MAX_REQUEST_BYTES.min(q.max_message_bytes);
             let mut chunk: Vec<(usize, SendMessageBatchRequestEntry)> = Vec::new();
             let mut chunk_bytes = 0;
             let mut chunks = Vec::new();
@@ -349,7 +354,7 @@ impl Transport for SqsTransport {
                     Err(e) => results[i] = Some(Err(e)),
                     Ok(entry) => {
                         let size = Self::size(m);
-                        if chunk.len() == MAX_BATCH || chunk_bytes + size > MAX_REQUEST_BYTES {
+                        if chunk.len() == MAX_BATCH || chunk_bytes + size > max_request {
                             chunks.push(std::mem::take(&mut chunk));
                             chunk_bytes = 0;
                         }
