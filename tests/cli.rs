@@ -308,6 +308,16 @@ fn publish_reads_the_data_as_the_registered_type() {
     ]);
     assert!(out.status.success(), "{}", stderr(&out));
     assert!(stdout(&out).starts_with("published orders.placed v2 to `orders.fifo` as "), "{}", stdout(&out));
+    // A misspelt optional field is left out, with a warning.
+    let out = publish(&[
+        "orders.fifo",
+        "--type",
+        "orders.placed",
+        "--data",
+        r#"{"order_id":"C4","customer_id":"cy","cuopon":"X"}"#,
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(stderr(&out).contains("warning: `cuopon` is not a field of orders.placed v2"), "{}", stderr(&out));
     // An older version (no group field: the queue's default group), upcast by the handler.
     let out = publish(&[
         "orders.fifo",
@@ -383,13 +393,14 @@ fn publish_reads_the_data_as_the_registered_type() {
     let depth = |queue: &str| {
         listing.lines().find(|l| l.starts_with(queue)).and_then(|l| l.split_whitespace().nth(2).map(str::to_owned))
     };
-    assert_eq!((depth("orders.fifo").as_deref(), depth("emails ").as_deref()), (Some("2"), Some("1")), "{listing}");
+    assert_eq!((depth("orders.fifo").as_deref(), depth("emails ").as_deref()), (Some("3"), Some("1")), "{listing}");
     // The app handles them (beside its demo orders).
     let out = run(&mut orders_in(&dir));
     let text = stdout(&out);
     for line in [
         "handled order C1 for cy (coupon: SPRING; v2)",
         "handled order C2 for cy (coupon: none; arrived as v1, upcast to v2)",
+        "handled order C4 for cy (coupon: none; v2)",
         "sent confirmation of order E1 to eve@example.com",
     ] {
         assert!(text.contains(line), "missing `{line}` in:\n{text}");

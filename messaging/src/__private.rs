@@ -28,8 +28,21 @@ pub fn decode<M: Message>(bytes: &[u8]) -> Result<AnyMessage, serde_json::Error>
 
 /// Reads JSON data as `M` and writes it as it travels.
 pub fn encode<M: Message>(data: &[u8]) -> Result<Encoded, serde_json::Error> {
-    let message: M = serde_json::from_slice(data)?;
-    Ok(Encoded { body: crate::envelope::encode(&message)?, group: message.group_id(), identity: message.message_id() })
+    let given: serde_json::Value = serde_json::from_slice(data)?;
+    let message: M = serde_json::from_value(given.clone())?;
+    let written = serde_json::to_value(&message)?;
+    let ignored = match (&given, &written) {
+        (serde_json::Value::Object(given), serde_json::Value::Object(written)) => {
+            given.iter().filter(|(k, v)| !v.is_null() && !written.contains_key(*k)).map(|(k, _)| k.clone()).collect()
+        }
+        _ => Vec::new(),
+    };
+    Ok(Encoded {
+        body: crate::envelope::encode(&message)?,
+        group: message.group_id(),
+        identity: message.message_id(),
+        ignored,
+    })
 }
 
 /// Converts a decoded `A` into the next version `B`.

@@ -85,11 +85,12 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
     let split = text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len());
     let (number, unit) = text.split_at(split);
     let n: u64 = number.parse().map_err(|_| format!("`{text}` is not a duration; write e.g. 500ms, 30s, 5m or 1h"))?;
+    let too_long = || format!("`{text}` is too long a duration");
     match unit {
         "ms" => Ok(Duration::from_millis(n)),
         "s" | "" => Ok(Duration::from_secs(n)),
-        "m" => Ok(Duration::from_secs(n * 60)),
-        "h" => Ok(Duration::from_secs(n * 3600)),
+        "m" => n.checked_mul(60).map(Duration::from_secs).ok_or_else(too_long),
+        "h" => n.checked_mul(3600).map(Duration::from_secs).ok_or_else(too_long),
         other => Err(format!("unknown unit `{other}` in `{text}`; use ms, s, m or h")),
     }
 }
@@ -253,5 +254,6 @@ mod tests {
         assert_eq!(parse_duration("2h"), Ok(Duration::from_secs(7200)));
         assert!(parse_duration("5 parsecs").is_err());
         assert!(parse_duration("").is_err());
+        assert!(parse_duration("18446744073709551615h").unwrap_err().contains("too long"));
     }
 }

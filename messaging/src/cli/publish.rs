@@ -65,6 +65,9 @@ pub(super) async fn run(app: &mut App, args: PublishArgs) -> Result<(), Error> {
     let encoded = (entry.encode)(data.as_bytes()).map_err(|e| {
         Error::Command(format!("the data is not a valid `{}` ({}): {e}", describe(entry), entry.type_name))
     })?;
+    for field in &encoded.ignored {
+        eprintln!("warning: `{field}` is not a field of {}; it was left out", describe(entry));
+    }
     let send = EncodedSend {
         group: args.group,
         identity: args.id,
@@ -103,6 +106,11 @@ fn message_entry(name: &str, version: Option<u32>) -> Result<&'static MessageEnt
         known.dedup();
         return Err(Error::Command(format!("no message type `{name}`; known: {}", known.join(", "))));
     }
+    // Bare types share no logical name: two of them matching is ambiguous.
+    if candidates.iter().all(|m| m.name.is_none()) && candidates.len() > 1 {
+        let paths: Vec<&str> = candidates.iter().map(|m| m.type_name).collect();
+        return Err(Error::Command(format!("`{name}` names several types; write its path: {}", paths.join(", "))));
+    }
     match version {
         Some(v) => candidates.iter().copied().find(|m| m.version == v).ok_or_else(|| {
             let mut versions: Vec<u32> = candidates.iter().map(|m| m.version).collect();
@@ -110,13 +118,10 @@ fn message_entry(name: &str, version: Option<u32>) -> Result<&'static MessageEnt
             let versions: Vec<String> = versions.iter().map(u32::to_string).collect();
             Error::Command(format!("`{name}` has no version {v}; it has {}", versions.join(", ")))
         }),
-        None => {
-            let newest = candidates.iter().copied().max_by_key(|m| m.version);
-            let bare: Vec<&str> = candidates.iter().map(|m| m.type_name).collect();
-            match newest {
-                Some(m) if m.name.is_some() || candidates.len() == 1 => Ok(m),
-                _ => Err(Error::Command(format!("`{name}` names several types; write its path: {}", bare.join(", ")))),
-            }
-        }
+        None => candidates
+            .iter()
+            .copied()
+            .max_by_key(|m| m.version)
+            .ok_or_else(|| Error::Command(format!("no message type `{name}`"))),
     }
 }

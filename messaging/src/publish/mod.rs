@@ -102,6 +102,7 @@ impl SendOptions {
             body: crate::envelope::encode(message)?,
             group: message.group_id(),
             identity: message.message_id(),
+            ignored: Vec::new(),
         };
         self.outgoing_encoded(spec, encoded, max_delay)
     }

@@ -52,6 +52,9 @@ pub struct Encoded {
     pub group: Option<String>,
     /// The identity of `#[message(id = field)]`.
     pub identity: Option<String>,
+    /// Top-level fields of the JSON data that the type does not write back
+    /// (usually a misspelt optional field, which serde ignores).
+    pub ignored: Vec<String>,
 }
 
 /// The edge from one version of a message to the next.
