@@ -1,0 +1,72 @@
+//! Reading rows: the column lists and their decoding.
+
+use super::*;
+
+/// Every column of `messaging_messages`, in the order [`row_of`] reads them.
+pub(super) const COLUMNS: &str = "id, queue, identity, group_id, message_id, payload, attributes, priority, process_at, status, \
+    attempts, seq, lease_token, lease_expires, deferred_message_id, deferred_payload, deferred_attributes, \
+    deferred_priority, deferred_process_at, deferred_status, deferred_seq, deferred_sent_at, sent_at, processed_at, error";
+
+/// The columns [`leased_of`] reads.
+pub(super) const LEASED_COLUMNS: &str = "id, lease_token, message_id, payload, attempts, group_id, attributes, sent_at";
+
+/// A leased row (columns as in [`LEASED_COLUMNS`]).
+pub(super) fn leased_of(r: &SqliteRow) -> Result<LeasedRow, TransportError> {
+    let get = |e: sqlx::Error| backend("reading a leased row", e);
+    Ok(LeasedRow {
+        id: r.try_get::<i64, _>("id").map_err(get)? as RowId,
+        token: r.try_get::<i64, _>("lease_token").map_err(get)? as u64,
+        message_id: r.try_get("message_id").map_err(get)?,
+        payload: r.try_get("payload").map_err(get)?,
+        attempts: r.try_get::<i64, _>("attempts").map_err(get)? as u32,
+        group: r.try_get("group_id").map_err(get)?,
+        attributes: r.try_get("attributes").map_err(get)?,
+        sent_at: r.try_get("sent_at").map_err(get)?,
+    })
+}
+
+/// Reads a whole row (columns as in [`COLUMNS`]).
+pub(super) fn row_of(r: &SqliteRow) -> Result<Row, TransportError> {
+    let get = |e: sqlx::Error| backend("reading a message", e);
+    let status = |text: Option<String>| -> Result<Option<Status>, TransportError> {
+        match text {
+            None => Ok(None),
+            Some(t) => Status::parse(&t)
+                .map(Some)
+                .ok_or_else(|| TransportError::Backend(format!("sqlite: unknown status `{t}` in messaging_messages"))),
+        }
+    };
+    let deferred_payload: Option<Vec<u8>> = r.try_get("deferred_payload").map_err(get)?;
+    let deferred = match deferred_payload {
+        None => None,
+        Some(payload) => Some(Deferred {
+            message_id: r.try_get::<Option<String>, _>("deferred_message_id").map_err(get)?.unwrap_or_default(),
+            payload,
+            priority: r.try_get::<Option<i32>, _>("deferred_priority").map_err(get)?.unwrap_or_default(),
+            process_at: r.try_get("deferred_process_at").map_err(get)?,
+            status_after_release: status(r.try_get("deferred_status").map_err(get)?)?,
+            seq: r.try_get::<Option<i64>, _>("deferred_seq").map_err(get)?.unwrap_or_default() as u64,
+            attributes: r.try_get::<Option<String>, _>("deferred_attributes").map_err(get)?.unwrap_or_default(),
+            sent_at: r.try_get::<Option<i64>, _>("deferred_sent_at").map_err(get)?.unwrap_or_default(),
+        }),
+    };
+    Ok(Row {
+        id: r.try_get::<i64, _>("id").map_err(get)? as RowId,
+        identity: r.try_get("identity").map_err(get)?,
+        group: r.try_get("group_id").map_err(get)?,
+        message_id: r.try_get("message_id").map_err(get)?,
+        payload: r.try_get("payload").map_err(get)?,
+        priority: r.try_get("priority").map_err(get)?,
+        process_at: r.try_get("process_at").map_err(get)?,
+        status: status(Some(r.try_get("status").map_err(get)?))?.unwrap_or(Status::Pending),
+        attempts: r.try_get::<i64, _>("attempts").map_err(get)? as u32,
+        seq: r.try_get::<i64, _>("seq").map_err(get)? as u64,
+        lease_token: r.try_get::<Option<i64>, _>("lease_token").map_err(get)?.map(|t| t as u64),
+        lease_expires: r.try_get("lease_expires").map_err(get)?,
+        deferred,
+        processed_at: r.try_get("processed_at").map_err(get)?,
+        error: r.try_get("error").map_err(get)?,
+        attributes: r.try_get("attributes").map_err(get)?,
+        sent_at: r.try_get("sent_at").map_err(get)?,
+    })
+}

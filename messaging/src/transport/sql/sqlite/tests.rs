@@ -1,0 +1,499 @@
+//! Unit tests of the SQLite store.
+
+use std::collections::HashSet;
+use std::path::PathBuf;
+
+use super::*;
+
+const NOW: i64 = 1_800_000_000_000;
+const LEASE: i64 = 1_000;
+
+/// A database file in the temp directory, removed on drop.
+struct TempDb {
+    path: PathBuf,
+}
+
+impl TempDb {
+    fn new() -> TempDb {
+        let name = format!("messaging-sqlite-{}-{:016x}.db", std::process::id(), fastrand::u64(..));
+        TempDb { path: std::env::temp_dir().join(name) }
+    }
+
+    fn url(&self) -> String {
+        format!("sqlite://{}", self.path.display())
+    }
+}
+
+impl Drop for TempDb {
+    fn drop(&mut self) {
+        for suffix in ["", "-wal", "-shm"] {
+            let _ = std::fs::remove_file(format!("{}{suffix}", self.path.display()));
+        }
+    }
+}
+
+/// A migrated store on a fresh file.
+async fn store() -> (SqliteStore, TempDb) {
+    let db = TempDb::new();
+    let store = SqliteStore::connect(&db.url()).await.expect("connect");
+    store.migrate().await.expect("migrate");
+    (store, db)
+}
+
+async fn close(store: SqliteStore, db: TempDb) {
+    store.pool.close().await;
+    drop(db);
+}
+
+fn msg(identity: Option<&str>, payload: &str) -> Enqueue {
+    Enqueue {
+        identity: identity.map(str::to_owned),
+        message_id: format!("m-{payload}"),
+        payload: payload.as_bytes().to_vec(),
+        priority: 0,
+        process_at: None,
+        status: None,
+        group: None,
+        attributes: String::new(),
+    }
+}
+
+fn grouped(group: Option<&str>, payload: &str) -> Enqueue {
+    Enqueue { group: group.map(str::to_owned), ..msg(None, payload) }
+}
+
+async fn enqueue(store: &SqliteStore, queue: &str, now: i64, e: Enqueue) -> Enqueued {
+    store.enqueue(queue, now, vec![e], false).await.remove(0).expect("enqueue")
+}
+
+async fn row(store: &SqliteStore, queue: &str, id: RowId) -> Row {
+    store.rows(queue).await.expect("rows").into_iter().find(|r| r.id == id).expect("row exists")
+}
+
+fn payloads(leased: &[LeasedRow]) -> Vec<String> {
+    leased.iter().map(|l| String::from_utf8_lossy(&l.payload).into_owned()).collect()
+}
+
+#[tokio::test]
+async fn migrates_checks_and_declares_queues() {
+    let (store, db) = store().await;
+    assert_eq!(store.system(), "sqlite");
+    store.check_schema().await.expect("schema ok");
+    // Migrating again is a no-op.
+    store.migrate().await.expect("migrate twice");
+    store.declare("jobs", false, NOW).await.expect("declare standard");
+    store.declare("jobs", false, NOW).await.expect("re-declare standard");
+    store.declare("ordered", true, NOW).await.expect("declare FIFO");
+    store.declare("ordered", true, NOW).await.expect("re-declare FIFO");
+    let err = store.declare("jobs", true, NOW).await.expect_err("kind changed");
+    assert!(matches!(&err, TransportError::Rejected(m) if m.contains("exists as a standard queue")), "{err}");
+    let err = store.declare("ordered", false, NOW).await.expect_err("kind changed");
+    assert!(matches!(&err, TransportError::Rejected(m) if m.contains("exists as a FIFO queue")), "{err}");
+    close(store, db).await;
+}
+
+#[tokio::test]
+async fn connect_runs_the_migrations_when_asked() {
+    let db = TempDb::new();
+    let transport = connect(&format!("{}?migrate=true&poll=50ms", db.url())).await.expect("connect");
+    transport.store().check_schema().await.expect("migrated");
+    transport.store().pool().close().await;
+}
+
+#[tokio::test]
+async fn a_missing_schema_asks_for_the_migrate_command() {
+    let db = TempDb::new();
+    let store = SqliteStore::connect(&db.url()).await.expect("connect creates the file");
+    for err in [
+        store.check_schema().await.expect_err("no tables"),
+        store.declare("jobs", false, NOW).await.expect_err("no tables"),
+    ] {
+        let text = err.to_string();
+        assert!(text.contains("run the `migrate` command"), "{text}");
+        assert!(text.contains("messaging_messages"), "{text}");
+    }
+    close(store, db).await;
+}
+
+#[tokio::test]
+async fn a_missing_directory_is_named() {
+    let dir = std::env::temp_dir().join(format!("messaging-missing-{:016x}", fastrand::u64(..)));
+    let url = format!("sqlite://{}/app.db", dir.display());
+    let err = SqliteStore::connect(&url).await.expect_err("no directory");
+    let text = err.to_string();
+    assert!(matches!(err, TransportError::Backend(_)));
+    assert!(text.contains(&dir.display().to_string()) && text.contains("does not exist"), "{text}");
+}
+
+#[tokio::test]
+async fn enqueue_lease_complete() {
+    let (store, db) = store().await;
+    store.declare("jobs", false, NOW).await.expect("declare");
+    let plain = enqueue(&store, "jobs", NOW, msg(None, "plain")).await;
+    let keyed = enqueue(&store, "jobs", NOW, msg(Some("k"), "keyed")).await;
+    assert!(matches!(plain.outcome, EnqueueOutcome::Inserted(_)));
+    assert!(matches!(keyed.outcome, EnqueueOutcome::Inserted(_)));
+    assert_eq!(keyed.message_id, "m-keyed");
+    assert_eq!(store.depth("jobs").await.expect("depth"), 2);
+
+    let leased = store.lease("jobs", NOW, 10, LEASE, false).await.expect("lease");
+    assert_eq!(payloads(&leased), ["plain", "keyed"]);
+    assert!(leased.iter().all(|l| l.attempts == 1 && l.sent_at == NOW));
+    assert_eq!(leased[0].token, leased[1].token, "one token per lease");
+    assert!(store.lease("jobs", NOW, 10, LEASE, false).await.expect("lease").is_empty());
+    let r = row(&store, "jobs", leased[0].id).await;
+    assert_eq!((r.status, r.lease_expires), (Status::Processing, Some(NOW + LEASE)));
+
+    let items = leased.iter().map(|l| (l.id, l.token)).collect::<Vec<_>>();
+    let mut stale = items.clone();
+    stale.push((leased[0].id, leased[0].token));
+    let results = store.complete("jobs", NOW + 1, stale, 0).await;
+    assert!(results[0].is_ok() && results[1].is_ok(), "{results:?}");
+    assert!(matches!(results[2], Err(TransportError::StaleReceipt)), "{results:?}");
+    assert!(store.rows("jobs").await.expect("rows").is_empty());
+    assert_eq!(store.previous("jobs", "k").await.expect("previous").as_deref(), Some(&b"keyed"[..]));
+    assert_eq!(store.depth("jobs").await.expect("depth"), 0);
+    close(store, db).await;
+}
+
+#[tokio::test]
+async fn priority_then_enqueue_order_and_batches_in_input_order() {
+    let (store, db) = store().await;
+    let items = vec![
+        msg(None, "a"),
+        Enqueue { priority: 5, ..msg(Some("k"), "b") },
+        msg(None, "c"),
+        Enqueue { priority: 5, ..msg(None, "d") },
+        Enqueue { process_at: Some(NOW + 10), ..msg(None, "later") },
+    ];
+    let results = store.enqueue("jobs", NOW, items, false).await;
+    let ids: Vec<RowId> = results.into_iter().map(|r| r.expect("enqueued").outcome.row()).collect();
+    let rows = store.rows("jobs").await.expect("rows");
+    let seqs: Vec<u64> = ids.iter().map(|id| rows.iter().find(|r| r.id == *id).expect("row").seq).collect();
+    assert!(seqs.windows(2).all(|w| w[0] < w[1]), "seqs in input order: {seqs:?}");
+    assert_eq!(rows.iter().find(|r| r.id == ids[4]).expect("row").status, Status::Sleeping);
+    let leased = store.lease("jobs", NOW, 2, LEASE, false).await.expect("lease");
+    assert_eq!(payloads(&leased), ["b", "d"]);
+    let first_token = leased[0].token;
+    let leased = store.lease("jobs", NOW, 10, LEASE, false).await.expect("lease");
+    assert_eq!(payloads(&leased), ["a", "c"]);
+    assert!(leased[0].token > first_token, "a later lease draws a newer token");
+    close(store, db).await;
+}
+
+#[tokio::test]
+async fn identity_enqueue_while_leased_waits_for_the_release() {
+    let (store, db) = store().await;
+    enqueue(&store, "jobs", NOW, msg(Some("k"), "v1")).await;
+    let leased = store.lease("jobs", NOW, 1, LEASE, false).await.expect("lease").remove(0);
+    let newer = enqueue(&store, "jobs", NOW + 1, Enqueue { priority: 3, ..msg(Some("k"), "v2") }).await;
+    assert_eq!(newer.outcome, EnqueueOutcome::Deferred(leased.id));
+    assert_eq!(newer.message_id, "m-v2");
+    // A later enqueue replaces the deferred version.
+    let newest = enqueue(&store, "jobs", NOW + 2, Enqueue { priority: 4, ..msg(Some("k"), "v3") }).await;
+    assert_eq!(newest.outcome, EnqueueOutcome::Deferred(leased.id));
+    let r = row(&store, "jobs", leased.id).await;
+    assert_eq!(r.status, Status::AwaitingRelease);
+    assert_eq!(r.payload, b"v1");
+    let d = r.deferred.expect("deferred version");
+    assert_eq!((d.payload.as_slice(), d.priority, d.message_id.as_str(), d.sent_at), (&b"v3"[..], 4, "m-v3", NOW + 2));
+    // Nobody else can lease the newer version meanwhile.
+    assert!(store.lease("jobs", NOW + 3, 10, LEASE, false).await.expect("lease").is_empty());
+    // The lease holder keeps its lease: completing applies the deferred version.
+    store.complete("jobs", NOW + 4, vec![(leased.id, leased.token)], 0).await.remove(0).expect("complete");
+    let r = row(&store, "jobs", leased.id).await;
+    assert_eq!((r.status, r.payload.as_slice(), r.priority, r.attempts), (Status::Pending, &b"v3"[..], 4, 0));
+    assert!(r.deferred.is_none() && r.lease_token.is_none());
+    assert_eq!(store.previous("jobs", "k").await.expect("previous").as_deref(), Some(&b"v1"[..]));
+    let again = store.lease("jobs", NOW + 5, 10, LEASE, false).await.expect("lease");
+    assert_eq!(payloads(&again), ["v3"]);
+    assert_eq!(again[0].message_id, "m-v3");
+    // An identity enqueue of an unleased row updates it in place.
+    store.complete("jobs", NOW + 6, vec![(again[0].id, again[0].token)], 60_000).await.remove(0).expect("complete");
+    assert_eq!(row(&store, "jobs", again[0].id).await.status, Status::Processed);
+    let updated = enqueue(&store, "jobs", NOW + 7, msg(Some("k"), "v4")).await;
+    assert_eq!(updated.outcome, EnqueueOutcome::Updated(again[0].id));
+    assert_eq!(store.previous("jobs", "k").await.expect("previous").as_deref(), Some(&b"v3"[..]));
+    // Idempotent queues discard an equal payload.
+    let same = store.enqueue("jobs", NOW + 8, vec![msg(Some("k"), "v4")], true).await.remove(0).expect("enqueue");
+    assert_eq!(same.outcome, EnqueueOutcome::Discarded(again[0].id));
+    assert_eq!(store.rows("jobs").await.expect("rows").len(), 1);
+    close(store, db).await;
+}
+
+#[tokio::test]
+async fn failure_sleeps_until_the_retry_time() {
+    let (store, db) = store().await;
+    let rules = QueueRules { max_attempts: 2, ..QueueRules::default() };
+    enqueue(&store, "jobs", NOW, msg(None, "x")).await;
+    let l = store.lease("jobs", NOW, 1, LEASE, false).await.expect("lease").remove(0);
+    let fail = |retry_at| RowOp::Fail { retry_at, error: "boom".into(), max_attempts: rules.max_attempts };
+    store.apply("jobs", NOW + 10, l.id, l.token, fail(NOW + 500)).await.expect("fail");
+    // The stale token is rejected afterwards.
+    let stale = store.apply("jobs", NOW + 11, l.id, l.token, RowOp::Release).await;
+    assert!(matches!(stale, Err(TransportError::StaleReceipt)), "{stale:?}");
+    let r = row(&store, "jobs", l.id).await;
+    assert_eq!((r.status, r.process_at, r.error.as_deref()), (Status::Sleeping, Some(NOW + 500), Some("boom")));
+    assert_eq!(store.next_due("jobs").await.expect("next due"), Some(NOW + 500));
+    store.maintain("jobs", NOW + 499, rules).await.expect("maintain");
+    assert!(store.lease("jobs", NOW + 499, 1, LEASE, false).await.expect("lease").is_empty());
+    store.maintain("jobs", NOW + 500, rules).await.expect("maintain");
+    assert_eq!(row(&store, "jobs", l.id).await.status, Status::Pending);
+    let l = store.lease("jobs", NOW + 500, 1, LEASE, false).await.expect("lease").remove(0);
+    assert_eq!(l.attempts, 2);
+    assert_eq!(store.next_due("jobs").await.expect("next due"), Some(NOW + 500 + LEASE));
+    // Out of attempts: Error.
+    store.apply("jobs", NOW + 600, l.id, l.token, fail(NOW + 900)).await.expect("fail");
+    assert_eq!(row(&store, "jobs", l.id).await.status, Status::Error);
+    assert_eq!(store.next_due("jobs").await.expect("next due"), None);
+    close(store, db).await;
+}
+
+#[tokio::test]
+async fn release_extend_and_dead_letter() {
+    let (store, db) = store().await;
+    enqueue(&store, "jobs", NOW, msg(None, "x")).await;
+    let l = store.lease("jobs", NOW, 1, LEASE, false).await.expect("lease").remove(0);
+    store.apply("jobs", NOW + 900, l.id, l.token, RowOp::Extend { lease_ms: LEASE }).await.expect("extend");
+    assert_eq!(row(&store, "jobs", l.id).await.lease_expires, Some(NOW + 900 + LEASE));
+    store.apply("jobs", NOW + 1_500, l.id, l.token, RowOp::Release).await.expect("release within the extension");
+    let r = row(&store, "jobs", l.id).await;
+    assert_eq!((r.status, r.attempts, r.lease_token), (Status::Pending, 0, None));
+    let l = store.lease("jobs", NOW + 1_600, 1, LEASE, false).await.expect("lease").remove(0);
+    let dead = RowOp::DeadLetter { error: "bad input".into() };
+    store.apply("jobs", NOW + 1_700, l.id, l.token, dead).await.expect("dead letter");
+    let r = row(&store, "jobs", l.id).await;
+    assert_eq!((r.status, r.error.as_deref()), (Status::Error, Some("bad input")));
+    // A row of another queue is not reachable through this one.
+    let other = store.apply("other", NOW, l.id, l.token, RowOp::Release).await;
+    assert!(matches!(other, Err(TransportError::StaleReceipt)));
+    close(store, db).await;
+}
+
+#[tokio::test]
+async fn an_expired_lease_is_abandoned() {
+    let (store, db) = store().await;
+    let retry = QueueRules::default();
+    let give_up = QueueRules { retry_abandoned: false, ..QueueRules::default() };
+    enqueue(&store, "jobs", NOW, msg(None, "retried")).await;
+    enqueue(&store, "lost", NOW, msg(None, "dead")).await;
+    enqueue(&store, "jobs", NOW, msg(Some("k"), "v1")).await;
+    let leased = store.lease("jobs", NOW, 10, LEASE, false).await.expect("lease");
+    let lost = store.lease("lost", NOW, 10, LEASE, false).await.expect("lease").remove(0);
+    enqueue(&store, "jobs", NOW + 1, msg(Some("k"), "v2")).await;
+
+    store.maintain("jobs", NOW + LEASE - 1, retry).await.expect("maintain");
+    assert_eq!(row(&store, "jobs", leased[0].id).await.status, Status::Processing);
+    store.maintain("jobs", NOW + LEASE, retry).await.expect("maintain");
+    store.maintain("lost", NOW + LEASE, give_up).await.expect("maintain");
+    let r = row(&store, "jobs", leased[0].id).await;
+    assert_eq!((r.status, r.lease_token, r.attempts), (Status::Pending, None, 1));
+    assert!(r.error.as_deref().is_some_and(|e| e.contains("lease expired")));
+    // The deferred version applies on abandonment.
+    let r = row(&store, "jobs", leased[1].id).await;
+    assert_eq!((r.status, r.payload.as_slice(), r.attempts), (Status::Pending, &b"v2"[..], 0));
+    assert_eq!(row(&store, "lost", lost.id).await.status, Status::Error);
+    // The late lease holder is fenced off.
+    let late = store.complete("jobs", NOW + LEASE + 1, vec![(leased[0].id, leased[0].token)], 0).await;
+    assert!(matches!(late[0], Err(TransportError::StaleReceipt)));
+    let again = store.lease("jobs", NOW + LEASE + 2, 10, LEASE, false).await.expect("lease");
+    assert_eq!(payloads(&again), ["retried", "v2"]);
+    assert_eq!(again[0].attempts, 2);
+    close(store, db).await;
+}
+
+#[tokio::test]
+async fn a_large_mixed_batch_keeps_input_order_and_identities() {
+    let (store, db) = store().await;
+    // More rows than one multi-row insert takes, every tenth with an
+    // identity, and one identity twice (its second version replaces the
+    // first, which is still pending).
+    let mut items: Vec<Enqueue> = (0..1_200)
+        .map(|i| if i % 10 == 0 { msg(Some(&format!("k{i}")), &format!("p{i}")) } else { msg(None, &format!("p{i}")) })
+        .collect();
+    items.push(msg(Some("k0"), "p0-v2"));
+    let results = store.enqueue("jobs", NOW, items, false).await;
+    let results: Vec<Enqueued> = results.into_iter().map(|r| r.expect("enqueued")).collect();
+    assert_eq!(results.len(), 1_201);
+    assert_eq!(results[1_200].message_id, "m-p0-v2");
+    let first = match results[0].outcome {
+        EnqueueOutcome::Inserted(id) => id,
+        ref other => panic!("{other:?}"),
+    };
+    assert!(
+        matches!(results[1_200].outcome, EnqueueOutcome::Updated(id) if id == first),
+        "{:?}",
+        results[1_200].outcome
+    );
+    let ids: HashSet<RowId> = results[..1_200]
+        .iter()
+        .map(|r| match r.outcome {
+            EnqueueOutcome::Inserted(id) => id,
+            ref other => panic!("{other:?}"),
+        })
+        .collect();
+    assert_eq!(ids.len(), 1_200, "distinct rows");
+    // Input order; the new version of k0 took its place at the back.
+    let leased = store.lease("jobs", NOW, 2_000, LEASE, false).await.expect("lease");
+    let mut expected: Vec<String> = (1..1_200).map(|i| format!("p{i}")).collect();
+    expected.push("p0-v2".into());
+    assert_eq!(payloads(&leased), expected);
+    let message_ids: Vec<&str> = leased.iter().map(|l| l.message_id.as_str()).collect();
+    assert_eq!(message_ids[0], "m-p1");
+    assert_eq!(message_ids[1_199], "m-p0-v2");
+    close(store, db).await;
+}
+
+#[tokio::test]
+async fn a_completion_batch_fences_each_receipt() {
+    let (store, db) = store().await;
+    for p in ["a", "b", "c"] {
+        enqueue(&store, "jobs", NOW, msg(None, p)).await;
+    }
+    let first = store.lease("jobs", NOW, 10, LEASE, false).await.expect("lease");
+    store.maintain("jobs", NOW + LEASE, QueueRules::default()).await.expect("maintain");
+    let second = store.lease("jobs", NOW + LEASE + 1, 10, LEASE, false).await.expect("lease");
+    assert_eq!(payloads(&second), ["a", "b", "c"]);
+    // One batch: a stale receipt of "a", the current one of "a" twice,
+    // the current one of "b"; "c" stays leased.
+    let batch = vec![
+        (first[0].id, first[0].token),
+        (second[0].id, second[0].token),
+        (second[0].id, second[0].token),
+        (second[1].id, second[1].token),
+    ];
+    let done = store.complete("jobs", NOW + LEASE + 2, batch, 0).await;
+    assert!(matches!(done[0], Err(TransportError::StaleReceipt)), "{:?}", done[0]);
+    assert!(done[1].is_ok() && done[3].is_ok(), "{done:?}");
+    assert!(matches!(done[2], Err(TransportError::StaleReceipt)), "the same receipt twice: {:?}", done[2]);
+    assert_eq!(store.depth("jobs").await.expect("depth"), 1);
+    assert_eq!(row(&store, "jobs", second[2].id).await.status, Status::Processing);
+    close(store, db).await;
+}
+
+#[tokio::test]
+async fn retention_keeps_processed_rows_then_purges_them() {
+    let (store, db) = store().await;
+    let rules = QueueRules { retention_ms: 1_000, ..QueueRules::default() };
+    enqueue(&store, "jobs", NOW, msg(None, "x")).await;
+    let l = store.lease("jobs", NOW, 1, LEASE, false).await.expect("lease").remove(0);
+    store.complete("jobs", NOW + 10, vec![(l.id, l.token)], rules.retention_ms).await.remove(0).expect("complete");
+    let r = row(&store, "jobs", l.id).await;
+    assert_eq!((r.status, r.processed_at, r.lease_token), (Status::Processed, Some(NOW + 10), None));
+    assert_eq!(store.depth("jobs").await.expect("depth"), 0);
+    store.maintain("jobs", NOW + 1_009, rules).await.expect("maintain");
+    assert_eq!(store.rows("jobs").await.expect("rows").len(), 1);
+    store.maintain("jobs", NOW + 1_010, rules).await.expect("maintain");
+    assert!(store.rows("jobs").await.expect("rows").is_empty());
+    close(store, db).await;
+}
+
+#[tokio::test]
+async fn fifo_leases_group_heads_in_enqueue_order() {
+    let (store, db) = store().await;
+    store.declare("ordered", true, NOW).await.expect("declare");
+    for e in [
+        grouped(Some("g1"), "a1"),
+        grouped(Some("g1"), "a2"),
+        grouped(Some("g2"), "b1"),
+        grouped(None, "n1"),
+        grouped(None, "n2"),
+        Enqueue { process_at: Some(NOW + 100), ..grouped(Some("g3"), "c1") },
+        grouped(Some("g3"), "c2"),
+    ] {
+        enqueue(&store, "ordered", NOW, e).await;
+    }
+    // One per group; the sleeping head of g3 holds its group back.
+    let first = store.lease("ordered", NOW, 10, LEASE, true).await.expect("lease");
+    assert_eq!(payloads(&first), ["a1", "b1", "n1"]);
+    assert!(store.lease("ordered", NOW, 10, LEASE, true).await.expect("lease").is_empty());
+    // Completing a1 unlocks g1; n limits the batch.
+    store.complete("ordered", NOW + 1, vec![(first[0].id, first[0].token)], 0).await.remove(0).expect("complete");
+    store.complete("ordered", NOW + 1, vec![(first[2].id, first[2].token)], 0).await.remove(0).expect("complete");
+    let next = store.lease("ordered", NOW + 1, 1, LEASE, true).await.expect("lease");
+    assert_eq!(payloads(&next), ["a2"]);
+    let next = store.lease("ordered", NOW + 1, 10, LEASE, true).await.expect("lease");
+    assert_eq!(payloads(&next), ["n2"]);
+    store.maintain("ordered", NOW + 100, QueueRules { fifo: true, ..QueueRules::default() }).await.expect("maintain");
+    let next = store.lease("ordered", NOW + 100, 10, LEASE, true).await.expect("lease");
+    assert_eq!(payloads(&next), ["c1"]);
+    close(store, db).await;
+}
+
+#[tokio::test]
+async fn dead_letters_are_listed_counted_and_redriven() {
+    let (store, db) = store().await;
+    for p in ["a", "b", "c"] {
+        enqueue(&store, "jobs", NOW, msg(None, p)).await;
+    }
+    let leased = store.lease("jobs", NOW, 10, LEASE, false).await.expect("lease");
+    for l in &leased[..2] {
+        let op = RowOp::DeadLetter { error: format!("bad {}", l.id) };
+        store.apply("jobs", NOW + 1, l.id, l.token, op).await.expect("dead letter");
+    }
+    assert_eq!(store.error_depth("jobs").await.expect("error depth"), 2);
+    assert_eq!(store.depth("jobs").await.expect("depth"), 1);
+    let errors = store.errors("jobs", 10).await.expect("errors");
+    assert_eq!(errors.iter().map(|r| r.payload.clone()).collect::<Vec<_>>(), [b"a".to_vec(), b"b".to_vec()]);
+    assert_eq!(errors[0].error, Some(format!("bad {}", leased[0].id)));
+    assert_eq!(store.errors("jobs", 1).await.expect("errors").len(), 1);
+    assert_eq!(store.errors("other", usize::MAX).await.expect("errors").len(), 0);
+
+    let moved = store.redrive("jobs", vec![leased[1].id, leased[2].id, 999_999]).await.expect("redrive");
+    assert_eq!(moved, 1, "only Error rows move");
+    assert_eq!(store.redrive("other", vec![leased[0].id]).await.expect("redrive"), 0);
+    assert_eq!(store.error_depth("jobs").await.expect("error depth"), 1);
+    let r = row(&store, "jobs", leased[1].id).await;
+    let max_seq = store.rows("jobs").await.expect("rows").iter().map(|r| r.seq).max();
+    assert_eq!((r.status, r.attempts, r.process_at, Some(r.seq)), (Status::Pending, 0, None, max_seq));
+    let again = store.lease("jobs", NOW + 2, 10, LEASE, false).await.expect("lease");
+    assert_eq!(payloads(&again), ["b"]);
+    assert_eq!(again[0].attempts, 1);
+    close(store, db).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_leases_never_share_a_row() {
+    let (store, db) = store().await;
+    let items: Vec<Enqueue> = (0..200).map(|i| msg(None, &format!("p{i}"))).collect();
+    for chunk in items.chunks(50) {
+        for r in store.enqueue("jobs", NOW, chunk.to_vec(), false).await {
+            r.expect("enqueued");
+        }
+    }
+    let mut tasks = Vec::new();
+    for _ in 0..4 {
+        let store = store.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut got = Vec::new();
+            loop {
+                let leased = store.lease("jobs", NOW, 10, 60_000, false).await.expect("lease");
+                if leased.is_empty() {
+                    return got;
+                }
+                got.extend(leased.into_iter().map(|l| (l.id, l.token)));
+                tokio::task::yield_now().await;
+            }
+        }));
+    }
+    let mut all = Vec::new();
+    for task in tasks {
+        all.extend(task.await.expect("task"));
+    }
+    let ids: HashSet<RowId> = all.iter().map(|(id, _)| *id).collect();
+    let tokens: HashSet<u64> = all.iter().map(|(_, t)| *t).collect();
+    assert_eq!(all.len(), 200, "every row leased exactly once");
+    // One token per lease of up to 10 rows.
+    assert_eq!(ids.len(), 200);
+    assert!((20..=200).contains(&tokens.len()), "{} leases", tokens.len());
+    assert!(store.rows("jobs").await.expect("rows").iter().all(|r| r.status == Status::Processing && r.attempts == 1));
+    close(store, db).await;
+}
+
+#[tokio::test]
+async fn an_in_memory_database_keeps_its_data() {
+    let store = SqliteStore::connect("sqlite::memory:").await.expect("connect");
+    store.migrate().await.expect("migrate");
+    enqueue(&store, "jobs", NOW, msg(None, "x")).await;
+    assert_eq!(store.lease("jobs", NOW, 1, LEASE, false).await.expect("lease").len(), 1);
+}
