@@ -203,34 +203,18 @@ pub(super) async fn insert(
 ) -> Result<RowId, TransportError> {
     // Row::new computes the landing status: Pending, Sleeping when delayed, or the custom one.
     let row = Row::new(0, seq, now, e);
-    let id: i64 = sqlx::query_scalar(
-        "INSERT INTO messaging_messages (queue, identity, group_id, message_id, payload, attributes, priority, \
-         process_at, status, attempts, seq, sent_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, 0, ?10, ?11) \
-         RETURNING id",
-    )
-    .bind(queue)
-    .bind(&row.identity)
-    .bind(&row.group)
-    .bind(&row.message_id)
-    .bind(&row.payload)
-    .bind(&row.attributes)
-    .bind(row.priority)
-    .bind(row.process_at)
-    .bind(row.status.as_str())
-    .bind(seq as i64)
-    .bind(now)
-    .fetch_one(&mut *conn)
-    .await
-    .map_err(|e| backend("enqueue", e))?;
-    Ok(id as RowId)
+    let ids = insert_many(conn, queue, std::iter::once(&row), now).await?;
+    ids.get(&seq)
+        .copied()
+        .ok_or_else(|| TransportError::Backend(format!("sqlite: the insert returned no row for sequence {seq}")))
 }
 
 /// Rows per multi-row insert: 12 values each, well under SQLite's 32,766
 /// bound parameters.
 pub(super) const INSERT_ROWS: usize = 500;
 
-/// Inserts new rows without identity, [`INSERT_ROWS`] per statement; returns
-/// each row's id by its sequence number.
+/// Inserts new rows (whose identity, if any, has no row yet), [`INSERT_ROWS`]
+/// per statement; returns each row's id by its sequence number.
 pub(super) async fn insert_many<'r>(
     conn: &mut SqliteConnection,
     queue: &str,
