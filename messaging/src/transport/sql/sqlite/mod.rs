@@ -312,33 +312,46 @@ impl RowStore for SqliteStore {
         rules: QueueRules,
     ) -> BoxFuture<'a, Result<(), TransportError>> {
         Box::pin(async move {
+            // Look first, without the write lock: usually there is nothing to
+            // do, and taking the lock every 100 ms would hold up publishers.
+            let (sleepers, expired, purgeable): (bool, bool, bool) = sqlx::query_as(
+                "SELECT \
+                   EXISTS (SELECT 1 FROM messaging_messages WHERE queue = ?1 AND status = 'sleeping' \
+                           AND (process_at IS NULL OR process_at <= ?2)), \
+                   EXISTS (SELECT 1 FROM messaging_messages WHERE queue = ?1 \
+                           AND status IN ('processing', 'awaiting_release') AND lease_expires <= ?2), \
+                   ?3 AND EXISTS (SELECT 1 FROM messaging_messages WHERE queue = ?1 AND status = 'processed' \
+                           AND processed_at <= ?4)",
+            )
+            .bind(queue)
+            .bind(now)
+            .bind(rules.retention_ms > 0)
+            .bind(now - rules.retention_ms)
+            .fetch_one(&self.pool)
+            .await
+            .map_err(|e| backend("housekeeping", e))?;
+            if !(sleepers || expired || purgeable) {
+                return Ok(());
+            }
             let _turn = self.write_turn().await;
-            // A sleeper without a process-at time is due (as in Row::is_eligible).
-            sqlx::query(
-                "UPDATE messaging_messages SET status = 'pending' WHERE queue = ?1 AND status = 'sleeping' \
-                 AND (process_at IS NULL OR process_at <= ?2)",
-            )
-            .bind(queue)
-            .bind(now)
-            .execute(&self.pool)
-            .await
-            .map_err(|e| backend("waking sleeping messages", e))?;
-            // Look first without the write lock: usually no lease has expired.
-            let expired: Option<i64> = sqlx::query_scalar(
-                "SELECT id FROM messaging_messages WHERE queue = ?1 AND status IN ('processing', 'awaiting_release') \
-                 AND lease_expires <= ?2 LIMIT 1",
-            )
-            .bind(queue)
-            .bind(now)
-            .fetch_optional(&self.pool)
-            .await
-            .map_err(|e| backend("finding expired leases", e))?;
-            if expired.is_some() {
+            if sleepers {
+                // A sleeper without a process-at time is due (as in Row::is_eligible).
+                sqlx::query(
+                    "UPDATE messaging_messages SET status = 'pending' WHERE queue = ?1 AND status = 'sleeping' \
+                     AND (process_at IS NULL OR process_at <= ?2)",
+                )
+                .bind(queue)
+                .bind(now)
+                .execute(&self.pool)
+                .await
+                .map_err(|e| backend("waking sleeping messages", e))?;
+            }
+            if expired {
                 let mut tx = self.begin().await?;
                 let result = Self::abandon_in(&mut tx, queue, now, &rules).await;
                 finish(tx, result).await?;
             }
-            if rules.retention_ms > 0 {
+            if purgeable {
                 sqlx::query(
                     "DELETE FROM messaging_messages WHERE queue = ?1 AND status = 'processed' AND processed_at <= ?2",
                 )
