@@ -31,6 +31,7 @@ use crate::error::{Error, TransportError};
 use crate::identity::{Deferred, Enqueue, EnqueueOutcome, QueueRules, Row, RowId, Status};
 use crate::transport::BoxFuture;
 
+mod checkpoint;
 mod rows;
 mod statements;
 #[cfg(test)]
@@ -58,6 +59,8 @@ pub struct SqliteStore {
     /// unfair: an ack could starve into "database is locked"); other processes
     /// still wait through the busy timeout.
     writer: std::sync::Arc<tokio::sync::Mutex<()>>,
+    /// Checkpoints the WAL in the background (file databases only).
+    _checkpointer: Option<std::sync::Arc<checkpoint::Checkpointer>>,
 }
 
 /// A write transaction (begun with `BEGIN IMMEDIATE`).
@@ -115,6 +118,7 @@ impl SqliteStore {
             .journal_mode(SqliteJournalMode::Wal)
             .busy_timeout(BUSY_TIMEOUT)
             .synchronous(SqliteSynchronous::Normal)
+            .pragma("wal_autocheckpoint", checkpoint::AUTOCHECKPOINT_PAGES)
             .foreign_keys(false);
         let path = options.get_filename().to_path_buf();
         let memory = in_memory(url, &path);
@@ -140,7 +144,8 @@ impl SqliteStore {
         let pool = pool.acquire_timeout(Duration::from_secs(10)).connect_with(options).await.map_err(|e| {
             TransportError::Backend(format!("sqlite: cannot open the database file `{}`: {e}", path.display()))
         })?;
-        Ok(SqliteStore { pool, writer: Default::default() })
+        let checkpointer = (!memory).then(|| checkpoint::start(pool.clone()));
+        Ok(SqliteStore { pool, writer: Default::default(), _checkpointer: checkpointer })
     }
 
     /// The connection pool.

@@ -497,3 +497,25 @@ async fn an_in_memory_database_keeps_its_data() {
     enqueue(&store, "jobs", NOW, msg(None, "x")).await;
     assert_eq!(store.lease("jobs", NOW, 1, LEASE, false).await.expect("lease").len(), 1);
 }
+
+#[tokio::test]
+async fn the_wal_is_checkpointed_in_the_background() {
+    let (store, db) = store().await;
+    let size = || std::fs::metadata(&db.path).map_or(0, |m| m.len());
+    let wal = || std::fs::metadata(format!("{}-wal", db.path.display())).map_or(0, |m| m.len());
+    // ~4 MB of rows: about 1,000 pages, far below the commits' own
+    // checkpoint threshold, so only the background task moves them.
+    let before = size();
+    let payload = "p".repeat(2_000);
+    let items: Vec<Enqueue> = (0..2_000).map(|i| msg(None, &format!("{i}{payload}"))).collect();
+    for r in store.enqueue("jobs", NOW, items, false).await {
+        r.expect("enqueued");
+    }
+    assert!(wal() > 2_000_000, "the rows are in the WAL first ({} bytes)", wal());
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while size() < before + 2_000_000 {
+        assert!(std::time::Instant::now() < deadline, "not checkpointed: {} bytes, WAL {} bytes", size(), wal());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    close(store, db).await;
+}

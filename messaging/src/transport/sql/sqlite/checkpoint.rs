@@ -1,0 +1,52 @@
+//! WAL checkpoints off the commit path.
+//!
+//! By default SQLite checkpoints inside the commit that grows the WAL past
+//! 1,000 pages, and that commit waits for the checkpoint's fsync: a publish
+//! or an acknowledgement that happens to be the one pays a few milliseconds
+//! (it set the in-process latency's p99 at ~4 ms against ~1.3 ms without).
+//! A task checkpoints every [`EVERY`] instead, with `PASSIVE`, which neither
+//! blocks writers nor waits for readers; commits still checkpoint themselves
+//! past [`AUTOCHECKPOINT_PAGES`], a safety net should the task fall behind.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use sqlx::SqlitePool;
+use tokio::sync::oneshot;
+
+/// How often the task checkpoints.
+pub(super) const EVERY: Duration = Duration::from_millis(250);
+
+/// WAL pages after which a commit checkpoints itself (SQLite's default is
+/// 1,000; 20,000 pages are 80 MB at the default page size).
+pub(super) const AUTOCHECKPOINT_PAGES: &str = "20000";
+
+/// Stops the task when the last clone of the store is dropped.
+#[derive(Debug)]
+pub(super) struct Checkpointer {
+    _stop: oneshot::Sender<()>,
+}
+
+/// Starts checkpointing `pool` every [`EVERY`] until the returned handle
+/// (shared by the store's clones) is dropped.
+pub(super) fn start(pool: SqlitePool) -> Arc<Checkpointer> {
+    let (stop, mut stopped) = oneshot::channel::<()>();
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(EVERY);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+        loop {
+            tokio::select! {
+                _ = &mut stopped => break,
+                _ = tick.tick() => {
+                    if pool.is_closed() {
+                        break;
+                    }
+                    if let Err(e) = sqlx::query("PRAGMA wal_checkpoint(PASSIVE)").execute(&pool).await {
+                        tracing::debug!("sqlite: background checkpoint failed: {e}");
+                    }
+                }
+            }
+        }
+    });
+    Arc::new(Checkpointer { _stop: stop })
+}
