@@ -28,10 +28,12 @@ pub(super) struct Checkpointer {
 }
 
 /// Starts checkpointing `pool` every [`EVERY`] until the returned handle
-/// (shared by the store's clones) is dropped.
-pub(super) fn start(pool: SqlitePool) -> Arc<Checkpointer> {
+/// (shared by the store's clones) is dropped; `None` outside a tokio runtime
+/// (commits then checkpoint themselves).
+pub(super) fn start(pool: SqlitePool) -> Option<Arc<Checkpointer>> {
+    let runtime = tokio::runtime::Handle::try_current().ok()?;
     let (stop, mut stopped) = oneshot::channel::<()>();
-    tokio::spawn(async move {
+    runtime.spawn(async move {
         let mut tick = tokio::time::interval(EVERY);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
         loop {
@@ -48,5 +50,5 @@ pub(super) fn start(pool: SqlitePool) -> Arc<Checkpointer> {
             }
         }
     });
-    Arc::new(Checkpointer { _stop: stop })
+    Some(Arc::new(Checkpointer { _stop: stop }))
 }

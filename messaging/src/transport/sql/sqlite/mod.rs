@@ -144,7 +144,7 @@ impl SqliteStore {
         let pool = pool.acquire_timeout(Duration::from_secs(10)).connect_with(options).await.map_err(|e| {
             TransportError::Backend(format!("sqlite: cannot open the database file `{}`: {e}", path.display()))
         })?;
-        let checkpointer = (!memory).then(|| checkpoint::start(pool.clone()));
+        let checkpointer = if memory { None } else { checkpoint::start(pool.clone()) };
         Ok(SqliteStore { pool, writer: Default::default(), _checkpointer: checkpointer })
     }
 
