@@ -253,7 +253,8 @@ fn dead_letters_from_the_command_line() {
     assert!(stdout(&out).contains("no dead letters"), "{}", stdout(&out));
     let out = run(orders_in(&dir).args(["dlq", "peek", "nope"]));
     assert_eq!(out.status.code(), Some(1));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("`nope` is not a declared queue"));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("error: `nope` is not a declared queue; declared: emails, orders.fifo"), "{stderr}");
 }
 
 #[test]

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use clap::Subcommand;
 
 use crate::app::App;
-use crate::error::{Error, TransportError};
+use crate::error::Error;
 use crate::transport::{DeadLetter, DeadLetters, RedriveOptions};
 
 /// Dead-letter commands.
@@ -39,15 +39,11 @@ pub(super) enum DlqCommand {
 fn capability<'a>(app: &'a App, queue: &str) -> Result<&'a dyn DeadLetters, Error> {
     if !app.registry().queues().iter().any(|q| q.name == queue) {
         let known: Vec<&str> = app.registry().queues().iter().map(|q| q.name).collect();
-        return Err(TransportError::Rejected(format!(
-            "`{queue}` is not a declared queue; declared: {}",
-            known.join(", ")
-        ))
-        .into());
+        return Err(Error::Command(format!("`{queue}` is not a declared queue; declared: {}", known.join(", "))));
     }
-    app.setup_transport().dead_letters().ok_or_else(|| {
-        TransportError::Rejected(format!("the {} transport has no dead letters", app.setup_transport().system())).into()
-    })
+    app.setup_transport()
+        .dead_letters()
+        .ok_or_else(|| Error::Command(format!("the {} transport has no dead letters", app.setup_transport().system())))
 }
 
 fn json_of(letter: &DeadLetter) -> serde_json::Value {
