@@ -126,14 +126,10 @@ impl DeadLetters for SqsTransport {
             // attributes (a message may have them all: 8 of ours and the trace
             // context, or another producer's) and the DLQ's size limit counts
             // attributes too. Otherwise the reason is logged instead.
-            let base = Self::size(&Outgoing {
-                body: delivery.body.clone(),
-                attributes: attributes.clone(),
-                ..Outgoing::default()
-            });
+            let base = Self::size_of(&delivery.body, &attributes);
             let room = q.dlq_max_message_bytes.saturating_sub(base + REASON.len() + "String".len());
             let reason = super::text::attribute_value(if reason.is_empty() { "unknown" } else { &reason }).into_owned();
-            let fitted = fit(&reason, room.min(4 * 1_000));
+            let fitted = fit(&reason, room);
             if attributes.len() < super::text::MAX_ATTRIBUTES && !fitted.is_empty() {
                 attributes.insert(REASON.into(), fitted.to_owned());
             } else {
@@ -146,10 +142,10 @@ impl DeadLetters for SqsTransport {
                 attributes,
                 ..Outgoing::default()
             };
-            if Self::size(&outgoing) > q.dlq_max_message_bytes {
+            let size = Self::size(&outgoing);
+            if size > q.dlq_max_message_bytes {
                 return Err(TransportError::Rejected(format!(
-                    "the message is {} bytes; the dead-letter queue of `{queue}` accepts at most {} (its MaximumMessageSize)",
-                    Self::size(&outgoing),
+                    "the message is {size} bytes; the dead-letter queue of `{queue}` accepts at most {} (its MaximumMessageSize)",
                     q.dlq_max_message_bytes
                 )));
             }
@@ -207,7 +203,7 @@ impl DeadLetters for SqsTransport {
                     ..Outgoing::default()
                 };
                 // Republish first, then delete from the DLQ.
-                let entry = Self::check(&q, &outgoing).and_then(|()| Self::entry(0, &q.spec, &outgoing));
+                let entry = Self::check(&q, &outgoing).and_then(|_| Self::entry(0, &q.spec, &outgoing));
                 let sent = match entry {
                     Ok(entry) => self.send_chunk(&q.url, vec![(0, entry)]).await.into_iter().all(|(_, r)| r.is_ok()),
                     Err(e) => {

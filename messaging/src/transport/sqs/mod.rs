@@ -225,11 +225,10 @@ impl Transport for SqsTransport {
             let mut chunk_bytes = 0;
             let mut chunks = Vec::new();
             for (i, m) in messages.iter().enumerate() {
-                let entry = Self::check(&q, m).and_then(|()| Self::entry(i, &q.spec, m));
+                let entry = Self::check(&q, m).and_then(|size| Ok((size, Self::entry(i, &q.spec, m)?)));
                 match entry {
                     Err(e) => results[i] = Some(Err(e)),
-                    Ok(entry) => {
-                        let size = Self::size(m);
+                    Ok((size, entry)) => {
                         if chunk.len() == MAX_BATCH || chunk_bytes + size > max_request {
                             chunks.push(std::mem::take(&mut chunk));
                             chunk_bytes = 0;

@@ -7,12 +7,18 @@ impl SqsTransport {
     /// A message's size as SQS counts it: body (as sent, escapes included),
     /// attribute names, types and values.
     pub(super) fn size(m: &Outgoing) -> usize {
-        let body = text::body(&m.body).map_or(m.body.len(), |b| b.len());
-        body + m.attributes.iter().map(|(k, v)| k.len() + v.len() + "String".len()).sum::<usize>()
+        Self::size_of(&m.body, &m.attributes)
     }
 
-    /// Checks one message before sending: size, delay, group id.
-    pub(super) fn check(q: &SqsQueue, m: &Outgoing) -> Result<(), TransportError> {
+    /// The size of a body with these attributes, as [`SqsTransport::size`].
+    pub(super) fn size_of(body: &[u8], attributes: &Attributes) -> usize {
+        let body = text::body(body).map_or(body.len(), |b| b.len());
+        body + attributes.iter().map(|(k, v)| k.len() + v.len() + "String".len()).sum::<usize>()
+    }
+
+    /// Checks one message before sending: size, delay, group id. Returns the
+    /// size.
+    pub(super) fn check(q: &SqsQueue, m: &Outgoing) -> Result<usize, TransportError> {
         let spec = &q.spec;
         let size = Self::size(m);
         if size > q.max_message_bytes {
@@ -34,7 +40,7 @@ impl SqsTransport {
         if spec.fifo && m.group_id.as_deref().is_none_or(str::is_empty) {
             return Err(TransportError::Rejected(format!("FIFO queue `{}` needs a message group id", spec.name)));
         }
-        Ok(())
+        Ok(size)
     }
 
     /// The message's attributes as SQS takes them: no empty values (SQS
