@@ -26,16 +26,14 @@ pub(crate) struct EncodedSend {
 impl Publisher {
     /// Sends `message` to the queue `spec` as a typed send would: group from
     /// the options, then the message, then the queue's default; ids and
-    /// attributes checked; no delay on a FIFO queue.
+    /// attributes checked; no delay on a FIFO queue
+    /// ([`SendOptions::outgoing_encoded`]).
     pub(crate) async fn send_encoded(
         &self,
         spec: &QueueSpec,
         message: Encoded,
         send: EncodedSend,
     ) -> Result<MessageId, PublishError> {
-        if spec.fifo && send.delay.is_some() {
-            return Err(PublishError::DelayOnFifo { queue: spec.name });
-        }
         let options = SendOptions {
             group: send.group,
             identity: send.identity,

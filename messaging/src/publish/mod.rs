@@ -114,6 +114,11 @@ impl SendOptions {
         message: Encoded,
         max_delay: std::time::Duration,
     ) -> Result<Outgoing, PublishError> {
+        // The typed API does not compile a delay on a FIFO queue; a send
+        // built at run time (the command line's) learns it here.
+        if spec.fifo && self.delay.is_some() {
+            return Err(PublishError::DelayOnFifo { queue: spec.name });
+        }
         let body = message.body.into();
         let group_id = if spec.fifo {
             let group = self.group.clone().or(message.group).or_else(|| spec.default_group.map(str::to_owned));
