@@ -29,7 +29,7 @@ pub fn decode<M: Message>(bytes: &[u8]) -> Result<AnyMessage, serde_json::Error>
 /// Reads JSON data as `M` and writes it as it travels.
 pub fn encode<M: Message>(data: &[u8]) -> Result<Encoded, serde_json::Error> {
     let given: serde_json::Value = serde_json::from_slice(data)?;
-    let message: M = serde_json::from_value(given.clone())?;
+    let message = <M as serde::Deserialize>::deserialize(&given)?;
     let written = serde_json::to_value(&message)?;
     let ignored = match (&given, &written) {
         (serde_json::Value::Object(given), serde_json::Value::Object(written)) => {
