@@ -258,11 +258,8 @@ impl RowStore for SqliteStore {
             }
             let _turn = self.write_turn().await;
             let mut tx = self.begin().await?;
-            let result = if fifo {
-                Self::lease_fifo(&mut tx, queue, now, n, lease_ms).await
-            } else {
-                Self::lease_standard(&mut tx, queue, now, n, lease_ms).await
-            };
+            let pick = if fifo { txn::PICK_FIFO } else { txn::PICK_STANDARD };
+            let result = Self::lease_in(&mut tx, pick, queue, now, n, lease_ms).await;
             finish(tx, result).await
         })
     }

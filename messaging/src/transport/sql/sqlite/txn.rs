@@ -48,51 +48,22 @@ impl SqliteStore {
         Ok(out.into_iter().flatten().collect())
     }
 
-    /// Standard queues: the first pending rows by priority, then enqueue order.
-    pub(super) async fn lease_standard(
+    /// Leases the rows that `pick` (one of [`PICK_STANDARD`], [`PICK_FIFO`];
+    /// `?1` the queue, `?2` the limit) selects, in its order.
+    pub(super) async fn lease_in(
         conn: &mut SqliteConnection,
+        pick: &str,
         queue: &str,
         now: i64,
         n: usize,
         lease_ms: i64,
     ) -> Result<Vec<LeasedRow>, TransportError> {
-        let ids: Vec<i64> = sqlx::query_scalar(
-            "SELECT id FROM messaging_messages WHERE queue = ?1 AND status = 'pending' \
-             ORDER BY priority DESC, seq LIMIT ?2",
-        )
-        .bind(queue)
-        .bind(int(n))
-        .fetch_all(&mut *conn)
-        .await
-        .map_err(|e| backend("lease", e))?;
-        lease_ids(conn, &ids, now, lease_ms).await
-    }
-
-    /// FIFO: the head of each group with nothing leased, one per group, in
-    /// enqueue order. The head of a group (rows without a group form one) is
-    /// its earliest pending or sleeping row; a sleeping head holds the group back.
-    pub(super) async fn lease_fifo(
-        conn: &mut SqliteConnection,
-        queue: &str,
-        now: i64,
-        n: usize,
-        lease_ms: i64,
-    ) -> Result<Vec<LeasedRow>, TransportError> {
-        // With min(), SQLite takes the bare columns from the row holding the minimum.
-        let ids: Vec<i64> = sqlx::query_scalar(
-            "SELECT id FROM ( \
-                SELECT id, group_id, status, min(seq) AS seq FROM messaging_messages \
-                WHERE queue = ?1 AND status IN ('pending', 'sleeping') GROUP BY group_id) heads \
-             WHERE status = 'pending' AND NOT EXISTS ( \
-                SELECT 1 FROM messaging_messages l WHERE l.queue = ?1 AND l.group_id IS heads.group_id \
-                AND l.status IN ('processing', 'awaiting_release')) \
-             ORDER BY seq LIMIT ?2",
-        )
-        .bind(queue)
-        .bind(int(n))
-        .fetch_all(&mut *conn)
-        .await
-        .map_err(|e| backend("lease", e))?;
+        let ids: Vec<i64> = sqlx::query_scalar(pick)
+            .bind(queue)
+            .bind(int(n))
+            .fetch_all(&mut *conn)
+            .await
+            .map_err(|e| backend("lease", e))?;
         lease_ids(conn, &ids, now, lease_ms).await
     }
 
@@ -217,3 +188,19 @@ impl SqliteStore {
         Ok(moved)
     }
 }
+
+/// Standard queues: the first pending rows by priority, then enqueue order.
+pub(super) const PICK_STANDARD: &str = "SELECT id FROM messaging_messages WHERE queue = ?1 AND status = 'pending' \
+     ORDER BY priority DESC, seq LIMIT ?2";
+
+/// FIFO: the head of each group with nothing leased, one per group, in
+/// enqueue order. The head of a group (rows without a group form one) is its
+/// earliest pending or sleeping row; a sleeping head holds the group back.
+/// With min(), SQLite takes the bare columns from the row holding the minimum.
+pub(super) const PICK_FIFO: &str = "SELECT id FROM ( \
+        SELECT id, group_id, status, min(seq) AS seq FROM messaging_messages \
+        WHERE queue = ?1 AND status IN ('pending', 'sleeping') GROUP BY group_id) heads \
+     WHERE status = 'pending' AND NOT EXISTS ( \
+        SELECT 1 FROM messaging_messages l WHERE l.queue = ?1 AND l.group_id IS heads.group_id \
+        AND l.status IN ('processing', 'awaiting_release')) \
+     ORDER BY seq LIMIT ?2";
