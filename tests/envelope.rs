@@ -205,7 +205,7 @@ async fn multi_type_queues_route_by_type_name() {
 }
 
 #[tokio::test]
-async fn what_cannot_be_decoded_is_left_for_the_dead_letter_queue() {
+async fn what_cannot_be_decoded_is_retried_then_dead_lettered_with_the_reason() {
     let captured = warnings();
     let (app, log) = app().await;
     let cases = [
@@ -235,12 +235,20 @@ async fn what_cannot_be_decoded_is_left_for_the_dead_letter_queue() {
     assert!(log.lock().unwrap().is_empty(), "no handler ran");
     let logged = String::from_utf8_lossy(&captured.0.lock().unwrap()).into_owned();
     for id in &ids {
-        let line = logged.lines().find(|l| l.contains(id.as_str()) && l.contains("left for redelivery"));
+        let line = logged.lines().find(|l| l.contains(id.as_str()) && l.contains("failed attempt 1 of 2"));
         assert!(line.is_some_and(|l| l.contains("WARN")), "no WARN line for {id} in:\n{logged}");
+        let line = logged.lines().find(|l| l.contains(id.as_str()) && l.contains("dead-lettering"));
+        assert!(line.is_some_and(|l| l.contains("WARN")), "no dead-lettering line for {id} in:\n{logged}");
     }
     let dlq = app.transport().dead_letters().unwrap();
     assert_eq!(dlq.depth("env-single").await.unwrap(), 5);
     assert_eq!(dlq.depth("env-multi").await.unwrap(), 2);
+    let mut letters = dlq.peek("env-single", 10).await.unwrap();
+    letters.extend(dlq.peek("env-multi", 10).await.unwrap());
+    for (id, (_, body, why)) in ids.iter().zip(cases) {
+        let letter = letters.iter().find(|l| &l.message_id == id).unwrap();
+        assert!(letter.reason.as_deref().is_some_and(|r| r.contains(why)), "{body}: reason {:?}", letter.reason);
+    }
     app.stop().await;
 }
 

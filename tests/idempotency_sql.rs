@@ -43,6 +43,15 @@ trait SqlStore: IdempotencyStore + Clone {
     ) -> impl Future<Output = Result<u64, TransportError>> + Send;
 
     fn purge(&self, older_than: Duration) -> impl Future<Output = Result<u64, TransportError>> + Send;
+
+    fn extend_at(
+        &self,
+        message_id: &str,
+        scope: &str,
+        processor: &str,
+        lease: Duration,
+        now: SystemTime,
+    ) -> impl Future<Output = Result<(), TransportError>> + Send;
 }
 
 macro_rules! sql_store {
@@ -75,6 +84,17 @@ macro_rules! sql_store {
 
             async fn purge(&self, older_than: Duration) -> Result<u64, TransportError> {
                 <$store>::purge(self, older_than).await
+            }
+
+            async fn extend_at(
+                &self,
+                message_id: &str,
+                scope: &str,
+                processor: &str,
+                lease: Duration,
+                now: SystemTime,
+            ) -> Result<(), TransportError> {
+                <$store>::extend_at(self, message_id, scope, processor, lease, now).await
             }
         }
     };
@@ -169,12 +189,16 @@ async fn claim_lease_complete_release(store: impl SqlStore) {
     let lease = secs(10);
     let t0 = t0();
     assert_eq!(store.claim_at("m", "s", "p1", lease, t0).await.unwrap(), Claim::Claimed);
-    assert_eq!(store.claim_at("m", "s", "p2", lease, t0).await.unwrap(), Claim::InProgress);
+    assert_eq!(store.claim_at("m", "s", "p2", lease, t0).await.unwrap(), Claim::InProgress { remaining: lease });
     assert_eq!(store.claim_at("m", "other", "p2", lease, t0).await.unwrap(), Claim::Claimed, "scopes are independent");
     assert_eq!(store.claim_at("m2", "s", "p2", lease, t0).await.unwrap(), Claim::Claimed, "messages are independent");
     // The holder re-claiming extends its lease to t0 + 11 s.
     assert_eq!(store.claim_at("m", "s", "p1", lease, t0 + secs(1)).await.unwrap(), Claim::Claimed);
-    assert_eq!(store.claim_at("m", "s", "p2", lease, t0 + secs(10)).await.unwrap(), Claim::InProgress);
+    assert_eq!(
+        store.claim_at("m", "s", "p2", lease, t0 + secs(10)).await.unwrap(),
+        Claim::InProgress { remaining: secs(1) },
+        "the refusal says when the holder's lease ends"
+    );
     assert_eq!(
         store.claim_at("m", "s", "p2", lease, t0 + secs(11)).await.unwrap(),
         Claim::Claimed,
@@ -187,12 +211,26 @@ async fn claim_lease_complete_release(store: impl SqlStore) {
     store.release("m", "s", "p1").await.unwrap();
     assert_eq!(
         store.claim_at("m", "s", "p3", lease, t0 + secs(12)).await.unwrap(),
-        Claim::InProgress,
+        Claim::InProgress { remaining: secs(9) },
         "a fenced-out holder cannot release"
+    );
+    // The heartbeat: only the holder extends, and only an open claim.
+    store.extend_at("m", "s", "p2", secs(30), t0 + secs(12)).await.unwrap();
+    assert_eq!(
+        store.claim_at("m", "s", "p3", lease, t0 + secs(40)).await.unwrap(),
+        Claim::InProgress { remaining: secs(2) }
+    );
+    assert!(
+        matches!(store.extend_at("m", "s", "p1", lease, t0 + secs(12)).await, Err(TransportError::StaleReceipt)),
+        "a fenced-out holder cannot extend"
     );
     store.release("m", "s", "p2").await.unwrap();
     assert_eq!(store.claim_at("m", "s", "p3", lease, t0 + secs(12)).await.unwrap(), Claim::Claimed, "released");
     store.complete_at("m", "s", "p3", t0 + secs(13)).await.unwrap();
+    assert!(
+        matches!(store.extend_at("m", "s", "p3", lease, t0 + secs(13)).await, Err(TransportError::StaleReceipt)),
+        "a completed claim is not extended"
+    );
     assert_eq!(store.claim_at("m", "s", "p4", lease, t0 + secs(13)).await.unwrap(), Claim::Completed);
     assert_eq!(store.claim_at("m", "s", "p3", lease, t0 + secs(13)).await.unwrap(), Claim::Completed);
     assert_eq!(store.claim_at("m", "s", "p4", lease, t0 + secs(3600)).await.unwrap(), Claim::Completed);
@@ -215,7 +253,9 @@ async fn trait_methods_use_the_clock(store: impl SqlStore) {
     let store: &dyn IdempotencyStore = &store;
     let lease = Duration::from_millis(300);
     assert_eq!(store.claim("m", "s", "p1", lease).await.unwrap(), Claim::Claimed);
-    assert_eq!(store.claim("m", "s", "p2", lease).await.unwrap(), Claim::InProgress);
+    assert!(
+        matches!(store.claim("m", "s", "p2", lease).await.unwrap(), Claim::InProgress { remaining } if remaining <= lease)
+    );
     tokio::time::sleep(Duration::from_millis(400)).await;
     assert_eq!(store.claim("m", "s", "p2", lease).await.unwrap(), Claim::Claimed, "expired lease is taken over");
     assert!(matches!(store.complete("m", "s", "p1").await, Err(TransportError::StaleReceipt)));
@@ -235,11 +275,11 @@ async fn concurrent_claims_have_one_winner(store: impl SqlStore + 'static) {
         // A fresh row: everybody inserts at once.
         let outcomes = race(&store, &message, TASKS, t0()).await;
         assert_eq!(count(&outcomes, Claim::Claimed), 1, "round {round}, insert race: {outcomes:?}");
-        assert_eq!(count(&outcomes, Claim::InProgress), TASKS - 1, "round {round}: {outcomes:?}");
+        assert_eq!(in_progress(&outcomes), TASKS - 1, "round {round}: {outcomes:?}");
         // The lease (60 s) has expired: everybody takes over at once.
         let outcomes = race(&store, &message, TASKS, t0() + secs(61)).await;
         assert_eq!(count(&outcomes, Claim::Claimed), 1, "round {round}, takeover race: {outcomes:?}");
-        assert_eq!(count(&outcomes, Claim::InProgress), TASKS - 1, "round {round}: {outcomes:?}");
+        assert_eq!(in_progress(&outcomes), TASKS - 1, "round {round}: {outcomes:?}");
     }
     // Through the trait, with the application clock.
     let barrier = Arc::new(tokio::sync::Barrier::new(TASKS));
@@ -282,6 +322,10 @@ fn count(outcomes: &[Claim], which: Claim) -> usize {
     outcomes.iter().filter(|c| **c == which).count()
 }
 
+fn in_progress(outcomes: &[Claim]) -> usize {
+    outcomes.iter().filter(|c| matches!(c, Claim::InProgress { .. })).count()
+}
+
 /// Purge deletes completed claims older than the retention, nothing else.
 async fn purge_removes_old_completed_claims(store: impl SqlStore) {
     let now = t0();
@@ -306,9 +350,8 @@ async fn purge_removes_old_completed_claims(store: impl SqlStore) {
     assert_eq!(store.claim_at("old", "s", "q", lease, now).await.unwrap(), Claim::Claimed);
     assert_eq!(store.claim_at("recent", "s", "q", lease, now).await.unwrap(), Claim::Completed);
     assert_eq!(store.claim_at("edge", "s", "q", lease, now).await.unwrap(), Claim::Completed);
-    assert_eq!(
-        store.claim_at("held", "s", "q", lease, old + secs(1)).await.unwrap(),
-        Claim::InProgress,
+    assert!(
+        matches!(store.claim_at("held", "s", "q", lease, old + secs(1)).await.unwrap(), Claim::InProgress { .. }),
         "the uncompleted claim is still there"
     );
 

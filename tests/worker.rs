@@ -150,6 +150,51 @@ async fn fifo_keeps_order_within_groups_and_runs_groups_in_parallel() {
     app.stop().await;
 }
 
+#[messaging::queue("poisoned.fifo", fifo, dlq = "poisoned-dlq.fifo", max_receives = 2, concurrency = 1)]
+struct Poisoned;
+
+#[messaging::handler(queue = Poisoned, retry(base = "300ms", max = "300ms"))]
+async fn poisoned(step: Step, ctx: MessageContext, rec: State<Arc<Recorder>>) -> Result<(), HandlerError> {
+    let label = format!("{}:{}@{}", step.group, step.seq, ctx.receive_count());
+    rec.run(label, Duration::ZERO).await;
+    if step.group == "a" && step.seq == 0 {
+        return Err(HandlerError::transient(Failure("the head always fails")));
+    }
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_failing_fifo_head_is_dead_lettered_alone_and_its_group_goes_on() {
+    let rec = Arc::new(Recorder::default());
+    let app = start::<Poisoned>(&rec).await;
+    let mut ids = Vec::new();
+    for seq in 0..10 {
+        ids.push(app.publisher().send::<Poisoned, _>(&Step { group: "a".into(), seq }).await.unwrap());
+    }
+    let other = app.publisher().send::<Poisoned, _>(&Step { group: "b".into(), seq: 0 }).await.unwrap();
+    app.dead_lettered(&ids[0]).await.unwrap();
+    for id in &ids[1..] {
+        app.handled(id).await.unwrap();
+    }
+    app.handled(&other).await.unwrap();
+    let seen = rec.seen();
+    // The head: two attempts in this process (one receive), then the DLQ.
+    assert_eq!(seen.iter().filter(|l| l.starts_with("a:0@")).collect::<Vec<_>>(), ["a:0@1", "a:0@1"], "{seen:?}");
+    // Its followers each ran once, in order, never received again.
+    let followers: Vec<&String> = seen.iter().filter(|l| l.starts_with("a:") && !l.starts_with("a:0@")).collect();
+    let expected: Vec<String> = (1..10).map(|n| format!("a:{n}@1")).collect();
+    assert_eq!(followers, expected.iter().collect::<Vec<_>>(), "{seen:?}");
+    // Another group ran while the head waited for its retry (concurrency 1).
+    let b = seen.iter().position(|l| l.starts_with("b:")).unwrap();
+    let second_try = seen.iter().rposition(|l| l.starts_with("a:0@")).unwrap();
+    assert!(b < second_try, "group b waited for group a's retry: {seen:?}");
+    let letters = app.transport().dead_letters().unwrap().peek("poisoned.fifo", 10).await.unwrap();
+    assert_eq!(letters.len(), 1, "only the head is a dead letter");
+    assert_eq!(letters[0].message_id, ids[0]);
+    assert_eq!(letters[0].reason.as_deref(), Some("the head always fails"));
+    app.stop().await;
+}
+
 // --- retries and dead letters ---------------------------------------------------
 
 #[messaging::queue("flaky", dlq = "flaky-dlq", max_receives = 5)]
@@ -211,6 +256,8 @@ async fn after_max_receives_a_failing_message_is_dead_lettered_not_lost() {
     let letters = app.transport().dead_letters().unwrap().peek("hopeless", 10).await.unwrap();
     assert_eq!(letters.len(), 1);
     assert_eq!(letters[0].message_id, id);
+    assert_eq!(letters[0].reason.as_deref(), Some("always fails"), "the handler's error is the reason");
+    assert_eq!(letters[0].receive_count, 3);
     app.stop().await;
 }
 
@@ -413,7 +460,10 @@ async fn a_message_in_progress_elsewhere_is_retried_later() {
     let id = publish_jobs::<Charges>(&app, 1).await.remove(0);
     app.handled(&id).await.unwrap();
     let history = app.history(&id);
-    assert!(matches!(&history[0], Outcome::Retried { error } if error.contains("in progress")), "{history:?}");
+    assert!(
+        matches!(history.as_slice(), [Outcome::InProgressElsewhere { .. }, Outcome::Handled]),
+        "kept and tried again when the claim's lease ended: {history:?}"
+    );
     assert_eq!(rec.seen(), ["charged 0"]);
     app.stop().await;
 }

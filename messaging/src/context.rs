@@ -53,6 +53,21 @@ impl MessageContext {
         self.claim.clone()
     }
 
+    /// How long the message stays invisible at least (see [`Batch::visible_for`]).
+    pub(crate) fn visible_for(&self) -> std::time::Duration {
+        self.batch.visible_for()
+    }
+
+    /// Has the heartbeat extend `claim` (by at most `cap`) while the handler runs.
+    pub(crate) fn hold_claim(&self, claim: Arc<ClaimState>, cap: std::time::Duration) {
+        self.batch.hold_claim(claim, cap);
+    }
+
+    /// Stops extending `claim`.
+    pub(crate) fn drop_claim(&self, claim: &Arc<ClaimState>) {
+        self.batch.drop_claim(claim);
+    }
+
     fn delivery(&self) -> &Delivery {
         &self.batch.deliveries[self.index]
     }

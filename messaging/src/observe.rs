@@ -19,7 +19,15 @@ pub enum Outcome {
         /// The error's message.
         error: String,
     },
-    /// The body could not be decoded for any handler; left for redelivery.
+    /// The message's idempotency claim is held by another delivery; the
+    /// message is kept and tried again when that claim's lease ends (not an
+    /// attempt: it does not bring the message closer to the dead-letter queue).
+    InProgressElsewhere {
+        /// When it is tried again.
+        retry_in: std::time::Duration,
+    },
+    /// The body could not be decoded for any handler; retried like a failure
+    /// (and dead-lettered after `max_receives` attempts).
     Undecodable {
         /// Why.
         error: String,

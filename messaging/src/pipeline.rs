@@ -4,6 +4,7 @@
 //! alike, and decides whether and how to call the rest of the chain.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use crate::context::MessageContext;
 use crate::error::HandlerError;
@@ -105,7 +106,11 @@ impl Pipeline {
     ) -> Result<(), HandlerError> {
         let id = ctx.message_id();
         let processor = uuid::Uuid::new_v4().to_string();
-        match self.idempotency.claim(id, spec.scope, &processor, spec.lease).await {
+        // The claim ends no later than the message's invisibility (the
+        // heartbeat extends both): a redelivery after a crash then finds it
+        // expired instead of waiting on a dead process.
+        let lease = spec.lease.min(ctx.visible_for()).max(Duration::from_millis(1));
+        match self.idempotency.claim(id, spec.scope, &processor, lease).await {
             Err(e) => Err(HandlerError::transient(e)),
             Ok(Claim::Completed) => {
                 tracing::debug!(
@@ -115,10 +120,10 @@ impl Pipeline {
                 );
                 Ok(())
             }
-            Ok(Claim::InProgress) => Err(HandlerError::transient(MessageInProgress {
-                message_id: id.to_owned(),
-                scope: spec.scope.to_owned(),
-            })),
+            Ok(Claim::InProgress { remaining }) => Err(HandlerError::retry_after(
+                MessageInProgress { message_id: id.to_owned(), scope: spec.scope.to_owned() },
+                remaining,
+            )),
             Ok(Claim::Claimed) => {
                 let claim = Arc::new(ClaimState {
                     message_id: id.to_owned(),
@@ -126,7 +131,9 @@ impl Pipeline {
                     processor: processor.clone(),
                     completed: AtomicBool::new(false),
                 });
+                ctx.hold_claim(claim.clone(), spec.lease);
                 let result = route.handler.call(message, ctx.with_claim(claim.clone()), self.resources.clone()).await;
+                ctx.drop_claim(&claim);
                 let settle = match &result {
                     // The handler completed it in its own transaction.
                     Ok(()) if claim.completed.load(Ordering::Acquire) => Ok(()),

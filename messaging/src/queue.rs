@@ -55,7 +55,8 @@ pub struct QueueSpec {
     pub concurrency: usize,
     /// How long a received message stays invisible to other consumers.
     pub visibility: Duration,
-    /// How many receives before the message moves to the dead-letter queue.
+    /// How many attempts a message gets: after the last one fails, the
+    /// worker moves it to the dead-letter queue with the error as its reason.
     pub max_receives: u32,
     /// Database queues: an enqueue whose payload equals the stored version of
     /// the same identity is discarded.
@@ -67,6 +68,24 @@ impl QueueSpec {
     pub const DEFAULT_VISIBILITY: Duration = Duration::from_secs(30);
     /// Default receive limit before dead-lettering.
     pub const DEFAULT_MAX_RECEIVES: u32 = 5;
+
+    /// The receive count at which the transport's own redrive moves a message
+    /// to the dead-letter queue (Amazon SQS's `maxReceiveCount` on queues the
+    /// framework creates; the memory transport's limit): twice
+    /// `max_receives`, at most 1,000 (SQS's limit). It is only a backstop: the
+    /// worker dead-letters a failing message itself after `max_receives`
+    /// attempts, and the room above leaves the receives that were not
+    /// attempts (a consumer that crashed or shut down while holding the
+    /// message, or held it for a FIFO group) from dead-lettering a message
+    /// that never failed.
+    pub const fn redrive_after(&self) -> u32 {
+        let twice = self.max_receives.saturating_mul(2);
+        if twice > 1000 {
+            1000
+        } else {
+            twice
+        }
+    }
 
     /// A standard queue with default options; handy for tests and tools.
     pub const fn standard(name: &'static str) -> Self {

@@ -60,7 +60,7 @@ impl IdempotencyStore for MemoryIdempotencyStore {
                     entry.expires = Some(now + lease);
                     Claim::Claimed
                 } else {
-                    Claim::InProgress
+                    Claim::InProgress { remaining: entry.expires.map_or(Duration::ZERO, |e| e - now) }
                 }
             }))
         })
@@ -100,6 +100,25 @@ impl IdempotencyStore for MemoryIdempotencyStore {
             })
         })
     }
+
+    fn extend<'a>(
+        &'a self,
+        message_id: &'a str,
+        scope: &'a str,
+        processor: &'a str,
+        lease: Duration,
+    ) -> BoxFuture<'a, Result<(), TransportError>> {
+        Box::pin(async move {
+            let now = Instant::now();
+            self.with(|entries| match entries.get_mut(&(message_id.to_owned(), scope.to_owned())) {
+                Some(e) if !e.completed && e.processor.as_deref() == Some(processor) => {
+                    e.expires = Some(now + lease);
+                    Ok(())
+                }
+                _ => Err(TransportError::StaleReceipt),
+            })
+        })
+    }
 }
 
 #[cfg(test)]
@@ -111,14 +130,23 @@ mod tests {
         let store = MemoryIdempotencyStore::new();
         let lease = Duration::from_secs(10);
         assert_eq!(store.claim("m", "s", "p1", lease).await.unwrap(), Claim::Claimed);
-        assert_eq!(store.claim("m", "s", "p2", lease).await.unwrap(), Claim::InProgress);
+        assert_eq!(store.claim("m", "s", "p2", lease).await.unwrap(), Claim::InProgress { remaining: lease });
         assert_eq!(store.claim("m", "other", "p2", lease).await.unwrap(), Claim::Claimed);
+        tokio::time::advance(Duration::from_secs(4)).await;
+        store.extend("m", "s", "p1", lease).await.unwrap();
+        assert_eq!(
+            store.claim("m", "s", "p2", lease).await.unwrap(),
+            Claim::InProgress { remaining: lease },
+            "the heartbeat pushed the lease out"
+        );
+        assert!(store.extend("m", "s", "p2", lease).await.is_err(), "only the holder extends");
         tokio::time::advance(Duration::from_secs(11)).await;
         assert_eq!(store.claim("m", "s", "p2", lease).await.unwrap(), Claim::Claimed, "expired lease is taken over");
         assert!(store.complete("m", "s", "p1").await.is_err(), "a fenced-out holder cannot complete");
         store.release("m", "s", "p2").await.unwrap();
         assert_eq!(store.claim("m", "s", "p3", lease).await.unwrap(), Claim::Claimed);
         store.complete("m", "s", "p3").await.unwrap();
+        assert!(store.extend("m", "s", "p3", lease).await.is_err(), "a completed claim is not extended");
         assert_eq!(store.claim("m", "s", "p4", lease).await.unwrap(), Claim::Completed);
     }
 }

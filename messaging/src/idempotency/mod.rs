@@ -4,9 +4,15 @@
 //!
 //! `#[messaging::handler(.., idempotent = "scope", lease = "60s")]` wraps the
 //! handler: [`Claim::Claimed`] runs it and completes the claim on success or
-//! releases it on failure; [`Claim::InProgress`] retries the delivery later
-//! with the error [`MessageInProgress`]; [`Claim::Completed`] acknowledges
-//! without running it.
+//! releases it on failure; [`Claim::InProgress`] keeps the delivery (invisible
+//! to other consumers) and tries again when the holder's lease ends, without
+//! counting an attempt; [`Claim::Completed`] acknowledges without running it.
+//!
+//! A claim never outlives its message's visibility: the worker claims for at
+//! most the time the message has left to be invisible (and at most `lease`),
+//! and its heartbeat extends the claim together with the visibility. So when
+//! a crashed process's message becomes visible again, its claim has expired
+//! too, and the redelivery runs at once.
 
 mod claim;
 mod memory;
@@ -34,13 +40,18 @@ pub enum Claim {
     /// This caller holds the lease and must run the side effect.
     Claimed,
     /// Another caller holds an unexpired lease.
-    InProgress,
+    InProgress {
+        /// How long the holder's lease has left (the delivery is tried again
+        /// after it).
+        remaining: Duration,
+    },
     /// The side effect already ran.
     Completed,
 }
 
 /// A handler's message is being processed by another delivery right now; the
-/// delivery is retried after the lease.
+/// delivery is kept and tried again when the holder's lease ends (this does
+/// not count as an attempt).
 #[derive(Debug, Clone, thiserror::Error)]
 #[error("message `{message_id}` is in progress in scope `{scope}` elsewhere")]
 pub struct MessageInProgress {
@@ -76,6 +87,18 @@ pub trait IdempotencyStore: Send + Sync + 'static {
         scope: &'a str,
         processor: &'a str,
     ) -> BoxFuture<'a, Result<(), TransportError>>;
+
+    /// Pushes the lease of the claim held by `processor` out to `lease` from
+    /// now (the worker's heartbeat, while the handler runs). Fails with
+    /// [`TransportError::StaleReceipt`] when `processor` no longer holds an
+    /// open claim (it was completed, released or taken over).
+    fn extend<'a>(
+        &'a self,
+        message_id: &'a str,
+        scope: &'a str,
+        processor: &'a str,
+        lease: Duration,
+    ) -> BoxFuture<'a, Result<(), TransportError>>;
 }
 
 impl<T: IdempotencyStore> IdempotencyStore for std::sync::Arc<T> {
@@ -105,5 +128,15 @@ impl<T: IdempotencyStore> IdempotencyStore for std::sync::Arc<T> {
         processor: &'a str,
     ) -> BoxFuture<'a, Result<(), TransportError>> {
         (**self).release(message_id, scope, processor)
+    }
+
+    fn extend<'a>(
+        &'a self,
+        message_id: &'a str,
+        scope: &'a str,
+        processor: &'a str,
+        lease: Duration,
+    ) -> BoxFuture<'a, Result<(), TransportError>> {
+        (**self).extend(message_id, scope, processor, lease)
     }
 }

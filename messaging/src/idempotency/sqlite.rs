@@ -43,6 +43,10 @@ const RELEASE: &str = "\
 UPDATE messaging_idempotency SET processor_id = NULL, lease_expires_at = NULL
 WHERE message_id = ?1 AND scope = ?2 AND processor_id = ?3 AND completed = 0";
 
+const EXTEND: &str = "\
+UPDATE messaging_idempotency SET lease_expires_at = ?4
+WHERE message_id = ?1 AND scope = ?2 AND processor_id = ?3 AND completed = 0";
+
 const PURGE: &str = "DELETE FROM messaging_idempotency WHERE completed = 1 AND completed_at < ?1";
 
 /// How many times a claim is retried when the row changed between the claim
@@ -132,6 +136,7 @@ impl SqliteIdempotencyStore {
     ) -> Result<Claim, TransportError> {
         let now = millis(now);
         let expires = now.saturating_add(duration_millis(lease));
+        let mut last_expiry = None;
         for _ in 0..CLAIM_ATTEMPTS {
             let claimed = sqlx::query(CLAIM)
                 .bind(message_id)
@@ -163,11 +168,12 @@ impl SqliteIdempotencyStore {
             }
             let free = holder.is_none() || expiry.is_none_or(|e| e <= now);
             if !free && holder.as_deref() != Some(processor) {
-                return Ok(Claim::InProgress);
+                return Ok(in_progress(expiry, now));
             }
             // Released or expired between the two statements: claim again.
+            last_expiry = expiry;
         }
-        Ok(Claim::InProgress)
+        Ok(in_progress(last_expiry, now))
     }
 
     /// [`IdempotencyStore::complete`] at the time `now`.
@@ -187,6 +193,30 @@ impl SqliteIdempotencyStore {
             .execute(&self.pool)
             .await
             .map_err(|e| backend("complete", e))?;
+        if done.rows_affected() == 0 {
+            return Err(TransportError::StaleReceipt);
+        }
+        Ok(())
+    }
+
+    /// [`IdempotencyStore::extend`] at the time `now`.
+    #[doc(hidden)]
+    pub async fn extend_at(
+        &self,
+        message_id: &str,
+        scope: &str,
+        processor: &str,
+        lease: Duration,
+        now: SystemTime,
+    ) -> Result<(), TransportError> {
+        let done = sqlx::query(EXTEND)
+            .bind(message_id)
+            .bind(scope)
+            .bind(processor)
+            .bind(millis(now).saturating_add(duration_millis(lease)))
+            .execute(&self.pool)
+            .await
+            .map_err(|e| backend("extend", e))?;
         if done.rows_affected() == 0 {
             return Err(TransportError::StaleReceipt);
         }
@@ -239,6 +269,22 @@ impl IdempotencyStore for SqliteIdempotencyStore {
             Ok(())
         })
     }
+    fn extend<'a>(
+        &'a self,
+        message_id: &'a str,
+        scope: &'a str,
+        processor: &'a str,
+        lease: Duration,
+    ) -> BoxFuture<'a, Result<(), TransportError>> {
+        Box::pin(self.extend_at(message_id, scope, processor, lease, SystemTime::now()))
+    }
+}
+
+/// A refused claim, with what is left of the holder's lease (none known: a
+/// short pause, the claim having changed under two reads in a row).
+fn in_progress(expiry: Option<i64>, now: i64) -> Claim {
+    let remaining = expiry.map_or(100, |e| e.saturating_sub(now).max(0));
+    Claim::InProgress { remaining: Duration::from_millis(u64::try_from(remaining).unwrap_or(0)) }
 }
 
 /// Milliseconds since the Unix epoch (0 before it, saturating far after it).

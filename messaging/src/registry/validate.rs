@@ -165,22 +165,13 @@ fn check_handlers(
             problems.push(format!("handler `{}` is registered twice", h.name));
         }
         let spec = (h.queue)();
-        match specs.get(spec.name) {
-            None => problems.push(format!(
+        // (An idempotency `lease` longer than the queue's visibility is fine:
+        // a claim never outlives its message's invisibility, see pipeline.rs.)
+        if !specs.contains_key(spec.name) {
+            problems.push(format!(
                 "handler `{}` consumes `{}` (queue `{}`), which is not declared; declare it with #[messaging::queue]",
                 h.name, h.queue_type, spec.name
-            )),
-            Some(declared) => {
-                if let Some(idem) = &h.idempotency {
-                    if idem.lease > declared.visibility {
-                        problems.push(format!(
-                            "handler `{}`: idempotency lease {:?} is longer than the visibility timeout {:?} of queue `{}`; \
-                             a redelivery could find the claim still held and be acknowledged unhandled. Lower `lease` or raise `visibility`",
-                            h.name, idem.lease, declared.visibility, spec.name
-                        ));
-                    }
-                }
-            }
+            ));
         }
         if let Some(name) = h.message_name {
             if let Some(chain) = chains.get(name) {

@@ -164,6 +164,14 @@ pub trait Transport: Send + Sync + 'static {
         None
     }
 
+    /// Whether messages of `spec` that fail for good can be moved aside:
+    /// the queue declares a dead-letter queue, or the backend keeps dead
+    /// letters itself (database queues: rows in `error`). Otherwise a failing
+    /// message is retried with backoff for as long as it fails.
+    fn keeps_dead_letters(&self, spec: &QueueSpec) -> bool {
+        self.dead_letters().is_some() && spec.dlq.is_some()
+    }
+
     /// An idempotency store that lives with this transport's data (the same
     /// database), used by default for `idempotent = ".."` handlers.
     fn idempotency_store(&self) -> Option<Arc<dyn crate::idempotency::IdempotencyStore>> {

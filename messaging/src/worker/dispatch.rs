@@ -12,37 +12,52 @@ use super::Worker;
 use crate::context::MessageContext;
 use crate::error::HandlerError;
 use crate::handler::RetryPolicy;
+use crate::idempotency::MessageInProgress;
 use crate::observe::{DispatchEvent, Outcome};
 use crate::telemetry;
 use crate::transport::Delivery;
 use tracing::Instrument as _;
 
+/// The shortest wait before trying a message whose claim is held elsewhere
+/// again (a lease that just ended may not have been seen to end yet).
+const IN_PROGRESS_PAUSE: Duration = Duration::from_millis(50);
+
+/// How handling one delivery ended.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Step {
+    /// The handler succeeded; the message is acknowledged.
+    Handled,
+    /// The message went to the dead-letter queue (its own failure: a FIFO
+    /// chain goes on).
+    DeadLettered,
+    /// The message was given back to the transport to come again later: a
+    /// FIFO chain stops, and gives the rest back too.
+    Released,
+    /// The message stays held (invisible) and is tried again in this process
+    /// after `after`; `counted` says whether this was an attempt (a claim
+    /// held elsewhere is not).
+    Again { after: Duration, counted: bool },
+}
+
 impl Worker {
-    /// Handles message `i` of `batch` to the end. Returns whether it succeeded.
+    /// Handles message `i` of `batch` once; `tries` is how many attempts it
+    /// already had in this process since it was received.
     ///
     /// `clock` is when the lane's previous message ended, if it went straight
     /// on to this one: reading the clock once per message instead of twice
     /// is measurable at a million messages a second.
-    pub(super) async fn process(&self, batch: &Arc<Batch>, i: usize, clock: &mut Option<Instant>) -> bool {
+    pub(super) async fn process(&self, batch: &Arc<Batch>, i: usize, tries: u32, clock: &mut Option<Instant>) -> Step {
         let delivery = &batch.deliveries[i];
         let spec = self.routes.spec();
         let system = self.transport.system();
         let decoded = match self.routes.decode(&delivery.body) {
             Ok(decoded) => decoded,
             Err(e) => {
-                tracing::warn!(
-                    queue = spec.name,
-                    message.id = %delivery.message_id,
-                    receive_count = delivery.receive_count,
-                    "message left for redelivery (and the dead-letter queue after {} receives): {e}",
-                    spec.max_receives
-                );
-                let delay = RetryPolicy::default().backoff(delivery.receive_count);
-                self.settle(batch, i);
-                self.release(delivery, delay).await;
+                let error = HandlerError::transient(e);
                 self.hooks.telemetry.consumed(system, spec.name, Duration::ZERO, Some("Undecodable"));
-                self.report(delivery, Outcome::Undecodable { error: e.to_string() });
-                return false;
+                let step = self.failed(batch, i, tries, &error, RetryPolicy::default(), None).await;
+                self.report(delivery, Outcome::Undecodable { error: error.to_string() });
+                return step;
             }
         };
         let ctx = MessageContext::new(spec.name, system, batch, i, decoded.type_name, decoded.version);
@@ -71,7 +86,19 @@ impl Worker {
                 self.acker.ack(delivery.receipt.clone());
                 self.settle(batch, i);
                 self.report(delivery, Outcome::Handled);
-                true
+                Step::Handled
+            }
+            Err(error) if error.source_error().is::<MessageInProgress>() => {
+                // Another delivery holds the claim: wait for its lease to end
+                // (it completes, releases, or its process died), holding the
+                // message; this is not an attempt of ours.
+                let after = error.requested_delay().unwrap_or(Duration::ZERO).max(IN_PROGRESS_PAUSE);
+                span.in_scope(|| {
+                    tracing::info!(queue = spec.name, message.id = %delivery.message_id, handler = route.entry.name,
+                        retry_in = ?after, "{error}; trying again when its claim's lease ends");
+                });
+                self.report(delivery, Outcome::InProgressElsewhere { retry_in: after });
+                Step::Again { after, counted: false }
             }
             Err(error) if error.is_permanent() => {
                 span.in_scope(|| {
@@ -79,21 +106,62 @@ impl Worker {
                         "permanent failure, dead-lettering: {error}");
                 });
                 self.settle(batch, i);
-                self.dead_letter(delivery, &error).await;
+                let step = self.dead_letter(delivery, &error).await;
                 self.report(delivery, Outcome::DeadLettered { error: error.to_string() });
-                false
+                step
             }
             Err(error) => {
                 let policy = route.entry.retry.unwrap_or_default();
-                let delay = error.requested_delay().unwrap_or_else(|| policy.backoff(delivery.receive_count));
-                span.in_scope(|| {
-                    tracing::warn!(queue = spec.name, message.id = %delivery.message_id, handler = route.entry.name,
-                        receive_count = delivery.receive_count, retry_in = ?delay, "handler failed: {error}");
-                });
+                let step = span.in_scope(|| self.failed(batch, i, tries, &error, policy, Some(route.entry.name))).await;
+                let outcome = match step {
+                    Step::DeadLettered => Outcome::DeadLettered { error: error.to_string() },
+                    _ => Outcome::Retried { error: error.to_string() },
+                };
+                self.report(delivery, outcome);
+                step
+            }
+        }
+    }
+
+    /// A transient failure of attempt `receive_count + tries`: dead-lettered
+    /// (with the error as its reason) once the queue's `max_receives`
+    /// attempts are spent and the queue can keep dead letters; else retried
+    /// after the backoff, in this process for a FIFO message (its group
+    /// waits for it either way, and a release would count a receive against
+    /// every message of the group we hold), through the transport otherwise.
+    fn failed<'a>(
+        &'a self,
+        batch: &'a Arc<Batch>,
+        i: usize,
+        tries: u32,
+        error: &'a HandlerError,
+        policy: RetryPolicy,
+        handler: Option<&'static str>,
+    ) -> impl std::future::Future<Output = Step> + 'a {
+        let delivery = &batch.deliveries[i];
+        let spec = self.routes.spec();
+        let attempt = delivery.receive_count.saturating_add(tries);
+        let exhausted = attempt >= spec.max_receives && self.transport.keeps_dead_letters(spec);
+        let delay = error.requested_delay().unwrap_or_else(|| policy.backoff(attempt));
+        let (queue, id, max) = (spec.name, &delivery.message_id, spec.max_receives);
+        let handler = handler.unwrap_or("(none: the body could not be decoded)");
+        if exhausted {
+            tracing::warn!(queue, message.id = %id, handler, attempt,
+                "failed {attempt} of {max} attempts, dead-lettering: {error}");
+        } else {
+            tracing::warn!(queue, message.id = %id, handler, attempt, retry_in = ?delay,
+                "failed attempt {attempt} of {max}: {error}");
+        }
+        async move {
+            if exhausted {
+                self.settle(batch, i);
+                self.dead_letter(delivery, error).await
+            } else if spec.fifo {
+                Step::Again { after: delay, counted: true }
+            } else {
                 self.settle(batch, i);
                 self.release(delivery, delay).await;
-                self.report(delivery, Outcome::Retried { error: error.to_string() });
-                false
+                Step::Released
             }
         }
     }
@@ -106,18 +174,25 @@ impl Worker {
         }
     }
 
-    async fn dead_letter(&self, delivery: &Delivery, error: &HandlerError) {
+    /// Moves a settled delivery to the dead-letter queue with `error` as its
+    /// reason; when that is not possible, retries it after the longest
+    /// backoff (and says so).
+    async fn dead_letter(&self, delivery: &Delivery, error: &HandlerError) -> Step {
         let spec = self.routes.spec();
         let moved = match self.transport.dead_letters() {
             Some(dlq) => dlq.dead_letter(spec.name, delivery, error.to_string()).await,
             None => Err(crate::error::TransportError::Rejected("the transport has no dead letters".into())),
         };
-        if let Err(e) = moved {
-            let policy = RetryPolicy::default();
-            tracing::error!(queue = spec.name, message.id = %delivery.message_id,
-                "could not dead-letter the message ({e}); it is retried after the longest backoff instead. \
-                 Declare `dlq = \"...\"` on the queue to keep failed messages aside");
-            self.release(delivery, policy.max).await;
+        match moved {
+            Ok(()) => Step::DeadLettered,
+            Err(e) => {
+                let policy = RetryPolicy::default();
+                tracing::error!(queue = spec.name, message.id = %delivery.message_id,
+                    "could not dead-letter the message ({e}); it is retried after the longest backoff instead. \
+                     Declare `dlq = \"...\"` on the queue to keep failed messages aside");
+                self.release(delivery, policy.max).await;
+                Step::Released
+            }
         }
     }
 

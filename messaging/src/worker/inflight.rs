@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use crate::idempotency::{ClaimState, IdempotencyStore};
 use crate::transport::{Delivery, Receipt, Transport};
 
 /// One received batch, shared by the lanes that handle it.
@@ -22,11 +23,28 @@ pub(crate) struct Batch {
     next: AtomicUsize,
     settled: Vec<AtomicBool>,
     unsettled: AtomicUsize,
+    /// When the visibility of the unsettled messages was last set: just
+    /// before the receive was sent, then before each heartbeat's extensions.
+    /// The transport's own deadline is never earlier than this plus
+    /// `visibility`.
     extended_at: Mutex<Instant>,
+    visibility: Duration,
+    /// The idempotency claims held by running handlers of this batch, which
+    /// the heartbeat extends with the messages' visibility.
+    claims: Mutex<Vec<HeldClaim>>,
+}
+
+/// An idempotency claim a running handler holds.
+struct HeldClaim {
+    state: Arc<ClaimState>,
+    /// The handler's `lease`: the longest the claim is extended at a time.
+    cap: Duration,
 }
 
 impl Batch {
-    pub(crate) fn new(deliveries: Vec<Delivery>, fifo: bool) -> Self {
+    /// A batch received with a receive sent at `received_at` on a queue whose
+    /// visibility timeout is `visibility`.
+    pub(crate) fn new(deliveries: Vec<Delivery>, fifo: bool, received_at: Instant, visibility: Duration) -> Self {
         let chains = if fifo { group_chains(&deliveries) } else { Vec::new() };
         let n = deliveries.len();
         Batch {
@@ -35,8 +53,29 @@ impl Batch {
             next: AtomicUsize::new(0),
             settled: (0..n).map(|_| AtomicBool::new(false)).collect(),
             unsettled: AtomicUsize::new(n),
-            extended_at: Mutex::new(Instant::now()),
+            extended_at: Mutex::new(received_at),
+            visibility,
+            claims: Mutex::new(Vec::new()),
         }
+    }
+
+    /// How long the batch's unsettled messages stay invisible at least (the
+    /// heartbeat pushes this out): an idempotency claim taken now must not
+    /// outlive it, or a redelivery after a crash would find it still held.
+    pub(crate) fn visible_for(&self) -> Duration {
+        let since = *self.extended_at.lock().unwrap_or_else(|p| p.into_inner());
+        (since + self.visibility).saturating_duration_since(Instant::now())
+    }
+
+    /// Keeps `claim` extended by the heartbeat (at most `cap` at a time)
+    /// until [`Batch::drop_claim`].
+    pub(crate) fn hold_claim(&self, claim: Arc<ClaimState>, cap: Duration) {
+        self.claims.lock().unwrap_or_else(|p| p.into_inner()).push(HeldClaim { state: claim, cap });
+    }
+
+    /// Stops extending `claim` (its handler returned).
+    pub(crate) fn drop_claim(&self, claim: &Arc<ClaimState>) {
+        self.claims.lock().unwrap_or_else(|p| p.into_inner()).retain(|c| !Arc::ptr_eq(&c.state, claim));
     }
 
     /// Units of work: messages, or FIFO chains.
@@ -126,15 +165,23 @@ impl InFlight {
         batches.iter().flat_map(|b| b.unsettled_receipts().cloned().collect::<Vec<_>>()).collect()
     }
 
-    /// Extends the visibility of unsettled messages of batches held for a third
-    /// of the visibility timeout or longer, until the task is aborted.
+    /// Every `period`, extends the visibility of unsettled messages of
+    /// batches held for `period` or longer, and the idempotency claims their
+    /// handlers hold, until the task is aborted.
+    ///
+    /// Claims are extended first, each to at most the visibility from a time
+    /// taken before either: so a claim never outlives its message's
+    /// invisibility, and a message that becomes visible again (its process
+    /// died) finds its claim expired.
     pub(crate) async fn heartbeat(
         self: Arc<Self>,
         transport: Arc<dyn Transport>,
+        claims: Arc<dyn IdempotencyStore>,
         queue: &'static str,
         visibility: Duration,
+        period: Duration,
     ) {
-        let period = (visibility / 3).max(Duration::from_millis(50));
+        let period = period.max(Duration::from_millis(50));
         let mut tick = tokio::time::interval(period);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -147,6 +194,19 @@ impl InFlight {
                 .cloned()
                 .collect();
             for batch in due {
+                let held: Vec<(Arc<ClaimState>, Duration)> = batch
+                    .claims
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .iter()
+                    .map(|c| (c.state.clone(), c.cap.min(visibility)))
+                    .collect();
+                for (claim, lease) in held {
+                    match claims.extend(&claim.message_id, claim.scope, &claim.processor, lease).await {
+                        Ok(()) | Err(crate::error::TransportError::StaleReceipt) => {}
+                        Err(e) => tracing::warn!(queue, "could not extend an idempotency claim: {e}"),
+                    }
+                }
                 for (delivery, settled) in batch.deliveries.iter().zip(&batch.settled) {
                     if settled.load(Ordering::Acquire) {
                         continue;
@@ -156,7 +216,7 @@ impl InFlight {
                         Err(e) => tracing::warn!(queue, "could not extend a message's visibility: {e}"),
                     }
                 }
-                *batch.extended_at.lock().unwrap_or_else(|p| p.into_inner()) = Instant::now();
+                *batch.extended_at.lock().unwrap_or_else(|p| p.into_inner()) = now;
             }
         }
     }

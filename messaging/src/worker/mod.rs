@@ -13,13 +13,16 @@ mod ready;
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::sync::mpsc;
 use tokio::task::JoinSet;
+use tokio::time::Instant;
 
 use self::acker::Acker;
+use self::dispatch::Step;
 pub(crate) use self::inflight::Batch;
 use self::inflight::{InFlight, Unit};
 use self::pace::Pace;
-use self::ready::Ready;
+use self::ready::{Ready, Task, Work};
 use crate::error::TransportError;
 use crate::observe::SharedObserver;
 use crate::pipeline::Pipeline;
@@ -52,6 +55,10 @@ pub(crate) struct Worker {
     acker: Acker,
     ready: Ready,
     pace: Pace,
+    /// Where lanes send work that must wait (see [`Worker::park`]).
+    parked: mpsc::UnboundedSender<Parked>,
+    /// The receiving end, taken by [`WorkerHandle::run`].
+    parking: std::sync::Mutex<Option<mpsc::UnboundedReceiver<Parked>>>,
 }
 
 /// What watches a worker: the test observer, metrics, the span enrichment hook.
@@ -89,6 +96,7 @@ impl Worker {
     ) -> WorkerHandle {
         let acker = Acker::start(transport.clone(), routes.spec().name);
         let ready = Ready::new(routes.spec().concurrency);
+        let (parked, parking) = mpsc::unbounded_channel();
         WorkerHandle {
             worker: Arc::new(Worker {
                 routes,
@@ -99,21 +107,40 @@ impl Worker {
                 acker,
                 ready,
                 pace: Pace::default(),
+                parked,
+                parking: std::sync::Mutex::new(Some(parking)),
             }),
         }
     }
 }
 
 impl WorkerHandle {
-    /// Consumes until `shutdown`, then finishes in-flight work within the
+    /// Consumes until `shutdown`, then lets the receives in flight finish and
+    /// gives back what they return, lets running handlers finish within the
     /// grace period, releases what was not started and flushes acks.
     pub(crate) async fn run(self, settings: WorkerSettings, shutdown: Shutdown) {
         let worker = self.worker;
         let spec = worker.routes.spec().clone();
-        let heartbeat =
-            tokio::spawn(worker.inflight.clone().heartbeat(worker.transport.clone(), spec.name, spec.visibility));
+        let heartbeat = tokio::spawn(worker.inflight.clone().heartbeat(
+            worker.transport.clone(),
+            worker.pipeline.idempotency.clone(),
+            spec.name,
+            spec.visibility,
+            worker.heartbeat_period(),
+        ));
+        // A receive in flight when shutdown begins is waited for (what it
+        // returns is given back at once), so its wait must fit in the grace
+        // period: no long poll of ours outlives the process.
+        let wait = settings.receive_wait.min(settings.grace);
         let mut lanes = JoinSet::new();
-        let mut receiving: JoinSet<Result<Vec<Delivery>, TransportError>> = JoinSet::new();
+        let mut receiving: JoinSet<Received> = JoinSet::new();
+        // Work waiting outside the lanes (a FIFO head's retry, a claim held
+        // elsewhere): each a timer that hands the task back when it is due.
+        let mut parked: JoinSet<Task> = JoinSet::new();
+        let Some(mut parking) = worker.parking.lock().unwrap_or_else(|p| p.into_inner()).take() else {
+            tracing::error!(queue = spec.name, "the worker of this queue was started twice");
+            return;
+        };
         let max = worker.transport.max_batch().max(1);
         // Receives kept going ahead of the lanes: as many as the transport
         // suits on a standard queue; none on a FIFO queue, whose groups must
@@ -142,29 +169,48 @@ impl WorkerHandle {
                     let received = done.unwrap_or_else(|e| Err(TransportError::Backend(format!("the receive panicked: {e}"))));
                     worker.accept(received, &mut failures, &mut lanes, &shutdown);
                 }
+                Some(wait) = parking.recv() => {
+                    parked.spawn(async move {
+                        tokio::time::sleep(wait.after).await;
+                        wait.task
+                    });
+                }
+                Some(Ok(task)) = parked.join_next(), if !parked.is_empty() => {
+                    for _ in 0..worker.ready.resume(task) {
+                        let (w, stop) = (worker.clone(), shutdown.clone());
+                        lanes.spawn(async move { w.lane(&stop).await });
+                    }
+                }
                 _ = worker.ready.until(wanted), if in_flight < receivers.max(1) => {
                     let pause = if failures == 0 { Duration::ZERO } else { backoff(failures) };
-                    let receive = worker.clone().receive(spec.concurrency, max, settings.receive_wait, pause);
+                    let receive = worker.clone().receive(spec.concurrency, max, wait, pause);
                     if receivers == 0 {
                         // On demand: receive here, sparing a task hop per batch.
+                        let mut receive = std::pin::pin!(receive);
                         let received = tokio::select! {
-                            r = receive => r,
-                            _ = shutdown.wait() => break,
+                            r = &mut receive => Some(r),
+                            _ = shutdown.wait() => None,
                         };
-                        worker.accept(received, &mut failures, &mut lanes, &shutdown);
+                        match received {
+                            Some(received) => worker.accept(received, &mut failures, &mut lanes, &shutdown),
+                            None => {
+                                worker.give_back(receive.await).await;
+                                break;
+                            }
+                        }
                     } else {
                         receiving.spawn(receive);
                     }
                 }
             }
         }
-        // Receives that complete within a moment give their messages back at
-        // once (rather than leaving them invisible until their timeout).
-        let _ = tokio::time::timeout(Duration::from_millis(250), async {
+        parked.abort_all();
+        // Receives in flight finish (their wait fits in the grace period) and
+        // give their messages back at once, rather than leaving them
+        // invisible until their timeout.
+        let _ = tokio::time::timeout(settings.grace + Duration::from_secs(1), async {
             while let Some(done) = receiving.join_next().await {
-                for delivery in done.ok().and_then(Result::ok).unwrap_or_default() {
-                    let _ = worker.transport.nack(spec.name, delivery.receipt, Duration::ZERO).await;
-                }
+                worker.give_back(done.unwrap_or_else(|e| Err(TransportError::Backend(e.to_string())))).await;
             }
         })
         .await;
@@ -196,17 +242,20 @@ impl WorkerHandle {
     }
 }
 
+/// A receive's outcome and when it was sent.
+type Received = Result<(Instant, Vec<Delivery>), TransportError>;
+
+/// Work handed to the run loop to wait outside the lanes.
+struct Parked {
+    after: Duration,
+    task: Task,
+}
+
 impl Worker {
     /// One receive: after `pause` (backing off after failures), for a FIFO
     /// queue once its acks have reached the transport, as many messages as
     /// the handlers' pace asks for.
-    async fn receive(
-        self: Arc<Self>,
-        concurrency: usize,
-        max: usize,
-        wait: Duration,
-        pause: Duration,
-    ) -> Result<Vec<Delivery>, TransportError> {
+    async fn receive(self: Arc<Self>, concurrency: usize, max: usize, wait: Duration, pause: Duration) -> Received {
         if !pause.is_zero() {
             tokio::time::sleep(pause).await;
         }
@@ -215,23 +264,45 @@ impl Worker {
             self.acker.settled(Duration::from_secs(1)).await;
         }
         let n = self.pace.batch(concurrency, max);
-        self.transport.receive(spec.name, n, wait).await
+        let sent = Instant::now();
+        Ok((sent, self.transport.receive(spec.name, n, wait).await?))
+    }
+
+    /// Gives the messages of a receive that completed during shutdown back
+    /// to the queue at once.
+    async fn give_back(&self, received: Received) {
+        let name = self.routes.spec().name;
+        let deliveries = received.map(|(_, d)| d).unwrap_or_default();
+        if !deliveries.is_empty() {
+            tracing::debug!(queue = name, count = deliveries.len(), "giving back what a receive returned at shutdown");
+        }
+        for delivery in deliveries {
+            let _ = self.transport.nack(name, delivery.receipt, Duration::ZERO).await;
+        }
+    }
+
+    /// How often the heartbeat runs: a third of the visibility timeout, or
+    /// of the shortest idempotency lease of the queue's handlers if shorter
+    /// (claims are extended by at most their lease).
+    fn heartbeat_period(&self) -> Duration {
+        let spec = self.routes.spec();
+        let shortest = self
+            .routes
+            .routes()
+            .iter()
+            .filter_map(|route| route.entry.idempotency.map(|i| i.lease))
+            .fold(spec.visibility, Duration::min);
+        shortest / 3
     }
 
     /// Takes a receive's outcome: queues the batch, and starts lanes for it
     /// where there is room (running lanes move on to it when theirs runs dry).
-    fn accept(
-        self: &Arc<Self>,
-        received: Result<Vec<Delivery>, TransportError>,
-        failures: &mut u32,
-        lanes: &mut JoinSet<()>,
-        shutdown: &Shutdown,
-    ) {
+    fn accept(self: &Arc<Self>, received: Received, failures: &mut u32, lanes: &mut JoinSet<()>, shutdown: &Shutdown) {
         let spec = self.routes.spec();
-        let deliveries = match received {
-            Ok(deliveries) => {
+        let (sent, deliveries) = match received {
+            Ok(received) => {
                 *failures = 0;
-                deliveries
+                received
             }
             Err(e) => {
                 *failures += 1;
@@ -242,7 +313,7 @@ impl Worker {
         if deliveries.is_empty() {
             return;
         }
-        let batch = Arc::new(Batch::new(deliveries, spec.fifo));
+        let batch = Arc::new(Batch::new(deliveries, spec.fifo, sent, spec.visibility));
         self.inflight.hold(batch.clone());
         for _ in 0..self.ready.push(batch) {
             let (w, stop) = (self.clone(), shutdown.clone());
@@ -252,12 +323,15 @@ impl Worker {
 }
 
 impl Worker {
-    /// Handles units of work from the waiting batches until none is left (or
-    /// shutdown). A FIFO chain runs in order; after a failure the rest of the
-    /// chain is released, not handled out of order.
+    /// Handles work from the waiting batches until none is left (or
+    /// shutdown). A FIFO chain runs in order: a message that fails is tried
+    /// again in this process while the rest of its chain waits (held
+    /// invisible by the heartbeat), and after its own attempts are spent it
+    /// is dead-lettered alone and the chain goes on. Work that must wait
+    /// leaves the lane (see [`Worker::park`]), so other groups keep flowing.
     async fn lane(&self, shutdown: &Shutdown) {
         let (mut current, mut clock) = (None, None);
-        while let Some(unit) = self.ready.next(&mut current) {
+        while let Some(work) = self.ready.next(&mut current) {
             let Some(batch) = current.as_ref() else {
                 self.ready.stop_lane(); // `next` sets `current` with every unit it returns
                 return;
@@ -267,28 +341,49 @@ impl Worker {
                 self.ready.stop_lane();
                 return;
             }
-            match unit {
+            match work.unit {
                 Unit::One(i) => {
-                    self.process(batch, i, &mut clock).await;
+                    if let Step::Again { after, counted } = self.process(batch, i, work.tries, &mut clock).await {
+                        let tries = work.tries + u32::from(counted);
+                        self.park(batch, Work { tries, ..work }, after);
+                    }
                 }
                 Unit::Chain(u) => {
-                    let mut rest = batch.chain(u).iter();
-                    for &i in rest.by_ref() {
+                    let chain = batch.chain(u);
+                    let (mut at, mut tries) = (work.from, work.tries);
+                    while let Some(&i) = chain.get(at) {
                         if shutdown.is_triggered() {
                             self.ready.stop_lane();
                             return;
                         }
-                        if !self.process(batch, i, &mut clock).await {
-                            break;
+                        match self.process(batch, i, tries, &mut clock).await {
+                            Step::Handled | Step::DeadLettered => (at, tries) = (at + 1, 0),
+                            Step::Released => {
+                                // Its successors must not overtake it.
+                                for &i in &chain[at + 1..] {
+                                    self.settle(batch, i);
+                                    self.release(&batch.deliveries[i], Duration::ZERO).await;
+                                }
+                                break;
+                            }
+                            Step::Again { after, counted } => {
+                                let tries = tries + u32::from(counted);
+                                self.park(batch, Work { from: at, tries, ..work }, after);
+                                break;
+                            }
                         }
-                    }
-                    for &i in rest {
-                        self.settle(batch, i);
-                        self.release(&batch.deliveries[i], Duration::ZERO).await;
                     }
                 }
             }
         }
+    }
+
+    /// Sets work aside for `after` without holding a lane; its messages stay
+    /// held (the heartbeat keeps them invisible) and the run loop hands it
+    /// back to the lanes when it is due. During shutdown the run loop is gone
+    /// and the messages are released with the rest.
+    fn park(&self, batch: &Arc<Batch>, work: Work, after: Duration) {
+        let _ = self.parked.send(Parked { after, task: Task { batch: batch.clone(), work } });
     }
 
     /// Marks a message settled, forgetting the batch with its last message.

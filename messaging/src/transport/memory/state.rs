@@ -362,7 +362,7 @@ impl QueueState {
         if msg.status != Status::Visible {
             return false; // a stale entry of `ready`
         }
-        if self.spec.dlq.is_some() && msg.receive_count >= self.spec.max_receives {
+        if self.spec.dlq.is_some() && msg.receive_count >= self.spec.redrive_after() {
             if let Some(mut stored) = self.remove(key) {
                 stored.reason = Some(format!("received {} times without success", stored.receive_count));
                 out.expired.push(stored);

@@ -417,6 +417,10 @@ impl<S: RowStore> Transport for SqlTransport<S> {
         Some(self)
     }
 
+    fn keeps_dead_letters(&self, _spec: &QueueSpec) -> bool {
+        true // rows in `error`, with or without a declared `dlq`
+    }
+
     fn migrate(&self) -> BoxFuture<'_, Result<(), TransportError>> {
         self.store.migrate()
     }

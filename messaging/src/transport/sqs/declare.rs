@@ -29,12 +29,12 @@ pub(super) async fn declare(
     let redrive = dlq_url
         .as_ref()
         .and_then(|(_, a)| a.get(&QueueAttributeName::QueueArn).cloned())
-        .map(|arn| format!(r#"{{"deadLetterTargetArn":"{arn}","maxReceiveCount":"{}"}}"#, spec.max_receives));
+        .map(|arn| format!(r#"{{"deadLetterTargetArn":"{arn}","maxReceiveCount":"{}"}}"#, spec.redrive_after()));
     let url = find_or_create(client, options, spec.name, spec.fifo, redrive).await?;
     let attributes = attributes(client, &url).await?;
     check_kind(spec.name, spec.fifo, &attributes, "queue")?;
     if let Some(dlq) = spec.dlq {
-        check_redrive(spec.name, dlq, &attributes)?;
+        check_redrive(spec, dlq, &attributes)?;
     }
     let max_message_bytes = size_limit(&attributes);
     let dlq_max_message_bytes = dlq_url.as_ref().map_or(max_message_bytes, |(_, a)| size_limit(a));
@@ -110,28 +110,45 @@ fn check_kind(
     )))
 }
 
+/// The queue's redrive policy must send to the declared DLQ, and only after
+/// more receives than `max_receives`: the worker counts attempts and
+/// dead-letters with the reason itself, SQS's redrive is the backstop for
+/// receives that were not attempts (crashes, shutdowns, messages held behind
+/// a FIFO group's failing head).
 fn check_redrive(
-    name: &str,
+    spec: &QueueSpec,
     dlq: &str,
     attributes: &HashMap<QueueAttributeName, String>,
 ) -> Result<(), TransportError> {
+    let name = spec.name;
     let Some(policy) = attributes.get(&QueueAttributeName::RedrivePolicy) else {
         return Err(TransportError::Rejected(format!(
             "queue `{name}` has no redrive policy, but `{dlq}` is declared as its dead-letter queue; \
              set RedrivePolicy deadLetterTargetArn to `{dlq}`'s ARN"
         )));
     };
-    let target: Option<String> = serde_json::from_str::<serde_json::Value>(policy)
-        .ok()
-        .and_then(|v| v.get("deadLetterTargetArn").and_then(|a| a.as_str()).map(str::to_owned));
-    let target_name = target.as_deref().and_then(|arn| arn.rsplit(':').next()).unwrap_or("");
-    if target_name == dlq {
-        Ok(())
-    } else {
-        Err(TransportError::Rejected(format!(
+    let policy = serde_json::from_str::<serde_json::Value>(policy).unwrap_or_default();
+    let target = policy.get("deadLetterTargetArn").and_then(|a| a.as_str());
+    let target_name = target.and_then(|arn| arn.rsplit(':').next()).unwrap_or("");
+    if target_name != dlq {
+        return Err(TransportError::Rejected(format!(
             "queue `{name}` sends its dead letters to `{target_name}`, but `{dlq}` is declared; \
              fix the redrive policy or the `dlq` option"
-        )))
+        )));
+    }
+    // SQS writes the count as a number or a string depending on who set it.
+    let count = policy.get("maxReceiveCount").and_then(|c| c.as_u64().or_else(|| c.as_str()?.parse().ok()));
+    match count {
+        Some(count) if count > u64::from(spec.max_receives) => Ok(()),
+        _ => Err(TransportError::Rejected(format!(
+            "queue `{name}`: the redrive policy's maxReceiveCount is {}, which must be above max_receives = {} \
+             (the worker dead-letters, with the reason, after max_receives attempts; SQS's redrive is the backstop \
+             for receives that were not attempts: crashes, shutdowns, FIFO messages held behind a failing one). \
+             Set maxReceiveCount to {}",
+            count.map_or_else(|| "missing".to_owned(), |c| c.to_string()),
+            spec.max_receives,
+            spec.redrive_after()
+        ))),
     }
 }
 

@@ -264,7 +264,9 @@ impl Transport for SqsTransport {
                 .receive_message()
                 .queue_url(&q.url)
                 .max_number_of_messages(max.clamp(1, MAX_BATCH) as i32)
-                .wait_time_seconds(seconds(wait.min(Duration::from_secs(20))))
+                // Whole seconds, rounded down: the worker waits for a
+                // receive in flight at shutdown, within the grace period.
+                .wait_time_seconds(wait.min(Duration::from_secs(20)).as_secs() as i32)
                 .visibility_timeout(seconds(q.spec.visibility.min(MAX_VISIBILITY)))
                 .message_system_attribute_names(MessageSystemAttributeName::ApproximateReceiveCount)
                 .message_system_attribute_names(MessageSystemAttributeName::SentTimestamp)
