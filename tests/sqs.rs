@@ -162,13 +162,19 @@ async fn a_poison_message_and_a_malformed_one_end_in_the_dead_letter_queue() {
     }
     running.stop().await;
     let tries = log.lock().unwrap().iter().filter(|t| *t == "poison").count();
-    assert_eq!(tries, 2, "tried maxReceiveCount times");
+    assert_eq!(tries, 2, "tried max_receives times");
     assert!(log.lock().unwrap().contains(&"fine".to_owned()));
     // Peek twice: nothing is lost by looking.
     let first = dlq.peek("sqs-mail", 10).await.expect("peek");
     let second = dlq.peek("sqs-mail", 10).await.expect("peek");
     assert_eq!(first.len(), 2);
     assert_eq!(second.len(), 2);
+    // The worker dead-lettered both itself, with the reason (SQS's own
+    // redrive, at twice max_receives, would give none).
+    let mut reasons: Vec<String> = first.iter().map(|l| l.reason.clone().unwrap_or_default()).collect();
+    reasons.sort();
+    assert!(reasons[0].contains("malformed envelope"), "{reasons:?}");
+    assert_eq!(reasons[1], "smtp down", "{reasons:?}");
     // Redrive only the malformed one (it has no envelope type).
     let only_malformed = RedriveOptions { max: None, filter: Some(Arc::new(|l| l.type_name().is_none())) };
     let outcome = dlq.redrive("sqs-mail", only_malformed).await.expect("redrive");
@@ -250,6 +256,19 @@ async fn startup_errors_are_clear_and_quick() {
     assert!(err.contains("is a standard queue on SQS but is declared FIFO"), "{err}");
     let err = t.declare(&<Mail as Queue>::SPEC).await.expect_err("no redrive policy").to_string();
     assert!(err.contains("has no redrive policy") || err.contains("does not exist"), "{err}");
+    // A redrive policy that would dead-letter before the worker has spent
+    // `max_receives` attempts: created for max_receives = 2 (so
+    // maxReceiveCount = 4), declared with max_receives = 4.
+    let mut short = <Mail as Queue>::SPEC;
+    short.name = "sqs-short";
+    short.dlq = Some("sqs-short-dlq");
+    short.max_receives = 2;
+    admin.declare(&short).await.expect("created with maxReceiveCount 4");
+    t.declare(&short).await.expect("4 is above 2");
+    short.max_receives = 4;
+    let err = t.declare(&short).await.expect_err("4 is not above 4").to_string();
+    assert!(err.contains("maxReceiveCount is 4, which must be above max_receives = 4"), "{err}");
+    assert!(err.contains("Set maxReceiveCount to 8"), "{err}");
 }
 
 #[tokio::test]
@@ -392,4 +411,203 @@ async fn fifo_order_holds_within_groups_and_groups_overlap() {
     }
     let max = seen.max_running.load(Ordering::SeqCst);
     assert!(max > 1 && max <= 8, "groups overlapped up to {max} at once");
+}
+
+/// Sends letters straight to the queue `name` (a dead-letter queue), in
+/// order, as dead-lettering leaves them there: a body and, on a FIFO queue,
+/// its group.
+async fn plant(server: &fixtures::SqsServer, name: &str, letters: &[(Option<&str>, String)]) {
+    let t = messaging::transport::sqs::connect(&server.url(false)).await.expect("connect");
+    let url = t.client().get_queue_url().queue_name(name).send().await.expect("url");
+    let url = url.queue_url().unwrap_or_default();
+    for (i, (group, body)) in letters.iter().enumerate() {
+        let mut send = t.client().send_message().queue_url(url).message_body(body);
+        if let Some(group) = group {
+            send = send.message_group_id(*group).message_deduplication_id(format!("planted-{i}"));
+        }
+        send.send().await.expect("planted");
+    }
+}
+
+/// An envelope of type `name` v`v` with `data`, as text.
+fn envelope(name: &str, v: u32, data: serde_json::Value) -> String {
+    serde_json::json!({ "type": name, "v": v, "data": data }).to_string()
+}
+
+/// Receives (and deletes) `count` orders from `queue`, as (customer, n) in
+/// the order they came.
+async fn take_orders(t: &Arc<dyn Transport>, queue: &str, count: usize) -> Vec<(String, u64)> {
+    let mut got = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while got.len() < count {
+        assert!(Instant::now() < deadline, "received only {got:?}");
+        let batch = t.receive(queue, 10, Duration::from_secs(1)).await.expect("receive");
+        for d in &batch {
+            let v: serde_json::Value = serde_json::from_slice(&d.body).expect("json");
+            got.push((v["data"]["customer"].as_str().unwrap_or_default().to_owned(), v["data"]["n"].as_u64().unwrap()));
+        }
+        for acked in t.ack(queue, batch.into_iter().map(|d| d.receipt).collect()).await {
+            acked.expect("ack");
+        }
+    }
+    assert!(t.receive(queue, 10, Duration::from_secs(1)).await.expect("receive").is_empty(), "more than {count}");
+    got
+}
+
+/// A dead letter of [`Orders`]: order `n` of `customer`, in the customer's group.
+fn order_letter(customer: &'static str, n: u32) -> (Option<&'static str>, String) {
+    (Some(customer), envelope("sqs.order", 1, serde_json::json!({ "customer": customer, "n": n })))
+}
+
+/// The n of `customer`'s orders in `orders`, in order.
+fn ns_of(orders: &[(String, u64)], customer: &str) -> Vec<u64> {
+    orders.iter().filter(|(c, _)| c == customer).map(|(_, n)| *n).collect()
+}
+
+#[tokio::test]
+async fn redrive_moves_every_letter_of_every_fifo_group_in_order() {
+    let moto = fixtures::SqsServer::start();
+    let t = connect(&moto).await;
+    messaging::App::new(t.clone()).await.expect("declares");
+    // SQS hands out no more of a FIFO group while letters of it are reserved:
+    // 15 letters of one group take more than one receive.
+    let mut letters: Vec<_> = (0..15).map(|n| order_letter("big", n)).collect();
+    letters.extend((0..3).map(|n| order_letter("small", n)));
+    plant(&moto, "sqs-orders-dlq.fifo", &letters).await;
+    let dlq = t.dead_letters().expect("dead letters");
+    assert_eq!(dlq.depth("sqs-orders.fifo").await.expect("depth"), 18);
+    let outcome = dlq.redrive("sqs-orders.fifo", RedriveOptions::default()).await.expect("redrive");
+    assert_eq!((outcome.moved, outcome.skipped), (18, 0), "all of them");
+    assert_eq!(dlq.depth("sqs-orders.fifo").await.expect("depth"), 0, "nothing left");
+    let back = take_orders(&t, "sqs-orders.fifo", 18).await;
+    assert_eq!(ns_of(&back, "big"), (0..15).collect::<Vec<_>>(), "in order");
+    assert_eq!(ns_of(&back, "small"), [0, 1, 2]);
+}
+
+#[tokio::test]
+async fn a_fifo_redrive_with_a_filter_leaves_a_group_from_its_first_refused_letter() {
+    let moto = fixtures::SqsServer::start();
+    let t = connect(&moto).await;
+    messaging::App::new(t.clone()).await.expect("declares");
+    let mail = (Some("a"), envelope("sqs.mail", 1, serde_json::json!({ "to": "a", "fail": false })));
+    // Group a: two orders, a mail the filter refuses, two more orders;
+    // group b: twelve orders (more than one receive returns).
+    let mut letters =
+        vec![order_letter("a", 0), order_letter("a", 1), mail, order_letter("a", 3), order_letter("a", 4)];
+    letters.extend((0..12).map(|n| order_letter("b", n)));
+    plant(&moto, "sqs-orders-dlq.fifo", &letters).await;
+    let dlq = t.dead_letters().expect("dead letters");
+    let only_orders = RedriveOptions {
+        max: None,
+        filter: Some(Arc::new(|l: &messaging::transport::DeadLetter| l.type_name().as_deref() == Some("sqs.order"))),
+    };
+    let outcome = dlq.redrive("sqs-orders.fifo", only_orders).await.expect("redrive");
+    // Orders 3 and 4 of group a stay behind the mail: moving them would put
+    // them ahead of it.
+    assert_eq!(outcome.moved, 14, "{outcome:?}");
+    assert!(outcome.skipped >= 1, "{outcome:?}");
+    assert_eq!(dlq.depth("sqs-orders.fifo").await.expect("depth"), 3);
+    let head = dlq.peek("sqs-orders.fifo", 10).await.expect("peek");
+    assert_eq!(head[0].type_name().as_deref(), Some("sqs.mail"), "the group's head is still the mail");
+    let back = take_orders(&t, "sqs-orders.fifo", 14).await;
+    assert_eq!(ns_of(&back, "a"), [0, 1]);
+    assert_eq!(ns_of(&back, "b"), (0..12).collect::<Vec<_>>(), "in order");
+}
+
+/// The orders example binary (for its `dlq` commands) on `server`, built on
+/// demand when the test runs on its own, as in tests/cli.rs.
+fn orders_example(server: &fixtures::SqsServer) -> std::process::Command {
+    let exe = std::env::current_exe().expect("the test's path");
+    let dir = exe.parent().and_then(|deps| deps.parent()).expect("the target directory").to_path_buf();
+    let bin = dir.join("examples").join(format!("orders{}", std::env::consts::EXE_SUFFIX));
+    if !bin.exists() {
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let status = std::process::Command::new(cargo)
+            .args(["build", "--example", "orders"])
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .status()
+            .expect("cargo runs");
+        assert!(status.success(), "building the orders example failed");
+    }
+    let mut cmd = std::process::Command::new(bin);
+    cmd.env_remove("MESSAGING_URL")
+        .env("RUST_LOG", "warn")
+        .env("AWS_ACCESS_KEY_ID", "test")
+        .env("AWS_SECRET_ACCESS_KEY", "test")
+        .args(["--transport", &server.url(true)])
+        .stdin(std::process::Stdio::null());
+    cmd
+}
+
+/// Runs the orders example with `args`; its stdout, after checking that it succeeded.
+fn orders_cli(server: &fixtures::SqsServer, args: &[&str]) -> String {
+    let out = orders_example(server).args(args).output().expect("runs");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "{args:?}: {stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    stdout
+}
+
+/// A dead letter of the orders example: an order of `customer`.
+fn placed(customer: &str, n: u32) -> String {
+    envelope("orders.placed", 2, serde_json::json!({ "order_id": format!("{customer}-{n}"), "customer_id": customer }))
+}
+
+/// A dead letter of the orders example that is not an order.
+fn confirmation(to: &str) -> String {
+    envelope("emails.confirmation", 1, serde_json::json!({ "order_id": "x", "email": to }))
+}
+
+#[tokio::test]
+async fn dlq_peek_on_a_fifo_queue_says_how_many_letters_it_cannot_show() {
+    let moto = fixtures::SqsServer::start();
+    // `queues` declares (creates) the example's queues.
+    orders_cli(&moto, &["queues"]);
+    let letters: Vec<_> = (0..15).map(|n| (Some("zoe"), placed("zoe", n))).collect();
+    plant(&moto, "orders-dlq.fifo", &letters).await;
+    let text = orders_cli(&moto, &["dlq", "peek", "orders.fifo", "--max", "100"]);
+    let listed = text.lines().filter(|l| l.contains("type=orders.placed")).count();
+    assert!((1..15).contains(&listed), "{text}");
+    assert!(
+        text.contains(&format!(
+            "{} more dead letter(s) of `orders.fifo` are hidden behind the ones shown in their FIFO groups",
+            15 - listed
+        )),
+        "{text}"
+    );
+    assert!(text.contains("`dlq redrive` moves them all"), "{text}");
+    // Peeking keeps them all.
+    assert!(orders_cli(&moto, &["queues"]).contains("15 in orders-dlq.fifo"));
+    let text = orders_cli(&moto, &["dlq", "redrive", "orders.fifo"]);
+    assert!(text.contains("redrove 15 message(s) of `orders.fifo`"), "{text}");
+    assert!(orders_cli(&moto, &["dlq", "peek", "orders.fifo"]).contains("no dead letters for `orders.fifo`"));
+}
+
+#[tokio::test]
+async fn dlq_redrive_with_a_type_goes_through_every_letter_and_says_what_a_fifo_group_keeps() {
+    let moto = fixtures::SqsServer::start();
+    orders_cli(&moto, &["queues"]);
+    // FIFO: zoe's third letter is not an order, and keeps her fourth behind it;
+    // ann's twelve orders take more than one receive.
+    let mut letters =
+        vec![(Some("zoe"), placed("zoe", 0)), (Some("zoe"), placed("zoe", 1)), (Some("zoe"), confirmation("zoe"))];
+    letters.push((Some("zoe"), placed("zoe", 3)));
+    letters.extend((0..12).map(|n| (Some("ann"), placed("ann", n))));
+    plant(&moto, "orders-dlq.fifo", &letters).await;
+    let text = orders_cli(&moto, &["dlq", "redrive", "orders.fifo", "--type", "orders.placed"]);
+    assert!(text.contains("redrove 14 message(s) of `orders.fifo`"), "{text}");
+    assert!(
+        text.contains(
+            "on a FIFO dead-letter queue a letter that does not match the filter blocks the letters behind it"
+        ),
+        "{text}"
+    );
+    assert!(text.contains("2 letter(s) are left in the dead letters of `orders.fifo`"), "{text}");
+    // Standard: refused letters between the chosen ones do not end the run.
+    let letters: Vec<_> =
+        (0..30).map(|n| (None, if n % 2 == 0 { confirmation(&format!("u{n}")) } else { placed("bob", n) })).collect();
+    plant(&moto, "emails-dlq", &letters).await;
+    let text = orders_cli(&moto, &["dlq", "redrive", "emails", "--type", "orders.placed"]);
+    assert!(text.contains("redrove 15 message(s) of `emails`; 15 left in its dead letters by the filter"), "{text}");
+    assert!(!text.contains("FIFO"), "{text}");
+    assert!(orders_cli(&moto, &["queues"]).contains("15 in emails-dlq"));
 }

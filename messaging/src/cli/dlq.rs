@@ -7,7 +7,7 @@ use clap::Subcommand;
 
 use crate::app::App;
 use crate::error::Error;
-use crate::transport::{DeadLetter, DeadLetters, RedriveOptions};
+use crate::transport::{DeadLetter, DeadLetterFilter, DeadLetters, RedriveOptions};
 
 /// Dead-letter commands.
 #[derive(Debug, Subcommand)]
@@ -58,17 +58,42 @@ fn json_of(letter: &DeadLetter) -> serde_json::Value {
     })
 }
 
+/// Whether `queue` is declared FIFO: its dead letters are then read a group
+/// head at a time, which the commands explain when it shows.
+fn is_fifo(app: &App, queue: &str) -> bool {
+    app.registry().queues().iter().any(|q| q.name == queue && q.fifo)
+}
+
 pub(super) async fn run(app: &App, command: DlqCommand) -> Result<(), Error> {
     match command {
         DlqCommand::Peek { queue, max, json } => {
-            let letters = capability(app, &queue)?.peek(&queue, max).await?;
+            let dlq = capability(app, &queue)?;
+            let letters = dlq.peek(&queue, max).await?;
+            // A peek of a FIFO dead-letter queue on SQS sees only the first
+            // letters of each group: the others are not handed out while those
+            // are reserved, and a peek may not delete them. Say how many it
+            // could not show rather than let the list pass for all of them.
+            let hidden = if is_fifo(app, &queue) && letters.len() < max {
+                dlq.depth(&queue).await.map_or(0, |depth| depth.saturating_sub(letters.len() as u64))
+            } else {
+                0
+            };
+            let note = format!(
+                "{hidden} more dead letter(s) of `{queue}` are hidden behind the ones shown in their FIFO groups \
+                 (a group's later letters cannot be read without removing the earlier ones); \
+                 `dlq redrive` moves them all"
+            );
             if json {
                 for letter in &letters {
                     println!("{}", json_of(letter));
                 }
+                if hidden > 0 {
+                    // Not on stdout, which carries one JSON object per line.
+                    eprintln!("{note}");
+                }
                 return Ok(());
             }
-            if letters.is_empty() {
+            if letters.is_empty() && hidden == 0 {
                 println!("no dead letters for `{queue}`");
             }
             for letter in &letters {
@@ -83,6 +108,9 @@ pub(super) async fn run(app: &App, command: DlqCommand) -> Result<(), Error> {
                     if body.chars().count() > 120 { "…" } else { "" }
                 );
             }
+            if hidden > 0 {
+                println!("{note}");
+            }
             Ok(())
         }
         DlqCommand::Redrive { queue, max, type_name } => {
@@ -95,28 +123,39 @@ pub(super) async fn run(app: &App, command: DlqCommand) -> Result<(), Error> {
                     .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
             );
             bar.set_message(format!("redriving `{queue}`"));
-            let filter = type_name.clone().map(|wanted| {
-                Arc::new(move |l: &DeadLetter| l.type_name().as_deref() == Some(wanted.as_str()))
-                    as crate::transport::DeadLetterFilter
+            // One run, not one per bar step: a run sees each letter once, where
+            // runs of a few letters each would receive the letters they leave
+            // over and over. The bar moves as the filter chooses letters.
+            let chosen = bar.clone();
+            let wanted = type_name.clone();
+            let filter: DeadLetterFilter = Arc::new(move |l: &DeadLetter| {
+                let yes = wanted.as_deref().is_none_or(|w| l.type_name().as_deref() == Some(w));
+                if yes {
+                    chosen.inc(1);
+                }
+                yes
             });
-            let (mut moved, mut skipped) = (0usize, 0usize);
-            // In rounds of 10, so that the bar moves.
-            loop {
-                let left = max.map_or(usize::MAX, |m| m.saturating_sub(moved));
-                if left == 0 {
-                    break;
-                }
-                let round = RedriveOptions { max: Some(left.min(10)), filter: filter.clone() };
-                let outcome = dlq.redrive(&queue, round).await?;
-                moved += outcome.moved;
-                skipped = outcome.skipped;
-                bar.inc(outcome.moved as u64);
-                if outcome.moved == 0 {
-                    break;
-                }
-            }
+            let outcome = dlq.redrive(&queue, RedriveOptions { max, filter: Some(filter) }).await;
             bar.finish_and_clear();
-            println!("redrove {moved} message(s) of `{queue}`; {skipped} left in its dead letters by the filter");
+            let outcome = outcome?;
+            println!(
+                "redrove {} message(s) of `{queue}`; {} left in its dead letters by the filter",
+                outcome.moved, outcome.skipped
+            );
+            // On a FIFO dead-letter queue of SQS a letter the filter leaves
+            // keeps the rest of its group with it (SQS hands out a group's
+            // letters only in order, and moving them would put them ahead of
+            // it), so more may be left than the filter refused: say so, and how
+            // many. (Database transports read their dead letters directly and
+            // move every letter the filter chooses.)
+            let sqs = app.setup_transport().system() == "aws_sqs";
+            if type_name.is_some() && outcome.skipped > 0 && sqs && is_fifo(app, &queue) {
+                let left = dlq.depth(&queue).await.map_or_else(|_| "some".to_owned(), |n| n.to_string());
+                println!(
+                    "on a FIFO dead-letter queue a letter that does not match the filter blocks the letters behind it \
+                     in its group, matching or not: {left} letter(s) are left in the dead letters of `{queue}`"
+                );
+            }
             Ok(())
         }
     }

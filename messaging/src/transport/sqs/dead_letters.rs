@@ -1,13 +1,21 @@
 //! Dead letters on SQS: moving a message to its DLQ, peeking without losing
 //! anything, redriving (republish first, then delete), depth.
+//!
+//! Peek and redrive read a DLQ by receiving its letters, which reserves them
+//! (hides them from other receives) until they are deleted or made visible
+//! again. On a FIFO DLQ that has a consequence: while any letter of a message
+//! group is reserved, SQS hands out no more letters of that group. A peek, which
+//! must not delete anything, therefore sees only the first letters of each group
+//! (what one receive returned); a redrive works in rounds, deleting the letters
+//! it moved back before it receives again, so that the groups unlock.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
 use aws_sdk_sqs::types::MessageSystemAttributeName;
 
-use super::{delivery_of, handle, sdk, SqsTransport, MAX_BATCH};
+use super::{delivery_of, handle, sdk, SqsQueue, SqsTransport, MAX_BATCH};
 use crate::error::TransportError;
 use crate::transport::{
     BoxFuture, DeadLetter, DeadLetters, Delivery, MessageId, Outgoing, RedriveOptions, RedriveOutcome,
@@ -15,11 +23,70 @@ use crate::transport::{
 
 /// How long messages stay reserved while a peek or redrive looks at them.
 const RESERVE: Duration = Duration::from_secs(30);
+/// How long a receive of dead letters waits for some. Not 0: a short poll asks
+/// only some of the SQS servers and may come back empty while letters remain,
+/// and an empty receive is how peek and redrive know they have seen them all. A
+/// long poll returns as soon as there are letters, so only the last receive of
+/// a run waits this long.
+const WAIT: Duration = Duration::from_secs(1);
 /// The attribute carrying why a message was dead-lettered.
 const REASON: &str = "messaging.dead_letter_reason";
 
+/// The dead letters a peek or redrive holds reserved, each once.
+#[derive(Default)]
+struct Held {
+    letters: Vec<Delivery>,
+    index: HashMap<MessageId, usize>,
+}
+
+impl Held {
+    fn len(&self) -> usize {
+        self.letters.len()
+    }
+
+    fn contains(&self, id: &MessageId) -> bool {
+        self.index.contains_key(id)
+    }
+
+    /// Holds `d`; returns false when it was held already. A letter received
+    /// again (its reservation ran out, or a standard queue delivered a copy)
+    /// keeps its place but takes the new receipt: only the latest receipt can
+    /// make it visible again at the end.
+    fn hold(&mut self, d: Delivery) -> bool {
+        match self.index.get(&d.message_id) {
+            Some(&at) => {
+                self.letters[at] = d;
+                false
+            }
+            None => {
+                self.index.insert(d.message_id.clone(), self.letters.len());
+                self.letters.push(d);
+                true
+            }
+        }
+    }
+}
+
+/// What one redrive has done so far.
+#[derive(Default)]
+struct Run {
+    outcome: RedriveOutcome,
+    /// Letters seen and left in the DLQ. They stay reserved until the run
+    /// ends, so that no later receive of the run hands them out again; on a
+    /// FIFO DLQ that also keeps the rest of their group out of reach.
+    held: Held,
+    /// Letters moved back, to recognise a copy of one received again (a
+    /// standard queue delivers at least once).
+    moved: HashSet<MessageId>,
+    /// FIFO groups with a held letter: the letters behind it stay too, as
+    /// moving them would put them back ahead of it.
+    blocked: HashSet<String>,
+    /// Letters seen (moved or held), against the run's budget.
+    seen: u64,
+}
+
 impl SqsTransport {
-    fn dlq(&self, queue: &str) -> Result<(super::SqsQueue, String), TransportError> {
+    fn dlq(&self, queue: &str) -> Result<(SqsQueue, String), TransportError> {
         let q = self.queue(queue)?;
         let dlq = q.dlq_url.clone().ok_or_else(|| {
             TransportError::Rejected(format!("queue `{queue}` has no dead-letter queue (declare `dlq = \"...\"`)"))
@@ -35,7 +102,7 @@ impl SqsTransport {
             .receive_message()
             .queue_url(dlq_url)
             .max_number_of_messages(max.clamp(1, MAX_BATCH) as i32)
-            .wait_time_seconds(0)
+            .wait_time_seconds(WAIT.as_secs() as i32)
             .visibility_timeout(RESERVE.as_secs() as i32)
             .message_system_attribute_names(MessageSystemAttributeName::ApproximateReceiveCount)
             .message_system_attribute_names(MessageSystemAttributeName::MessageGroupId)
@@ -81,22 +148,129 @@ impl SqsTransport {
         Ok(())
     }
 
-    /// Reserves every dead letter (up to `max`), in receive order, each once.
-    async fn reserve_all(&self, dlq_url: &str, max: usize) -> Result<Vec<Delivery>, TransportError> {
-        let mut seen = HashSet::new();
-        let mut all = Vec::new();
-        while all.len() < max {
-            let batch = self.reserve(dlq_url, max - all.len()).await?;
-            if batch.is_empty() {
+    /// Reserves dead letters into `held` until it has `max` of them or a
+    /// receive brings none it did not hold already. On a FIFO DLQ that is the
+    /// first letters of each group: the rest cannot be received while those are
+    /// reserved.
+    async fn reserve_up_to(&self, dlq_url: &str, max: usize, held: &mut Held) -> Result<(), TransportError> {
+        while held.len() < max {
+            let mut fresh = false;
+            for d in self.reserve(dlq_url, max - held.len()).await? {
+                fresh |= held.hold(d);
+            }
+            if !fresh {
                 break;
             }
-            for d in batch {
-                if seen.insert(d.message_id.clone()) {
-                    all.push(d);
+        }
+        Ok(())
+    }
+
+    /// Republishes a dead letter to its source queue, then deletes it from the
+    /// DLQ: it is never in neither queue.
+    async fn move_back(&self, q: &SqsQueue, dlq_url: &str, d: &Delivery) -> Result<(), TransportError> {
+        let mut attributes = (*d.attributes).clone();
+        attributes.remove(REASON);
+        let group_id =
+            d.group_id.clone().or_else(|| q.spec.fifo.then(|| q.spec.default_group.map(str::to_owned)).flatten());
+        let outgoing = Outgoing {
+            body: d.body.clone(),
+            group_id,
+            dedup_id: Some(format!("redrive-{}", MessageId::random())),
+            attributes,
+            ..Outgoing::default()
+        };
+        Self::check(q, &outgoing)?;
+        let entry = Self::entry(0, &q.spec, &outgoing)?;
+        for (_, sent) in self.send_chunk(&q.url, vec![(0, entry)]).await {
+            sent?;
+        }
+        self.delete(dlq_url, d).await
+    }
+
+    /// The rounds of a redrive: receive, move back what may go (deleting it,
+    /// which on a FIFO DLQ unlocks its group), hold the rest, and receive again
+    /// until a receive brings no letter the run has not seen.
+    async fn redrive_rounds(
+        &self,
+        q: &SqsQueue,
+        dlq_url: &str,
+        options: &RedriveOptions,
+        run: &mut Run,
+    ) -> Result<(), TransportError> {
+        let max = options.max.unwrap_or(usize::MAX);
+        // Letters moved back may fail again and return to the DLQ while the
+        // run goes on, each time as a letter it has not seen: with a worker
+        // running, a poison message would go round forever. The budget ends the
+        // run; it is generous because the depth SQS reports is approximate, and
+        // stopping short would leave letters behind.
+        self.count();
+        let budget = super::declare::depth(&self.client, dlq_url).await?.saturating_mul(2).saturating_add(100);
+        while run.outcome.moved < max {
+            if run.seen >= budget {
+                tracing::warn!(
+                    queue = q.spec.name,
+                    "redrive stopped after {} dead letters, twice as many as the dead-letter queue held when it \
+                     began: letters moved back are failing and returning to it",
+                    run.seen
+                );
+                break;
+            }
+            let mut fresh = false;
+            for d in self.reserve(dlq_url, max - run.outcome.moved).await? {
+                if run.held.contains(&d.message_id) {
+                    run.held.hold(d);
+                    continue;
                 }
+                if run.moved.contains(&d.message_id) {
+                    // A copy of a letter already moved back: delete it, or
+                    // the letter would be in both queues.
+                    if let Err(e) = self.delete(dlq_url, &d).await {
+                        tracing::warn!(
+                            queue = q.spec.name,
+                            message_id = %d.message_id,
+                            "a copy of a redriven dead letter stays in the dead-letter queue: {e}"
+                        );
+                    }
+                    continue;
+                }
+                fresh = true;
+                run.seen += 1;
+                if run.outcome.moved >= max {
+                    // Beyond the limit: left as it is, and not counted as skipped.
+                    run.held.hold(d);
+                    continue;
+                }
+                let group = d.group_id.clone().filter(|_| q.spec.fifo);
+                let behind = group.as_ref().is_some_and(|g| run.blocked.contains(g));
+                if !behind && options.filter.as_ref().is_none_or(|f| f(&letter_of(&d))) {
+                    match self.move_back(q, dlq_url, &d).await {
+                        Ok(()) => {
+                            run.outcome.moved += 1;
+                            run.moved.insert(d.message_id.clone());
+                            continue;
+                        }
+                        Err(e) => {
+                            tracing::warn!(
+                                queue = q.spec.name,
+                                message_id = %d.message_id,
+                                "cannot redrive a dead letter: {e}"
+                            );
+                        }
+                    }
+                }
+                // Left: not chosen by the filter, behind a held letter of its
+                // FIFO group, or not moved.
+                run.outcome.skipped += 1;
+                if let Some(g) = group {
+                    run.blocked.insert(g);
+                }
+                run.held.hold(d);
+            }
+            if !fresh {
+                break;
             }
         }
-        Ok(all)
+        Ok(())
     }
 }
 
@@ -159,16 +333,27 @@ impl DeadLetters for SqsTransport {
         })
     }
 
+    /// Up to `max` letters, in receive order, left in the DLQ. On a FIFO DLQ
+    /// these are the first letters of each group only: the others cannot be
+    /// received without deleting the ones before them.
     fn peek<'a>(&'a self, queue: &'a str, max: usize) -> BoxFuture<'a, Result<Vec<DeadLetter>, TransportError>> {
         Box::pin(async move {
             let (_, dlq_url) = self.dlq(queue)?;
-            let reserved = self.reserve_all(&dlq_url, max).await?;
-            let letters = reserved.iter().map(letter_of).collect();
-            self.unreserve(&dlq_url, &reserved).await;
-            Ok(letters)
+            let mut held = Held::default();
+            let looked = self.reserve_up_to(&dlq_url, max, &mut held).await;
+            // Whatever happened, nothing stays reserved.
+            self.unreserve(&dlq_url, &held.letters).await;
+            looked?;
+            Ok(held.letters.iter().take(max).map(letter_of).collect())
         })
     }
 
+    /// Moves letters back in rounds until a receive brings none the run has
+    /// not seen. `skipped` counts the letters seen and left (other than those
+    /// beyond `max`): those the filter refused, those that could not be moved,
+    /// and, on a FIFO DLQ, those behind either in their group, which stay so
+    /// that the group's order holds. Letters further behind in such a group are
+    /// not seen at all; the DLQ's depth afterwards tells how many were left.
     fn redrive<'a>(
         &'a self,
         queue: &'a str,
@@ -176,49 +361,11 @@ impl DeadLetters for SqsTransport {
     ) -> BoxFuture<'a, Result<RedriveOutcome, TransportError>> {
         Box::pin(async move {
             let (q, dlq_url) = self.dlq(queue)?;
-            let max = options.max.unwrap_or(usize::MAX);
-            let reserved = self.reserve_all(&dlq_url, usize::MAX).await?;
-            let mut outcome = RedriveOutcome::default();
-            let mut left = Vec::new();
-            for d in reserved {
-                let letter = letter_of(&d);
-                if outcome.moved >= max || !options.filter.as_ref().is_none_or(|f| f(&letter)) {
-                    if outcome.moved < max {
-                        outcome.skipped += 1;
-                    }
-                    left.push(d);
-                    continue;
-                }
-                let mut attributes = (*d.attributes).clone();
-                attributes.remove(REASON);
-                let group_id = d
-                    .group_id
-                    .clone()
-                    .or_else(|| q.spec.fifo.then(|| q.spec.default_group.map(str::to_owned)).flatten());
-                let outgoing = Outgoing {
-                    body: d.body.clone(),
-                    group_id,
-                    dedup_id: Some(format!("redrive-{}", MessageId::random())),
-                    attributes,
-                    ..Outgoing::default()
-                };
-                // Republish first, then delete from the DLQ.
-                let entry = Self::check(&q, &outgoing).and_then(|_| Self::entry(0, &q.spec, &outgoing));
-                let sent = match entry {
-                    Ok(entry) => self.send_chunk(&q.url, vec![(0, entry)]).await.into_iter().all(|(_, r)| r.is_ok()),
-                    Err(e) => {
-                        tracing::warn!(queue, "cannot redrive a dead letter: {e}");
-                        false
-                    }
-                };
-                if sent && self.delete(&dlq_url, &d).await.is_ok() {
-                    outcome.moved += 1;
-                } else {
-                    left.push(d);
-                }
-            }
-            self.unreserve(&dlq_url, &left).await;
-            Ok(outcome)
+            let mut run = Run::default();
+            let result = self.redrive_rounds(&q, &dlq_url, &options, &mut run).await;
+            // Whatever happened, the letters left are visible again.
+            self.unreserve(&dlq_url, &run.held.letters).await;
+            result.map(|()| run.outcome)
         })
     }
 
