@@ -5,13 +5,17 @@
 //!   handle, delete one by one), on the raw SDK;
 //! * this transport with defaults (concurrency 1) and with concurrency 8, on a
 //!   standard queue, and on a FIFO queue with 10 groups;
-//! * publishing one by one vs batched.
+//! * publishing one by one vs batched;
+//! * requests per message draining a backlog of `ACK_MESSAGES` (1,000) at
+//!   concurrency 8 with handlers of 0, 1 and 5 ms, on a standard and a FIFO
+//!   queue (10 groups): what acknowledgements cost once handlers take time.
 //!
 //! moto's cost per request grows with queue depth, so compare requests per
 //! message first; msgs/s are measured at a depth of `MESSAGES` (200).
 //!
 //! ```text
 //! cargo bench --bench sqs_throughput
+//! BENCH_SQS_SERVERS=localstack cargo bench --bench sqs_throughput   # one server
 //! ```
 
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -54,6 +58,34 @@ async fn on_eight(_t: Tick, n: State<Arc<AtomicUsize>>) {
 
 #[messaging::handler(queue = Groups)]
 async fn on_groups(_t: Tick, n: State<Arc<AtomicUsize>>) {
+    n.fetch_add(1, Ordering::SeqCst);
+}
+
+#[messaging::queue("bench-work", concurrency = 8)]
+struct Work;
+
+#[messaging::queue("bench-work.fifo", fifo, concurrency = 8)]
+struct WorkFifo;
+
+/// How long the `Work` handlers take.
+#[derive(Clone, Copy)]
+struct HandlerTime(Duration);
+
+#[messaging::handler(queue = Work)]
+async fn on_work(_t: Tick, n: State<Arc<AtomicUsize>>, time: State<HandlerTime>) {
+    let HandlerTime(pause) = *time;
+    if !pause.is_zero() {
+        tokio::time::sleep(pause).await;
+    }
+    n.fetch_add(1, Ordering::SeqCst);
+}
+
+#[messaging::handler(queue = WorkFifo)]
+async fn on_work_fifo(_t: Tick, n: State<Arc<AtomicUsize>>, time: State<HandlerTime>) {
+    let HandlerTime(pause) = *time;
+    if !pause.is_zero() {
+        tokio::time::sleep(pause).await;
+    }
     n.fetch_add(1, Ordering::SeqCst);
 }
 
@@ -129,10 +161,15 @@ async fn baseline(t: &Arc<SqsTransport>, count: usize) -> (u64, Duration) {
 
 /// Drains `queue` with the framework; returns (requests, elapsed).
 async fn framework(t: &Arc<SqsTransport>, queue: &'static str, count: usize) -> (u64, Duration) {
+    drain(t, queue, count, Duration::ZERO).await
+}
+
+/// Drains `queue` with handlers taking `time`; returns (requests, elapsed).
+async fn drain(t: &Arc<SqsTransport>, queue: &'static str, count: usize, time: Duration) -> (u64, Duration) {
     let mut app = messaging::App::new(t.clone() as Arc<dyn Transport>).await.expect("app");
     app.only_queues(&[queue]);
     let handled = Arc::new(AtomicUsize::new(0));
-    app.setup().provide(handled.clone());
+    app.setup().provide(handled.clone()).provide(HandlerTime(time));
     app.set_receive_wait(Duration::from_secs(1));
     let before = t.requests();
     let started = Instant::now();
@@ -213,5 +250,25 @@ async fn measure(server: &SqsServer, count: usize) {
         framework(&t, "bench-groups.fifo", count).await,
         Some(base),
     );
+    println!();
+
+    // What acknowledging costs once handlers take time.
+    let backlog: usize = std::env::var("ACK_MESSAGES").ok().and_then(|v| v.parse().ok()).unwrap_or(1000);
+    println!("draining {backlog} messages at concurrency 8 (aims: standard <= 0.25, FIFO <= 0.3 requests/message)");
+    for ms in [0u64, 1, 5] {
+        let time = Duration::from_millis(ms);
+        publish_batched::<Work>(&t, &ticks(backlog, 1)).await;
+        let standard = drain(&t, "bench-work", backlog, time).await;
+        publish_batched::<WorkFifo>(&t, &ticks(backlog, 10)).await;
+        let fifo = drain(&t, "bench-work.fifo", backlog, time).await;
+        let per = |(requests, _): (u64, Duration)| requests as f64 / backlog as f64;
+        println!(
+            "  {ms} ms handlers: standard {:.3} req/msg ({:.0} msgs/s), FIFO 10 groups {:.3} req/msg ({:.0} msgs/s)",
+            per(standard),
+            backlog as f64 / standard.1.as_secs_f64(),
+            per(fifo),
+            backlog as f64 / fifo.1.as_secs_f64()
+        );
+    }
     println!();
 }

@@ -468,6 +468,98 @@ async fn a_message_in_progress_elsewhere_is_retried_later() {
     app.stop().await;
 }
 
+/// The memory store, recording the lease of every claim and extension.
+#[derive(Default)]
+struct LeaseLog {
+    inner: messaging::idempotency::MemoryIdempotencyStore,
+    claims: Mutex<Vec<Duration>>,
+    extensions: Mutex<Vec<Duration>>,
+}
+
+impl messaging::idempotency::IdempotencyStore for LeaseLog {
+    fn claim<'a>(
+        &'a self,
+        m: &'a str,
+        s: &'a str,
+        p: &'a str,
+        lease: Duration,
+    ) -> messaging::BoxFuture<'a, Result<messaging::idempotency::Claim, messaging::TransportError>> {
+        self.claims.lock().unwrap().push(lease);
+        self.inner.claim(m, s, p, lease)
+    }
+
+    fn complete<'a>(
+        &'a self,
+        m: &'a str,
+        s: &'a str,
+        p: &'a str,
+    ) -> messaging::BoxFuture<'a, Result<(), messaging::TransportError>> {
+        self.inner.complete(m, s, p)
+    }
+
+    fn release<'a>(
+        &'a self,
+        m: &'a str,
+        s: &'a str,
+        p: &'a str,
+    ) -> messaging::BoxFuture<'a, Result<(), messaging::TransportError>> {
+        self.inner.release(m, s, p)
+    }
+
+    fn extend<'a>(
+        &'a self,
+        m: &'a str,
+        s: &'a str,
+        p: &'a str,
+        lease: Duration,
+    ) -> messaging::BoxFuture<'a, Result<(), messaging::TransportError>> {
+        self.extensions.lock().unwrap().push(lease);
+        self.inner.extend(m, s, p, lease)
+    }
+}
+
+#[messaging::queue("capped", visibility = "2s")]
+struct Capped;
+
+// A lease longer than the visibility: accepted, and capped.
+#[messaging::handler(queue = Capped, idempotent = "capped", lease = "60s")]
+async fn capped(job: Job, rec: State<Arc<Recorder>>) {
+    rec.run(job.n.to_string(), Duration::from_millis(1_500)).await;
+}
+
+#[tokio::test]
+async fn a_claim_never_outlives_its_messages_invisibility_and_the_heartbeat_extends_it() {
+    let rec = Arc::new(Recorder::default());
+    let log = Arc::new(LeaseLog::default());
+    let (r, l) = (rec.clone(), log.clone());
+    let app = TestApp::builder()
+        .only::<Capped>()
+        .timeout(Duration::from_secs(20))
+        .setup(move |s| {
+            s.provide(r).idempotency_store(l);
+        })
+        .start()
+        .await
+        .unwrap();
+    // Sequential: the second message waits 1.5 s in its batch before its
+    // handler (and its claim) starts.
+    let ids = publish_jobs::<Capped>(&app, 2).await;
+    for id in &ids {
+        app.handled(id).await.unwrap();
+    }
+    app.stop().await;
+    let claims = log.claims.lock().unwrap().clone();
+    assert_eq!(claims.len(), 2, "{claims:?}");
+    assert!(claims.iter().all(|l| *l <= Duration::from_secs(2)), "capped by the visibility: {claims:?}");
+    assert!(
+        claims[1] < Duration::from_millis(1_500),
+        "the second waited, its message's visibility was shorter: {claims:?}"
+    );
+    let extensions = log.extensions.lock().unwrap().clone();
+    assert!(!extensions.is_empty(), "the heartbeat extends claims of running handlers");
+    assert!(extensions.iter().all(|l| *l == Duration::from_secs(2)), "{extensions:?}");
+}
+
 // --- graceful shutdown -------------------------------------------------------------------
 
 #[messaging::queue("draining", visibility = "30s")]

@@ -85,6 +85,14 @@ pub fn message(args: TokenStream, item: TokenStream) -> TokenStream {
 /// }
 /// ```
 ///
+/// `idempotent = "scope"` runs the handler at most once per (message id,
+/// scope): before calling it the worker claims the message for at most
+/// `lease` (default 30 s) and never longer than the message stays invisible,
+/// and the heartbeat extends both while the handler runs; so a `lease` longer
+/// than the queue's `visibility` is allowed and capped. A delivery that finds
+/// the claim held elsewhere is kept and tried again when that claim's lease
+/// ends, without counting an attempt.
+///
 /// One handler on a queue makes it a single-type queue; several make it a
 /// multi-type queue routed by the envelope's type name. The function stays
 /// callable as written.

@@ -79,7 +79,9 @@ impl RetryPolicy {
 pub struct IdempotencySpec {
     /// The scope: one side effect per (message id, scope).
     pub scope: &'static str,
-    /// How long a claim holds before another delivery may take it over.
+    /// The longest a claim holds before another delivery may take it over;
+    /// a claim is also never held longer than its message stays invisible
+    /// (the worker's heartbeat extends both).
     pub lease: Duration,
 }
 

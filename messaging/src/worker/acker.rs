@@ -1,6 +1,15 @@
 //! Batched acknowledgements: receipts queue up while a flush is in progress
 //! and go out together, so acks cost one call per batch under load and add no
 //! delay when idle.
+//!
+//! While messages the worker holds are still being handled, a flush of fewer
+//! than `max_batch` receipts waits up to [`LINGER`] for more: handlers that
+//! take a few milliseconds otherwise end one at a time, and each ack went out
+//! alone (measured on moto at concurrency 8: 0.29 requests per message with
+//! 1 ms handlers, 0.49 with 5 ms, against 0.21 with handlers that take no
+//! time). When nothing the worker holds is unsettled no further ack can come
+//! before the next receive, so the flush goes at once: a FIFO group is not
+//! held locked by the wait.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -9,8 +18,15 @@ use std::time::Duration;
 use tokio::sync::{mpsc, Notify};
 use tokio::task::JoinHandle;
 
+use super::inflight::InFlight;
 use crate::error::TransportError;
 use crate::transport::{Receipt, Transport};
+
+/// The longest a flush waits for more acks while handlers are still running:
+/// a few handlers' worth of milliseconds, well under any visibility timeout,
+/// and short enough that a deleted message is gone from the queue's depth
+/// about as soon as it was handled.
+const LINGER: Duration = Duration::from_millis(20);
 
 pub(crate) struct Acker {
     tx: mpsc::UnboundedSender<Command>,
@@ -26,11 +42,13 @@ enum Command {
 }
 
 impl Acker {
-    pub(crate) fn start(transport: Arc<dyn Transport>, queue: &'static str) -> Self {
+    /// Starts the flush task of `queue`; `held` tells whether acks may still
+    /// come (messages received and not settled).
+    pub(crate) fn start(transport: Arc<dyn Transport>, queue: &'static str, held: Arc<InFlight>) -> Self {
         let (tx, rx) = mpsc::unbounded_channel();
         let pending = Arc::new(AtomicUsize::new(0));
         let flushed = Arc::new(Notify::new());
-        let task = tokio::spawn(flush_loop(transport, queue, rx, pending.clone(), flushed.clone()));
+        let task = tokio::spawn(flush_loop(transport, queue, rx, pending.clone(), flushed.clone(), held));
         Acker { tx, pending, flushed, task: Mutex::new(Some(task)) }
     }
 
@@ -81,16 +99,21 @@ async fn flush_loop(
     mut rx: mpsc::UnboundedReceiver<Command>,
     pending: Arc<AtomicUsize>,
     flushed: Arc<Notify>,
+    held: Arc<InFlight>,
 ) {
     let max = transport.max_batch().max(1);
     let mut commands = Vec::with_capacity(max);
     let mut batch = Vec::with_capacity(max);
     let mut closing = false;
     while !closing && rx.recv_many(&mut commands, max).await > 0 {
-        for command in commands.drain(..) {
-            match command {
-                Command::Ack(receipt) => batch.push(receipt),
-                Command::Close => closing = true,
+        take(&mut commands, &mut batch, &mut closing);
+        // Wait a moment for the acks of handlers still running.
+        let linger = tokio::time::Instant::now() + LINGER;
+        while !closing && !batch.is_empty() && batch.len() < max && held.has_unsettled() {
+            match tokio::time::timeout_at(linger, rx.recv_many(&mut commands, max - batch.len())).await {
+                Ok(0) => closing = true,
+                Ok(_) => take(&mut commands, &mut batch, &mut closing),
+                Err(_) => break,
             }
         }
         if batch.is_empty() {
@@ -125,5 +148,15 @@ async fn flush_loop(
         batch.clear();
         pending.fetch_sub(count, Ordering::SeqCst);
         flushed.notify_waiters();
+    }
+}
+
+/// Moves received commands into the batch of receipts.
+fn take(commands: &mut Vec<Command>, batch: &mut Vec<Receipt>, closing: &mut bool) {
+    for command in commands.drain(..) {
+        match command {
+            Command::Ack(receipt) => batch.push(receipt),
+            Command::Close => *closing = true,
+        }
     }
 }

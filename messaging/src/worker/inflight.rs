@@ -159,6 +159,12 @@ impl InFlight {
         self.lock().is_empty()
     }
 
+    /// Whether a held message is not settled yet (being handled, waiting to
+    /// be, or set aside for a retry).
+    pub(crate) fn has_unsettled(&self) -> bool {
+        self.lock().iter().any(|b| b.unsettled.load(Ordering::Acquire) > 0)
+    }
+
     /// Takes the receipts of every unsettled message (at shutdown, to release them).
     pub(crate) fn take_unsettled(&self) -> Vec<Receipt> {
         let batches = std::mem::take(&mut *self.lock());

@@ -94,7 +94,8 @@ impl Worker {
         pipeline: Arc<Pipeline>,
         hooks: Hooks,
     ) -> WorkerHandle {
-        let acker = Acker::start(transport.clone(), routes.spec().name);
+        let inflight = Arc::new(InFlight::default());
+        let acker = Acker::start(transport.clone(), routes.spec().name, inflight.clone());
         let ready = Ready::new(routes.spec().concurrency);
         let (parked, parking) = mpsc::unbounded_channel();
         WorkerHandle {
@@ -103,7 +104,7 @@ impl Worker {
                 transport,
                 pipeline,
                 hooks,
-                inflight: Arc::new(InFlight::default()),
+                inflight,
                 acker,
                 ready,
                 pace: Pace::default(),
