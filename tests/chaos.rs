@@ -441,3 +441,88 @@ async fn a_stopped_consumer_holds_no_message_on_sqs() {
     let moto = fixtures::SqsServer::start();
     restart(&moto.url(true)).await;
 }
+
+// --- a claim left held by a process that died -----------------------------------
+
+#[messaging::queue("chaos-held", dlq = "chaos-held-dlq", max_receives = 1, visibility = "10s")]
+struct Held;
+
+#[messaging::handler(queue = Held, idempotent = "held", lease = "10s", retry(base = "50ms", max = "50ms"))]
+async fn held(_job: Job, ctx: MessageContext, seen: State<Seen>) {
+    seen.lock().unwrap().push(format!("@{}", ctx.receive_count()));
+}
+
+/// A message whose idempotency claim a dead process still holds (for two
+/// more seconds) waits for that claim's lease to end and then runs, on its
+/// first receive: with `max_receives = 1`, a receive spent on the held claim
+/// would have dead-lettered it.
+async fn claim_held_by_the_dead(url: &str, db: &str) {
+    let transport = messaging::transport::connect(url).await.expect("connect");
+    transport.declare(&<Held as Queue>::SPEC).await.expect("declare");
+    let id = Publisher::new(transport.clone()).send::<Held, _>(&Job { n: 1 }).await.expect("published");
+    let effects = effects(db).await;
+    let expires =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("clock").as_millis() as i64 + 2_000;
+    match &effects {
+        Effects::Postgres(pool) => drop(
+            sqlx::query(
+                "INSERT INTO messaging_idempotency (message_id, scope, processor_id, lease_expires_at, completed) \
+                 VALUES ($1, 'held', 'a-dead-process', $2, FALSE)",
+            )
+            .bind(id.as_str())
+            .bind(expires)
+            .execute(pool)
+            .await
+            .expect("the dead process's claim"),
+        ),
+        Effects::Sqlite(pool) => drop(
+            sqlx::query(
+                "INSERT INTO messaging_idempotency (message_id, scope, processor_id, lease_expires_at, completed) \
+                 VALUES (?1, 'held', 'a-dead-process', ?2, 0)",
+            )
+            .bind(id.as_str())
+            .bind(expires)
+            .execute(pool)
+            .await
+            .expect("the dead process's claim"),
+        ),
+    }
+    let mut app = messaging::App::new(transport.clone()).await.expect("app");
+    app.only_queues(&["chaos-held"]);
+    let seen: Seen = Arc::default();
+    app.setup().provide(seen.clone());
+    if let (Effects::Sqlite(pool), false) = (&effects, url.starts_with("sqlite")) {
+        app.setup().idempotency_store(messaging::idempotency::SqliteIdempotencyStore::new(pool.clone()));
+    }
+    app.set_receive_wait(Duration::from_secs(1));
+    let started = Instant::now();
+    let running = app.start().expect("start");
+    until("the handler", Duration::from_secs(20), || !seen.lock().unwrap().is_empty()).await;
+    let took = started.elapsed();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    running.stop().await;
+    assert_eq!(*seen.lock().unwrap(), ["@1"], "{url}: ran once, on its first receive");
+    assert!(took >= Duration::from_millis(1_500), "{url}: ran after {took:?}, before the claim's lease ended");
+    let dead = transport.dead_letters().expect("dead letters").depth("chaos-held").await.expect("depth");
+    assert_eq!(dead, 0, "{url}: not dead-lettered");
+}
+
+#[tokio::test]
+async fn a_claim_held_by_a_dead_process_costs_no_attempt_on_sqlite() {
+    let file = fixtures::SqliteFile::new();
+    claim_held_by_the_dead(&format!("{}&migrate=true", file.url), &file.url).await;
+}
+
+#[tokio::test]
+async fn a_claim_held_by_a_dead_process_costs_no_attempt_on_postgres() {
+    let db = fixtures::Postgres::new().await;
+    claim_held_by_the_dead(&format!("{}&migrate=true", db.url), &db.url).await;
+}
+
+#[tokio::test]
+async fn a_claim_held_by_a_dead_process_costs_no_attempt_on_sqs() {
+    let moto = fixtures::SqsServer::start();
+    let file = fixtures::SqliteFile::new();
+    drop(messaging::transport::connect(&format!("{}&migrate=true", file.url)).await.expect("claims database"));
+    claim_held_by_the_dead(&moto.url(true), &file.url).await;
+}

@@ -131,9 +131,9 @@ impl Pipeline {
                     processor: processor.clone(),
                     completed: AtomicBool::new(false),
                 });
-                ctx.hold_claim(claim.clone(), spec.lease);
+                let held = HeldClaim::new(ctx, &claim, spec.lease);
                 let result = route.handler.call(message, ctx.with_claim(claim.clone()), self.resources.clone()).await;
-                ctx.drop_claim(&claim);
+                drop(held);
                 let settle = match &result {
                     // The handler completed it in its own transaction.
                     Ok(()) if claim.completed.load(Ordering::Acquire) => Ok(()),
@@ -146,5 +146,25 @@ impl Pipeline {
                 result
             }
         }
+    }
+}
+
+/// A claim the heartbeat extends while its handler runs; it stops when this
+/// is dropped, also when the handler panics (the unwind passes through here).
+struct HeldClaim<'a> {
+    ctx: &'a MessageContext,
+    claim: Arc<ClaimState>,
+}
+
+impl<'a> HeldClaim<'a> {
+    fn new(ctx: &'a MessageContext, claim: &Arc<ClaimState>, cap: Duration) -> Self {
+        ctx.hold_claim(claim.clone(), cap);
+        HeldClaim { ctx, claim: claim.clone() }
+    }
+}
+
+impl Drop for HeldClaim<'_> {
+    fn drop(&mut self) {
+        self.ctx.drop_claim(&self.claim);
     }
 }
