@@ -83,8 +83,11 @@ impl Worker {
         match result {
             Ok(()) => {
                 *clock = Some(ended); // acking only queues: the next message starts now
-                self.acker.ack(delivery.receipt.clone());
+                                      // Settled first: the acker flushes at once when nothing held
+                                      // is left unsettled, which it could not see if the last ack
+                                      // arrived before its message was marked settled.
                 self.settle(batch, i);
+                self.acker.ack(delivery.receipt.clone());
                 self.report(delivery, Outcome::Handled);
                 Step::Handled
             }
