@@ -332,7 +332,8 @@ async fn fifo_poison(url: &str) {
     app.only_queues(&["chaos-poison.fifo"]);
     let seen: Seen = Arc::default();
     app.setup().provide(seen.clone());
-    app.set_receive_wait(Duration::from_secs(1));
+    // A long poll: the head's retry must not wait for it to end.
+    app.set_receive_wait(Duration::from_secs(5));
     let publisher = Publisher::new(transport.clone());
     let mut steps: Vec<Step> = (0..10).map(|seq| Step { group: "a".into(), seq }).collect();
     steps.push(Step { group: "b".into(), seq: 0 });
@@ -340,8 +341,11 @@ async fn fifo_poison(url: &str) {
         result.expect("published");
     }
     let running = app.start().expect("start");
+    let started = Instant::now();
     let dead = transport.dead_letters().expect("dead letters");
     until("the group to finish", Duration::from_secs(60), || seen.lock().unwrap().len() >= 12).await;
+    let took = started.elapsed();
+    assert!(took < Duration::from_secs(4), "{url}: took {took:?}; the retry waited for a receive");
     let deadline = Instant::now() + Duration::from_secs(30);
     while dead.depth("chaos-poison.fifo").await.expect("depth") < 1 {
         assert!(Instant::now() < deadline, "{url}: the head was not dead-lettered");

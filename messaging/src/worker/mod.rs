@@ -170,27 +170,27 @@ impl WorkerHandle {
                     let received = done.unwrap_or_else(|e| Err(TransportError::Backend(format!("the receive panicked: {e}"))));
                     worker.accept(received, &mut failures, &mut lanes, &shutdown);
                 }
-                Some(wait) = parking.recv() => {
-                    parked.spawn(async move {
-                        tokio::time::sleep(wait.after).await;
-                        wait.task
-                    });
-                }
+                Some(set_aside) = parking.recv() => set_aside.start(&mut parked),
                 Some(Ok(task)) = parked.join_next(), if !parked.is_empty() => {
-                    for _ in 0..worker.ready.resume(task) {
-                        let (w, stop) = (worker.clone(), shutdown.clone());
-                        lanes.spawn(async move { w.lane(&stop).await });
-                    }
+                    worker.start_lanes(worker.ready.resume(task), &mut lanes, &shutdown);
                 }
                 _ = worker.ready.until(wanted), if in_flight < receivers.max(1) => {
                     let pause = if failures == 0 { Duration::ZERO } else { backoff(failures) };
                     let receive = worker.clone().receive(spec.concurrency, max, wait, pause);
                     if receivers == 0 {
-                        // On demand: receive here, sparing a task hop per batch.
+                        // On demand: receive here, sparing a task hop per batch;
+                        // work set aside comes back meanwhile (a FIFO retry
+                        // must not wait for a long poll).
                         let mut receive = std::pin::pin!(receive);
-                        let received = tokio::select! {
-                            r = &mut receive => Some(r),
-                            _ = shutdown.wait() => None,
+                        let received = loop {
+                            tokio::select! {
+                                r = &mut receive => break Some(r),
+                                _ = shutdown.wait() => break None,
+                                Some(set_aside) = parking.recv() => set_aside.start(&mut parked),
+                                Some(Ok(task)) = parked.join_next(), if !parked.is_empty() => {
+                                    worker.start_lanes(worker.ready.resume(task), &mut lanes, &shutdown);
+                                }
+                            }
                         };
                         match received {
                             Some(received) => worker.accept(received, &mut failures, &mut lanes, &shutdown),
@@ -250,6 +250,16 @@ type Received = Result<(Instant, Vec<Delivery>), TransportError>;
 struct Parked {
     after: Duration,
     task: Task,
+}
+
+impl Parked {
+    /// Starts the timer that hands the task back when it is due.
+    fn start(self, timers: &mut JoinSet<Task>) {
+        timers.spawn(async move {
+            tokio::time::sleep(self.after).await;
+            self.task
+        });
+    }
 }
 
 impl Worker {
@@ -316,7 +326,12 @@ impl Worker {
         }
         let batch = Arc::new(Batch::new(deliveries, spec.fifo, sent, spec.visibility));
         self.inflight.hold(batch.clone());
-        for _ in 0..self.ready.push(batch) {
+        self.start_lanes(self.ready.push(batch), lanes, shutdown);
+    }
+
+    /// Starts `count` lanes.
+    fn start_lanes(self: &Arc<Self>, count: usize, lanes: &mut JoinSet<()>, shutdown: &Shutdown) {
+        for _ in 0..count {
             let (w, stop) = (self.clone(), shutdown.clone());
             lanes.spawn(async move { w.lane(&stop).await });
         }
