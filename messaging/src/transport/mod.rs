@@ -136,6 +136,14 @@ pub trait Transport: Send + Sync + 'static {
         visibility: Duration,
     ) -> BoxFuture<'a, Result<(), TransportError>>;
 
+    /// Ends the receives of `queue` that are waiting for messages now: they
+    /// return at once with what they have (maybe nothing). The worker calls it
+    /// at shutdown, then waits for its receives and gives back what they
+    /// return. Backends that wait in the process (databases, memory) implement
+    /// it; a server-side long poll (SQS) cannot be ended and is waited for
+    /// (the worker keeps its wait within the grace period).
+    fn interrupt_receives(&self, _queue: &str) {}
+
     /// How many receives a worker keeps going ahead of its lanes on a
     /// standard queue (FIFO queues receive one batch at a time). A remote
     /// queue whose receive is a round trip gains from more; a database whose

@@ -195,7 +195,8 @@ impl WorkerHandle {
                         match received {
                             Some(received) => worker.accept(received, &mut failures, &mut lanes, &shutdown),
                             None => {
-                                worker.give_back(receive.await).await;
+                                let received = worker.interrupting(receive).await;
+                                worker.give_back(received).await;
                                 break;
                             }
                         }
@@ -210,8 +211,11 @@ impl WorkerHandle {
         // give their messages back at once, rather than leaving them
         // invisible until their timeout.
         let _ = tokio::time::timeout(settings.grace + Duration::from_secs(1), async {
-            while let Some(done) = receiving.join_next().await {
-                worker.give_back(done.unwrap_or_else(|e| Err(TransportError::Backend(e.to_string())))).await;
+            while !receiving.is_empty() {
+                let next = worker.interrupting(receiving.join_next()).await;
+                if let Some(done) = next {
+                    worker.give_back(done.unwrap_or_else(|e| Err(TransportError::Backend(e.to_string())))).await;
+                }
             }
         })
         .await;
@@ -277,6 +281,21 @@ impl Worker {
         let n = self.pace.batch(concurrency, max);
         let sent = Instant::now();
         Ok((sent, self.transport.receive(spec.name, n, wait).await?))
+    }
+
+    /// Awaits `receive` at shutdown, ending its wait where the transport can
+    /// (see [`Transport::interrupt_receives`]); asked again every 50 ms, since
+    /// a receive that had not begun waiting when first asked would not see it.
+    async fn interrupting<F: std::future::Future>(&self, receive: F) -> F::Output {
+        let name = self.routes.spec().name;
+        let mut receive = std::pin::pin!(receive);
+        loop {
+            self.transport.interrupt_receives(name);
+            tokio::select! {
+                r = &mut receive => return r,
+                _ = tokio::time::sleep(Duration::from_millis(50)) => {}
+            }
+        }
     }
 
     /// Gives the messages of a receive that completed during shutdown back

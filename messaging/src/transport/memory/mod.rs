@@ -37,11 +37,18 @@ struct MemQueue {
     fifo: bool,
     state: Mutex<QueueState>,
     notify: Notify,
+    /// Bumped by `interrupt_receives`: a waiting receive that sees it change returns.
+    interrupts: std::sync::atomic::AtomicU64,
 }
 
 impl MemQueue {
     fn new(spec: QueueSpec) -> Self {
-        MemQueue { fifo: spec.fifo, state: Mutex::new(QueueState::new(spec)), notify: Notify::new() }
+        MemQueue {
+            fifo: spec.fifo,
+            state: Mutex::new(QueueState::new(spec)),
+            notify: Notify::new(),
+            interrupts: std::sync::atomic::AtomicU64::new(0),
+        }
     }
 
     fn lock(&self) -> MutexGuard<'_, QueueState> {
@@ -84,10 +91,14 @@ impl MemoryTransport {
     async fn receive_from(&self, name: &str, max: usize, wait: Duration) -> Result<Vec<Delivery>, TransportError> {
         let queue = self.queue(name)?;
         let deadline = Instant::now() + wait;
+        let interrupts = queue.interrupts.load(std::sync::atomic::Ordering::Acquire);
         loop {
             let notified = queue.notify.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
+            if queue.interrupts.load(std::sync::atomic::Ordering::Acquire) != interrupts {
+                return Ok(Vec::new());
+            }
             let (received, next_timer, spec) = {
                 let mut state = queue.lock();
                 let received = state.receive(max.max(1), Instant::now());
@@ -174,6 +185,13 @@ impl Transport for MemoryTransport {
         wait: Duration,
     ) -> BoxFuture<'a, Result<Vec<Delivery>, TransportError>> {
         Box::pin(self.receive_from(queue, max, wait))
+    }
+
+    fn interrupt_receives(&self, queue: &str) {
+        if let Ok(q) = self.queue(queue) {
+            q.interrupts.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+            q.notify.notify_waiters();
+        }
     }
 
     fn ack<'a>(&'a self, queue: &'a str, receipts: Vec<Receipt>) -> BoxFuture<'a, Vec<Result<(), TransportError>>> {

@@ -41,6 +41,8 @@ struct SqlQueue {
     spec: QueueSpec,
     rules: QueueRules,
     local: Notify,
+    /// Bumped by `interrupt_receives`: a waiting receive that sees it change returns.
+    interrupts: std::sync::atomic::AtomicU64,
     last_maintenance: Mutex<Option<std::time::Instant>>,
     /// Which partition the next lease of a standard queue takes.
     turn: std::sync::atomic::AtomicU32,
@@ -184,10 +186,14 @@ impl<S: RowStore> SqlTransport<S> {
         let deadline = tokio::time::Instant::now() + wait;
         let lease_ms = q.spec.visibility.as_millis() as i64;
         let mut force = false;
+        let interrupts = q.interrupts.load(std::sync::atomic::Ordering::Acquire);
         loop {
             let notified = q.local.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
+            if q.interrupts.load(std::sync::atomic::Ordering::Acquire) != interrupts {
+                return Ok(Vec::new());
+            }
             self.maintain(&q, force).await?;
             let rows = self.lease(&q, max.max(1), lease_ms).await?;
             if !rows.is_empty() {
@@ -275,6 +281,7 @@ impl<S: RowStore> Transport for SqlTransport<S> {
                 spec: spec.clone(),
                 rules,
                 local: Notify::new(),
+                interrupts: std::sync::atomic::AtomicU64::new(0),
                 last_maintenance: Mutex::new(None),
                 turn: Default::default(),
             });
@@ -415,6 +422,13 @@ impl<S: RowStore> Transport for SqlTransport<S> {
 
     fn dead_letters(&self) -> Option<&dyn DeadLetters> {
         Some(self)
+    }
+
+    fn interrupt_receives(&self, queue: &str) {
+        if let Ok(q) = self.queue(queue) {
+            q.interrupts.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+            q.local.notify_waiters();
+        }
     }
 
     fn keeps_dead_letters(&self, _spec: &QueueSpec) -> bool {
