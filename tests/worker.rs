@@ -556,6 +556,63 @@ async fn a_claim_never_outlives_its_messages_invisibility_and_the_heartbeat_exte
     assert!(extensions.iter().all(|l| *l == Duration::from_secs(2)), "{extensions:?}");
 }
 
+#[messaging::queue("after-poll", visibility = "1s")]
+struct AfterPoll;
+
+#[messaging::handler(queue = AfterPoll, idempotent = "after-poll")]
+async fn after_poll(job: Job, rec: State<Arc<Recorder>>) {
+    rec.run(job.n.to_string(), Duration::ZERO).await;
+}
+
+#[tokio::test]
+async fn a_message_that_arrives_late_in_a_long_poll_gets_a_full_claim() {
+    let rec = Arc::new(Recorder::default());
+    let log = Arc::new(LeaseLog::default());
+    let (r, l) = (rec.clone(), log.clone());
+    let app = TestApp::builder()
+        .only::<AfterPoll>()
+        .setup(move |s| {
+            s.provide(r).idempotency_store(l);
+        })
+        .start()
+        .await
+        .unwrap();
+    // The worker's receive has been waiting for 600 ms (of its 1 s) when the
+    // message comes: its visibility is renewed, so the claim is not cut to
+    // the 400 ms a visibility counted from the receive's start would leave.
+    tokio::time::sleep(Duration::from_millis(1_600)).await;
+    let id = publish_jobs::<AfterPoll>(&app, 1).await.remove(0);
+    app.handled(&id).await.unwrap();
+    app.stop().await;
+    let claims = log.claims.lock().unwrap().clone();
+    assert!(claims.len() == 1 && claims[0] >= Duration::from_millis(800), "{claims:?}");
+}
+
+#[messaging::queue("nowhere.fifo", fifo, max_receives = 2, concurrency = 1)]
+struct Nowhere;
+
+#[messaging::handler(queue = Nowhere, retry(base = "50ms", max = "50ms"))]
+async fn nowhere(step: Step, ctx: MessageContext, rec: State<Arc<Recorder>>) -> Result<(), HandlerError> {
+    rec.run(format!("{}@{}", step.seq, ctx.receive_count()), Duration::ZERO).await;
+    Err(HandlerError::transient(Failure("always")))
+}
+
+#[tokio::test]
+async fn a_fifo_message_past_its_attempts_without_a_dlq_goes_back_to_the_queue() {
+    let rec = Arc::new(Recorder::default());
+    let app = start::<Nowhere>(&rec).await;
+    app.publisher().send::<Nowhere, _>(&Step { group: "g".into(), seq: 0 }).await.unwrap();
+    // Two attempts in process, then given back (no DLQ): it comes again as a
+    // new receive rather than being held here for as long as it fails.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !rec.seen().iter().any(|l| l == "0@2") {
+        assert!(std::time::Instant::now() < deadline, "never received again: {:?}", rec.seen());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(rec.seen()[..3], ["0@1", "0@1", "0@2"]);
+    app.stop().await;
+}
+
 // --- graceful shutdown -------------------------------------------------------------------
 
 #[messaging::queue("draining", visibility = "30s")]

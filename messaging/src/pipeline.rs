@@ -150,7 +150,8 @@ impl Pipeline {
 }
 
 /// A claim the heartbeat extends while its handler runs; it stops when this
-/// is dropped, also when the handler panics (the unwind passes through here).
+/// is dropped, also when the handler panics (the worker's `catch_unwind`
+/// drops the dispatch future, and this with it).
 struct HeldClaim<'a> {
     ctx: &'a MessageContext,
     claim: Arc<ClaimState>,

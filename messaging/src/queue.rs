@@ -56,7 +56,11 @@ pub struct QueueSpec {
     /// How long a received message stays invisible to other consumers.
     pub visibility: Duration,
     /// How many attempts a message gets: after the last one fails, the
-    /// worker moves it to the dead-letter queue with the error as its reason.
+    /// worker moves it to the dead-letter queue with the error as its reason
+    /// (database queues keep it as an `error` row; on `memory://` and SQS a
+    /// queue without `dlq` gives it back to be retried after the backoff).
+    /// On database queues a lease that expired (its process died) counts as
+    /// an attempt.
     pub max_receives: u32,
     /// Database queues: an enqueue whose payload equals the stored version of
     /// the same identity is discarded.
@@ -72,7 +76,8 @@ impl QueueSpec {
     /// The receive count at which the transport's own redrive moves a message
     /// to the dead-letter queue (Amazon SQS's `maxReceiveCount` on queues the
     /// framework creates; the memory transport's limit): twice
-    /// `max_receives`, at most 1,000 (SQS's limit). It is only a backstop: the
+    /// `max_receives`, at most 1,000 (SQS's limit, which leaves less room
+    /// above 500 and none at 1,000). It is only a backstop: the
     /// worker dead-letters a failing message itself after `max_receives`
     /// attempts, and the room above leaves the receives that were not
     /// attempts (a consumer that crashed or shut down while holding the

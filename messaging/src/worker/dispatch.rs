@@ -144,7 +144,8 @@ impl Worker {
         let delivery = &batch.deliveries[i];
         let spec = self.routes.spec();
         let attempt = delivery.receive_count.saturating_add(tries);
-        let exhausted = attempt >= spec.max_receives && self.transport.keeps_dead_letters(spec);
+        let spent = attempt >= spec.max_receives;
+        let exhausted = spent && self.transport.keeps_dead_letters(spec);
         let delay = error.requested_delay().unwrap_or_else(|| policy.backoff(attempt));
         let (queue, id, max) = (spec.name, &delivery.message_id, spec.max_receives);
         let handler = handler.unwrap_or("(none: the body could not be decoded)");
@@ -159,9 +160,13 @@ impl Worker {
             if exhausted {
                 self.settle(batch, i);
                 self.dead_letter(delivery, error).await
-            } else if spec.fifo {
+            } else if spec.fifo && !spent {
                 Step::Again { after: delay, counted: true }
             } else {
+                // (A FIFO message past its attempts with nowhere to go is
+                // given back, with its group, rather than held here for as
+                // long as it fails: SQS keeps a message invisible 12 hours
+                // at most.)
                 self.settle(batch, i);
                 self.release(delivery, delay).await;
                 Step::Released

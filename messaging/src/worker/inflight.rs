@@ -175,10 +175,11 @@ impl InFlight {
     /// batches held for `period` or longer, and the idempotency claims their
     /// handlers hold, until the task is aborted.
     ///
-    /// Claims are extended first, each to at most the visibility from a time
-    /// taken before either: so a claim never outlives its message's
+    /// Claims are extended first, to at most the visibility, and the
+    /// visibilities after them: so a claim never outlives its message's
     /// invisibility, and a message that becomes visible again (its process
-    /// died) finds its claim expired.
+    /// died) finds its claim expired. A batch whose extensions failed keeps
+    /// its older time, so that new claims on it stay short.
     pub(crate) async fn heartbeat(
         self: Arc<Self>,
         transport: Arc<dyn Transport>,
@@ -213,16 +214,22 @@ impl InFlight {
                         Err(e) => tracing::warn!(queue, "could not extend an idempotency claim: {e}"),
                     }
                 }
+                let mut extended = true;
                 for (delivery, settled) in batch.deliveries.iter().zip(&batch.settled) {
                     if settled.load(Ordering::Acquire) {
                         continue;
                     }
                     match transport.extend(queue, &delivery.receipt, visibility).await {
                         Ok(()) | Err(crate::error::TransportError::StaleReceipt) => {}
-                        Err(e) => tracing::warn!(queue, "could not extend a message's visibility: {e}"),
+                        Err(e) => {
+                            extended = false;
+                            tracing::warn!(queue, "could not extend a message's visibility: {e}");
+                        }
                     }
                 }
-                *batch.extended_at.lock().unwrap_or_else(|p| p.into_inner()) = now;
+                if extended {
+                    *batch.extended_at.lock().unwrap_or_else(|p| p.into_inner()) = now;
+                }
             }
         }
     }

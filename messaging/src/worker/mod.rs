@@ -129,10 +129,13 @@ impl WorkerHandle {
             spec.visibility,
             worker.heartbeat_period(),
         ));
-        // A receive in flight when shutdown begins is waited for (what it
-        // returns is given back at once), so its wait must fit in the grace
-        // period: no long poll of ours outlives the process.
-        let wait = settings.receive_wait.min(settings.grace);
+        // A receive in flight when shutdown begins is ended or waited for
+        // (what it returns is given back at once), so its wait must fit in
+        // the grace period: no long poll of ours outlives the process. (At
+        // least a second: a shorter SQS wait is a short poll, and an idle
+        // queue would be polled without pause.)
+        let wait = settings.receive_wait.min(settings.grace.max(Duration::from_secs(1)));
+        let drain_limit = settings.grace.saturating_add(Duration::from_secs(1));
         let mut lanes = JoinSet::new();
         let mut receiving: JoinSet<Received> = JoinSet::new();
         // Work waiting outside the lanes (a FIFO head's retry, a claim held
@@ -176,7 +179,7 @@ impl WorkerHandle {
                 }
                 _ = worker.ready.until(wanted), if in_flight < receivers.max(1) => {
                     let pause = if failures == 0 { Duration::ZERO } else { backoff(failures) };
-                    let receive = worker.clone().receive(spec.concurrency, max, wait, pause);
+                    let receive = worker.clone().receive(spec.concurrency, max, wait, pause, shutdown.clone());
                     if receivers == 0 {
                         // On demand: receive here, sparing a task hop per batch;
                         // work set aside comes back meanwhile (a FIFO retry
@@ -195,8 +198,9 @@ impl WorkerHandle {
                         match received {
                             Some(received) => worker.accept(received, &mut failures, &mut lanes, &shutdown),
                             None => {
-                                let received = worker.interrupting(receive).await;
-                                worker.give_back(received).await;
+                                if let Ok(received) = tokio::time::timeout(drain_limit, worker.interrupting(receive)).await {
+                                    worker.give_back(received).await;
+                                }
                                 break;
                             }
                         }
@@ -210,7 +214,7 @@ impl WorkerHandle {
         // Receives in flight finish (their wait fits in the grace period) and
         // give their messages back at once, rather than leaving them
         // invisible until their timeout.
-        let _ = tokio::time::timeout(settings.grace + Duration::from_secs(1), async {
+        let _ = tokio::time::timeout(drain_limit, async {
             while !receiving.is_empty() {
                 let next = worker.interrupting(receiving.join_next()).await;
                 if let Some(done) = next {
@@ -250,6 +254,23 @@ impl WorkerHandle {
 /// A receive's outcome and when it was sent.
 type Received = Result<(Instant, Vec<Delivery>), TransportError>;
 
+/// Counts a lane out of [`Ready`] when it ends, unless `next` already did
+/// (it found nothing left): on every return, and if the lane panics (a
+/// panicking observer or transport), so that a stale count never keeps work
+/// that comes back from getting a lane.
+struct LaneCount<'a> {
+    ready: &'a Ready,
+    counted: bool,
+}
+
+impl Drop for LaneCount<'_> {
+    fn drop(&mut self) {
+        if self.counted {
+            self.ready.stop_lane();
+        }
+    }
+}
+
 /// Work handed to the run loop to wait outside the lanes.
 struct Parked {
     after: Duration,
@@ -270,17 +291,46 @@ impl Worker {
     /// One receive: after `pause` (backing off after failures), for a FIFO
     /// queue once its acks have reached the transport, as many messages as
     /// the handlers' pace asks for.
-    async fn receive(self: Arc<Self>, concurrency: usize, max: usize, wait: Duration, pause: Duration) -> Received {
+    async fn receive(
+        self: Arc<Self>,
+        concurrency: usize,
+        max: usize,
+        wait: Duration,
+        pause: Duration,
+        shutdown: Shutdown,
+    ) -> Received {
         if !pause.is_zero() {
-            tokio::time::sleep(pause).await;
+            tokio::select! {
+                _ = tokio::time::sleep(pause) => {}
+                _ = shutdown.wait() => {}
+            }
         }
         let spec = self.routes.spec();
         if spec.fifo {
             self.acker.settled(Duration::from_secs(1)).await;
         }
+        if shutdown.is_triggered() {
+            // No new receive once shutdown began (on SQS it would count a
+            // receive against every message it returns, only to give them back).
+            return Ok((Instant::now(), Vec::new()));
+        }
         let n = self.pace.batch(concurrency, max);
-        let sent = Instant::now();
-        Ok((sent, self.transport.receive(spec.name, n, wait).await?))
+        let mut sent = Instant::now();
+        let deliveries = self.transport.receive(spec.name, n, wait).await?;
+        // The transport set their visibility some time during the wait: when
+        // that may be long ago, set it again now, so that what a claim may
+        // take (`Batch::visible_for`) is not cut short by a long poll.
+        let now = Instant::now();
+        if !deliveries.is_empty() && now.duration_since(sent) >= spec.visibility / 4 {
+            let mut all = true;
+            for delivery in &deliveries {
+                all &= self.transport.extend(spec.name, &delivery.receipt, spec.visibility).await.is_ok();
+            }
+            if all {
+                sent = now;
+            }
+        }
+        Ok((sent, deliveries))
     }
 
     /// Awaits `receive` at shutdown, ending its wait where the transport can
@@ -365,15 +415,14 @@ impl Worker {
     /// is dead-lettered alone and the chain goes on. Work that must wait
     /// leaves the lane (see [`Worker::park`]), so other groups keep flowing.
     async fn lane(&self, shutdown: &Shutdown) {
+        let mut counted = LaneCount { ready: &self.ready, counted: true };
         let (mut current, mut clock) = (None, None);
         while let Some(work) = self.ready.next(&mut current) {
             let Some(batch) = current.as_ref() else {
-                self.ready.stop_lane(); // `next` sets `current` with every unit it returns
-                return;
+                return; // (`next` sets `current` with every unit it returns)
             };
             if shutdown.is_triggered() {
                 // Unstarted messages stay held and are released at the end.
-                self.ready.stop_lane();
                 return;
             }
             match work.unit {
@@ -388,7 +437,6 @@ impl Worker {
                     let (mut at, mut tries) = (work.from, work.tries);
                     while let Some(&i) = chain.get(at) {
                         if shutdown.is_triggered() {
-                            self.ready.stop_lane();
                             return;
                         }
                         match self.process(batch, i, tries, &mut clock).await {
@@ -411,6 +459,7 @@ impl Worker {
                 }
             }
         }
+        counted.counted = false; // `next` counted the lane out when it found nothing
     }
 
     /// Sets work aside for `after` without holding a lane; its messages stay

@@ -110,6 +110,8 @@ impl Ready {
         let mut state = self.lock();
         if let Some(task) = state.resumed.pop_front() {
             self.resumed.fetch_sub(1, Ordering::Release);
+            drop(state);
+            self.changed.notify_waiters(); // one batch or task fewer waiting
             *current = Some(task.batch);
             return Some(task.work);
         }

@@ -184,7 +184,20 @@ impl SqsTransport {
         for (_, sent) in self.send_chunk(&q.url, vec![(0, entry)]).await {
             sent?;
         }
-        self.delete(dlq_url, d).await
+        // Sent: from here on the letter counts as moved. A delete that fails
+        // twice leaves a copy in the DLQ (said, and deleted if this run sees
+        // it again) rather than a letter reported as left while it is back
+        // in its queue.
+        if self.delete(dlq_url, d).await.is_err() {
+            if let Err(e) = self.delete(dlq_url, d).await {
+                tracing::warn!(
+                    queue = q.spec.name,
+                    message_id = %d.message_id,
+                    "a redriven dead letter is back in its queue, but its copy in the dead-letter queue could not be deleted: {e}"
+                );
+            }
+        }
+        Ok(())
     }
 
     /// The rounds of a redrive: receive, move back what may go (deleting it,

@@ -139,7 +139,8 @@ fn check_redrive(
     // SQS writes the count as a number or a string depending on who set it.
     let count = policy.get("maxReceiveCount").and_then(|c| c.as_u64().or_else(|| c.as_str()?.parse().ok()));
     match count {
-        Some(count) if count > u64::from(spec.max_receives) => Ok(()),
+        // (1,000 is SQS's most: a max_receives of 1,000 leaves no room above.)
+        Some(count) if count > u64::from(spec.max_receives) || count >= 1000 => Ok(()),
         _ => Err(TransportError::Rejected(format!(
             "queue `{name}`: the redrive policy's maxReceiveCount is {}, which must be above max_receives = {} \
              (the worker dead-letters, with the reason, after max_receives attempts; SQS's redrive is the backstop \
@@ -164,4 +165,28 @@ pub(super) async fn depth(client: &Client, url: &str) -> Result<u64, TransportEr
         .await
         .map_err(|e| sdk("GetQueueAttributes", e))?;
     Ok(out.attributes().map_or(0, |a| a.values().filter_map(|v| v.parse::<u64>().ok()).sum()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn policy(count: &str) -> HashMap<QueueAttributeName, String> {
+        let policy = format!(r#"{{"deadLetterTargetArn":"arn:aws:sqs:us-east-1:1:q-dlq","maxReceiveCount":{count}}}"#);
+        HashMap::from([(QueueAttributeName::RedrivePolicy, policy)])
+    }
+
+    #[test]
+    fn the_redrive_policy_must_leave_room_above_max_receives() {
+        let mut spec = QueueSpec { dlq: Some("q-dlq"), max_receives: 5, ..QueueSpec::standard("q") };
+        assert!(check_redrive(&spec, "q-dlq", &policy("10")).is_ok());
+        assert!(check_redrive(&spec, "q-dlq", &policy("\"6\"")).is_ok(), "a count written as a string");
+        let err = check_redrive(&spec, "q-dlq", &policy("5")).unwrap_err().to_string();
+        assert!(err.contains("maxReceiveCount is 5, which must be above max_receives = 5"), "{err}");
+        assert!(err.contains("Set maxReceiveCount to 10"), "{err}");
+        // SQS's most is 1,000: a max_receives of 1,000 cannot have room above.
+        spec.max_receives = 1000;
+        assert_eq!(spec.redrive_after(), 1000);
+        assert!(check_redrive(&spec, "q-dlq", &policy("1000")).is_ok());
+    }
 }
