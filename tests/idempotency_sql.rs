@@ -129,7 +129,7 @@ where
     let url = postgres_url();
     let admin = PostgresIdempotencyStore::connect(&url).await.unwrap();
     let schema = unique_name("idem");
-    admin.execute_sql(&format!("CREATE SCHEMA {schema}")).await.unwrap();
+    sqlx::raw_sql(&format!("CREATE SCHEMA {schema}")).execute(admin.pool()).await.unwrap();
     let separator = if url.contains('?') { '&' } else { '?' };
     let store = PostgresIdempotencyStore::connect(&format!("{url}{separator}options=-c%20search_path%3D{schema}"))
         .await
@@ -139,7 +139,7 @@ where
     }
     let outcome = tokio::spawn(body(store.clone())).await;
     store.close().await;
-    admin.execute_sql(&format!("DROP SCHEMA {schema} CASCADE")).await.unwrap();
+    sqlx::raw_sql(&format!("DROP SCHEMA {schema} CASCADE")).execute(admin.pool()).await.unwrap();
     admin.close().await;
     if let Err(e) = outcome {
         std::panic::resume_unwind(e.into_panic());

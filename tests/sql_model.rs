@@ -102,6 +102,7 @@ async fn run_case<S: RowStore>(store: &S, queue: &str, rules: QueueRules, cmds: 
                             return Err(at(format!("row {m} is {:?} in the store, got {s}", ids.get(&m))));
                         }
                     }
+                    (EnqueueOutcome::Unchanged, EnqueueOutcome::Unchanged) => {}
                     (e, g) => return Err(at(format!("model {e:?}, store {g:?}"))),
                 }
             }
@@ -132,6 +133,7 @@ async fn run_case<S: RowStore>(store: &S, queue: &str, rules: QueueRules, cmds: 
                         | (EnqueueOutcome::Deferred(m), EnqueueOutcome::Deferred(s))
                         | (EnqueueOutcome::Discarded(m), EnqueueOutcome::Discarded(s))
                             if ids.get(&m) == Some(&s) => {}
+                        (EnqueueOutcome::Unchanged, EnqueueOutcome::Unchanged) => {}
                         (e, g) => return Err(at(format!("batch: model {e:?}, store {g:?}"))),
                     }
                 }

@@ -126,6 +126,7 @@ impl Pipeline {
             )),
             Ok(Claim::Claimed) => {
                 let claim = Arc::new(ClaimState {
+                    sql: self.idempotency.sql_claims(),
                     message_id: id.to_owned(),
                     scope: spec.scope,
                     processor: processor.clone(),

@@ -12,6 +12,8 @@ use crate::extract::{FromContext, Requirement, RequirementKind, Resources};
 /// The claim the framework took before calling an `idempotent = ".."` handler.
 #[derive(Debug)]
 pub(crate) struct ClaimState {
+    /// The store's tables and clock (database stores only).
+    pub(crate) sql: Option<super::SqlClaims>,
     pub(crate) message_id: String,
     pub(crate) scope: &'static str,
     pub(crate) processor: String,
@@ -32,7 +34,7 @@ pub(crate) struct ClaimState {
 /// async fn finalize(order: OrderPlaced, claim: IdempotencyClaim, db: State<PgPool>) -> Result<(), HandlerError> {
 ///     let mut tx = db.begin().await?;
 ///     sqlx::query("INSERT INTO invoices (order_id) VALUES ($1)").bind(&order.order_id).execute(&mut *tx).await?;
-///     claim.complete_in_postgres(&mut tx).await?;   // fails, and rolls back, if the claim was lost
+///     claim.complete_in(&mut *tx).await?;   // fails, and rolls back, if the claim was lost
 ///     tx.commit().await?;
 ///     Ok(())
 /// }
@@ -65,7 +67,7 @@ impl IdempotencyClaim {
         self.state.scope
     }
 
-    /// Whether the claim was completed already (by `complete_in_*`).
+    /// Whether the claim was completed already (by [`IdempotencyClaim::complete_in`]).
     pub fn is_completed(&self) -> bool {
         self.state.completed.load(Ordering::Acquire)
     }
@@ -75,41 +77,29 @@ impl IdempotencyClaim {
         HandlerError::transient(ClaimLost { message_id: self.state.message_id.clone(), scope: self.state.scope })
     }
 
-    /// Completes the claim inside `tx`, a transaction on the PostgreSQL
-    /// database that holds the claims (`messaging_idempotency`). Commit `tx`
-    /// for the completion to count; on error, roll back.
-    #[cfg(feature = "postgres")]
-    pub async fn complete_in_postgres(&self, tx: &mut sqlx::PgConnection) -> Result<(), HandlerError> {
-        let done = sqlx::query(
-            "UPDATE messaging_idempotency SET completed = TRUE, completed_at = $4, lease_expires_at = NULL \
-             WHERE message_id = $1 AND scope = $2 AND processor_id = $3 AND NOT completed",
-        )
-        .bind(&self.state.message_id)
-        .bind(self.state.scope)
-        .bind(&self.state.processor)
-        .bind(crate::transport::sql::now_ms())
-        .execute(tx)
-        .await
-        .map_err(HandlerError::transient)?;
-        self.finish(done.rows_affected())
-    }
-
-    /// Completes the claim inside `tx`, a transaction on the SQLite database
-    /// that holds the claims. Commit `tx` for the completion to count.
-    #[cfg(feature = "sqlite")]
-    pub async fn complete_in_sqlite(&self, tx: &mut sqlx::SqliteConnection) -> Result<(), HandlerError> {
-        let done = sqlx::query(
-            "UPDATE messaging_idempotency SET completed = 1, completed_at = ?4, lease_expires_at = NULL \
-             WHERE message_id = ?1 AND scope = ?2 AND processor_id = ?3 AND completed = 0",
-        )
-        .bind(&self.state.message_id)
-        .bind(self.state.scope)
-        .bind(&self.state.processor)
-        .bind(crate::transport::sql::now_ms())
-        .execute(tx)
-        .await
-        .map_err(HandlerError::transient)?;
-        self.finish(done.rows_affected())
+    /// Completes the claim inside `conn`: a transaction (`&mut *tx`) on the
+    /// PostgreSQL or SQLite database that holds the claims. Commit the
+    /// transaction for the completion to count; on error, roll back.
+    #[cfg(any(feature = "postgres", feature = "sqlite"))]
+    pub async fn complete_in<'c, C>(&self, conn: C) -> Result<(), HandlerError>
+    where
+        C: sqlx::Acquire<'c>,
+        C::Database: crate::transport::sql::Dialect,
+    {
+        use crate::transport::sql::{statements, stmt};
+        let sql = self.state.sql.clone().unwrap_or_default();
+        let now = crate::transport::sql::local_ms().saturating_add(sql.offset_ms);
+        let text = sql.tables.sql(&[statements::CLAIM_COMPLETE]);
+        let mut conn = conn.acquire().await.map_err(HandlerError::transient)?;
+        let done = stmt(&text)
+            .bind(self.state.message_id.as_str())
+            .bind(self.state.scope)
+            .bind(self.state.processor.as_str())
+            .bind(now)
+            .execute::<C::Database>(&mut *conn)
+            .await
+            .map_err(HandlerError::transient)?;
+        self.finish(done)
     }
 
     #[cfg(any(feature = "postgres", feature = "sqlite"))]

@@ -16,20 +16,33 @@
 
 mod claim;
 mod memory;
-#[cfg(feature = "postgres")]
-mod postgres;
-#[cfg(feature = "sqlite")]
-mod sqlite;
 
 use std::time::Duration;
 
 pub(crate) use claim::ClaimState;
 pub use claim::IdempotencyClaim;
 pub use memory::MemoryIdempotencyStore;
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+pub use crate::transport::sql::SqlIdempotencyStore;
+
+/// Idempotency claims in PostgreSQL, shared by every process using the database.
 #[cfg(feature = "postgres")]
-pub use postgres::PostgresIdempotencyStore;
+pub type PostgresIdempotencyStore = SqlIdempotencyStore<sqlx::Postgres>;
+
+/// Idempotency claims in a SQLite database file, shared by every process using the file.
 #[cfg(feature = "sqlite")]
-pub use sqlite::SqliteIdempotencyStore;
+pub type SqliteIdempotencyStore = SqlIdempotencyStore<sqlx::Sqlite>;
+
+/// Where a database store keeps its claims and how its clock differs from
+/// this machine's, so that [`IdempotencyClaim::complete_in`] writes in the
+/// caller's transaction what the store would.
+#[doc(hidden)]
+#[derive(Debug, Clone, Default)]
+pub struct SqlClaims {
+    #[cfg(any(feature = "postgres", feature = "sqlite"))]
+    pub(crate) tables: crate::transport::sql::Tables,
+    pub(crate) offset_ms: i64,
+}
 
 use crate::error::TransportError;
 use crate::transport::BoxFuture;
@@ -99,6 +112,12 @@ pub trait IdempotencyStore: Send + Sync + 'static {
         processor: &'a str,
         lease: Duration,
     ) -> BoxFuture<'a, Result<(), TransportError>>;
+
+    /// The tables and clock of a database store (`None` for others).
+    #[doc(hidden)]
+    fn sql_claims(&self) -> Option<SqlClaims> {
+        None
+    }
 }
 
 impl<T: IdempotencyStore> IdempotencyStore for std::sync::Arc<T> {
@@ -138,5 +157,9 @@ impl<T: IdempotencyStore> IdempotencyStore for std::sync::Arc<T> {
         lease: Duration,
     ) -> BoxFuture<'a, Result<(), TransportError>> {
         (**self).extend(message_id, scope, processor, lease)
+    }
+
+    fn sql_claims(&self) -> Option<SqlClaims> {
+        (**self).sql_claims()
     }
 }

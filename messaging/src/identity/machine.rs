@@ -121,16 +121,21 @@ pub enum EnqueueOutcome {
     Deferred(RowId),
     /// The payload equals the newest version on an idempotent queue.
     Discarded(RowId),
+    /// No row exists, and the payload equals the identity's last processed
+    /// version on an idempotent queue: nothing to do (the "send everything,
+    /// process what changed" use, with processed rows deleted).
+    Unchanged,
 }
 
 impl EnqueueOutcome {
-    /// The row concerned.
-    pub fn row(self) -> RowId {
+    /// The row concerned (none when the message was [`EnqueueOutcome::Unchanged`]).
+    pub fn row(self) -> Option<RowId> {
         match self {
             EnqueueOutcome::Inserted(id)
             | EnqueueOutcome::Updated(id)
             | EnqueueOutcome::Deferred(id)
-            | EnqueueOutcome::Discarded(id) => id,
+            | EnqueueOutcome::Discarded(id) => Some(id),
+            EnqueueOutcome::Unchanged => None,
         }
     }
 }
@@ -460,6 +465,11 @@ impl IdentityQueue {
         let existing = e.identity.as_ref().and_then(|k| self.by_identity.get(k).copied());
         if let Some(row) = existing.and_then(|id| self.rows.get_mut(&id)) {
             return row.enqueue(now, seq, e, self.rules.idempotent);
+        }
+        if self.rules.idempotent
+            && e.identity.as_ref().and_then(|k| self.previous.get(k)).is_some_and(|p| *p == e.payload)
+        {
+            return EnqueueOutcome::Unchanged;
         }
         let id = self.next_id;
         self.next_id += 1;

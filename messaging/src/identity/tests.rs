@@ -35,16 +35,16 @@ fn enqueue_without_identity_always_inserts() {
     let a = q.enqueue(0, msg(None, "x"));
     let b = q.enqueue(0, msg(None, "x"));
     assert!(matches!(a, EnqueueOutcome::Inserted(_)) && matches!(b, EnqueueOutcome::Inserted(_)));
-    assert_ne!(a.row(), b.row());
+    assert_ne!(a.row().expect("a row"), b.row().expect("a row"));
     let later = q.enqueue(0, Enqueue { process_at: Some(500), ..msg(None, "later") });
-    assert_eq!(status(&q, later.row()), Status::Sleeping);
+    assert_eq!(status(&q, later.row().expect("a row")), Status::Sleeping);
 }
 
 #[test]
 fn at_most_one_row_per_identity_whatever_its_status() {
     for terminal in [Status::Pending, Status::Sleeping, Status::Error, Status::Processed] {
         let mut q = queue(QueueRules { retention_ms: 10_000, max_attempts: 1, ..QueueRules::default() });
-        let id = q.enqueue(0, msg(Some("k"), "v1")).row();
+        let id = q.enqueue(0, msg(Some("k"), "v1")).row().expect("a row");
         match terminal {
             Status::Sleeping => {
                 q.enqueue(0, Enqueue { process_at: Some(50), ..msg(Some("k"), "v1b") });
@@ -72,7 +72,7 @@ fn at_most_one_row_per_identity_whatever_its_status() {
 #[test]
 fn idempotent_queues_discard_an_unchanged_payload() {
     let mut q = queue(QueueRules { idempotent: true, ..QueueRules::default() });
-    let id = q.enqueue(0, msg(Some("k"), "same")).row();
+    let id = q.enqueue(0, msg(Some("k"), "same")).row().expect("a row");
     assert_eq!(q.enqueue(1, msg(Some("k"), "same")), EnqueueOutcome::Discarded(id));
     assert_eq!(q.enqueue(1, msg(Some("k"), "changed")), EnqueueOutcome::Updated(id));
     // In AwaitingRelease the newest version is the deferred one.
@@ -88,7 +88,7 @@ fn idempotent_queues_discard_an_unchanged_payload() {
 #[test]
 fn enqueue_while_leased_defers_the_new_version() {
     let mut q = queue(QueueRules::default());
-    let id = q.enqueue(0, msg(Some("k"), "v1")).row();
+    let id = q.enqueue(0, msg(Some("k"), "v1")).row().expect("a row");
     let l = q.lease(0, 1, LEASE).remove(0);
     let deferred = Enqueue { priority: 7, process_at: Some(100), ..msg(Some("k"), "v2") };
     assert_eq!(q.enqueue(10, deferred), EnqueueOutcome::Deferred(id));
@@ -116,7 +116,7 @@ fn deferred_destinations_future_due_and_custom() {
         (None, Some(Status::Error), 10, Status::Error),
     ] {
         let mut q = queue(QueueRules::default());
-        let id = q.enqueue(0, msg(Some("k"), "v1")).row();
+        let id = q.enqueue(0, msg(Some("k"), "v1")).row().expect("a row");
         let l = q.lease(0, 1, LEASE).remove(0);
         q.enqueue(1, Enqueue { process_at, status: custom, ..msg(Some("k"), "v2") });
         q.release(release_at, id, l.token).unwrap();
@@ -127,7 +127,7 @@ fn deferred_destinations_future_due_and_custom() {
 #[test]
 fn the_old_processors_failure_never_overwrites_the_newer_enqueue() {
     let mut q = queue(QueueRules { max_attempts: 1, ..QueueRules::default() });
-    let id = q.enqueue(0, msg(Some("k"), "v1")).row();
+    let id = q.enqueue(0, msg(Some("k"), "v1")).row().expect("a row");
     let l = q.lease(0, 1, LEASE).remove(0);
     q.enqueue(1, msg(Some("k"), "v2"));
     q.fail(2, id, l.token, 500, "old attempt failed").unwrap();
@@ -143,7 +143,7 @@ fn the_old_processors_failure_never_overwrites_the_newer_enqueue() {
 #[test]
 fn complete_keeps_or_deletes_by_retention_and_records_previous() {
     let mut q = queue(QueueRules { retention_ms: 0, ..QueueRules::default() });
-    let id = q.enqueue(0, msg(Some("k"), "v1")).row();
+    let id = q.enqueue(0, msg(Some("k"), "v1")).row().expect("a row");
     let l = q.lease(0, 1, LEASE).remove(0);
     q.complete(1, id, l.token).unwrap();
     assert!(q.row(id).is_none(), "retention 0 deletes");
@@ -151,7 +151,7 @@ fn complete_keeps_or_deletes_by_retention_and_records_previous() {
     assert!(matches!(q.enqueue(2, msg(Some("k"), "v2")), EnqueueOutcome::Inserted(_)));
 
     let mut q = queue(QueueRules { retention_ms: 100, ..QueueRules::default() });
-    let id = q.enqueue(0, msg(Some("k"), "v1")).row();
+    let id = q.enqueue(0, msg(Some("k"), "v1")).row().expect("a row");
     let l = q.lease(0, 1, LEASE).remove(0);
     q.complete(10, id, l.token).unwrap();
     assert_eq!(status(&q, id), Status::Processed);
@@ -163,7 +163,7 @@ fn complete_keeps_or_deletes_by_retention_and_records_previous() {
 #[test]
 fn fail_backs_off_then_dead_letters() {
     let mut q = queue(QueueRules { max_attempts: 2, ..QueueRules::default() });
-    let id = q.enqueue(0, msg(None, "x")).row();
+    let id = q.enqueue(0, msg(None, "x")).row().expect("a row");
     let l = q.lease(0, 1, LEASE).remove(0);
     q.fail(1, id, l.token, 100, "first").unwrap();
     assert_eq!(status(&q, id), Status::Sleeping);
@@ -180,7 +180,7 @@ fn fail_backs_off_then_dead_letters() {
 #[test]
 fn release_charges_no_attempt() {
     let mut q = queue(QueueRules::default());
-    let id = q.enqueue(0, msg(None, "x")).row();
+    let id = q.enqueue(0, msg(None, "x")).row().expect("a row");
     let l = q.lease(0, 1, LEASE).remove(0);
     q.release(1, id, l.token).unwrap();
     assert_eq!((status(&q, id), q.row(id).unwrap().attempts), (Status::Pending, 0));
@@ -189,7 +189,7 @@ fn release_charges_no_attempt() {
 #[test]
 fn lease_expiry_is_abandonment() {
     let mut q = queue(QueueRules { retry_abandoned: true, max_attempts: 2, ..QueueRules::default() });
-    let id = q.enqueue(0, msg(None, "x")).row();
+    let id = q.enqueue(0, msg(None, "x")).row().expect("a row");
     q.lease(0, 1, LEASE);
     assert_eq!(q.expire(LEASE), vec![id]);
     assert_eq!(status(&q, id), Status::Pending, "retried, attempt counted");
@@ -198,14 +198,14 @@ fn lease_expiry_is_abandonment() {
     assert_eq!(status(&q, id), Status::Error, "out of attempts");
 
     let mut q = queue(QueueRules { retry_abandoned: false, ..QueueRules::default() });
-    let id = q.enqueue(0, msg(None, "x")).row();
+    let id = q.enqueue(0, msg(None, "x")).row().expect("a row");
     q.lease(0, 1, LEASE);
     q.expire(LEASE);
     assert_eq!(status(&q, id), Status::Error);
 
     // AwaitingRelease: the deferred values apply as on release.
     let mut q = queue(QueueRules::default());
-    let id = q.enqueue(0, msg(Some("k"), "v1")).row();
+    let id = q.enqueue(0, msg(Some("k"), "v1")).row().expect("a row");
     q.lease(0, 1, LEASE);
     q.enqueue(1, msg(Some("k"), "v2"));
     q.expire(LEASE);
@@ -215,7 +215,7 @@ fn lease_expiry_is_abandonment() {
 #[test]
 fn stale_tokens_are_fenced() {
     let mut q = queue(QueueRules::default());
-    let id = q.enqueue(0, msg(None, "x")).row();
+    let id = q.enqueue(0, msg(None, "x")).row().expect("a row");
     let first = q.lease(0, 1, LEASE).remove(0);
     // The lease expires and another processor takes the message.
     let second = q.lease(LEASE, 1, LEASE).remove(0);
@@ -232,7 +232,7 @@ fn stale_tokens_are_fenced() {
 #[test]
 fn extend_pushes_the_expiry_out() {
     let mut q = queue(QueueRules::default());
-    let id = q.enqueue(0, msg(Some("k"), "x")).row();
+    let id = q.enqueue(0, msg(Some("k"), "x")).row().expect("a row");
     let l = q.lease(0, 1, LEASE).remove(0);
     q.extend(900, id, l.token, LEASE).unwrap();
     assert!(q.expire(1_500).is_empty());
@@ -244,10 +244,10 @@ fn extend_pushes_the_expiry_out() {
 #[test]
 fn leasing_order_is_priority_then_enqueue_order() {
     let mut q = queue(QueueRules::default());
-    let low = q.enqueue(0, msg(None, "low")).row();
-    let high = q.enqueue(1, Enqueue { priority: 5, ..msg(None, "high") }).row();
-    let low2 = q.enqueue(2, msg(None, "low2")).row();
-    let due = q.enqueue(3, Enqueue { process_at: Some(10), priority: 9, ..msg(None, "sleeper") }).row();
+    let low = q.enqueue(0, msg(None, "low")).row().expect("a row");
+    let high = q.enqueue(1, Enqueue { priority: 5, ..msg(None, "high") }).row().expect("a row");
+    let low2 = q.enqueue(2, msg(None, "low2")).row().expect("a row");
+    let due = q.enqueue(3, Enqueue { process_at: Some(10), priority: 9, ..msg(None, "sleeper") }).row().expect("a row");
     let order: Vec<RowId> = q.lease(5, 10, LEASE).into_iter().map(|l| l.id).collect();
     assert_eq!(order, vec![high, low, low2], "the sleeper is not due yet");
     assert_eq!(q.lease(10, 10, LEASE).remove(0).id, due);
@@ -257,9 +257,9 @@ fn leasing_order_is_priority_then_enqueue_order() {
 fn fifo_groups_lease_one_at_a_time_in_order() {
     let mut q = queue(QueueRules { fifo: true, ..QueueRules::default() });
     let g = |p: &str, group: &str| Enqueue { group: Some(group.into()), ..msg(None, p) };
-    let a1 = q.enqueue(0, g("a1", "a")).row();
-    let a2 = q.enqueue(1, g("a2", "a")).row();
-    let b1 = q.enqueue(2, g("b1", "b")).row();
+    let a1 = q.enqueue(0, g("a1", "a")).row().expect("a row");
+    let a2 = q.enqueue(1, g("a2", "a")).row().expect("a row");
+    let b1 = q.enqueue(2, g("b1", "b")).row().expect("a row");
     let first: Vec<RowId> = q.lease(3, 10, LEASE).into_iter().map(|l| l.id).collect();
     assert_eq!(first, vec![a1, b1]);
     assert!(q.lease(4, 10, LEASE).is_empty(), "both groups are busy");

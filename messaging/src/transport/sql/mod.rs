@@ -1,17 +1,30 @@
 //! Database queues: `sqlite://` and `postgres://`.
 //!
 //! [`SqlTransport`] implements the transport seam once, over any
-//! [`RowStore`]; the stores ([`postgres`], [`sqlite`]) hold the SQL. Rows
+//! [`RowStore`]; [`SqlStore`] is the one store, over either database, and
+//! its [`Dialect`] holds what PostgreSQL and SQLite do differently. Rows
 //! follow the message identity semantics of [`crate::identity`]: the status
 //! `Error` is the queue's dead letters, a lease expiry is an abandonment, a
 //! message's identity keeps one row per (queue, identity).
+//!
+//! Layers, bottom up: `statements` (the shared SQL) and `driver` (running it
+//! on any sqlx driver) and `record` (decoding rows); `dialect` (what
+//! differs), `postgres` and `sqlite` (the two dialects); `rows` (the store)
+//! and `claims` (the idempotency store); this module (the transport).
 
+mod claims;
+mod clock;
+mod dialect;
+mod driver;
 mod options;
 #[cfg(feature = "postgres")]
 pub mod postgres;
+mod record;
+mod rows;
 mod schema;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;
+pub(crate) mod statements;
 mod store;
 
 use std::collections::HashMap;
@@ -20,7 +33,13 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use tokio::sync::Notify;
 
+pub use claims::SqlIdempotencyStore;
+pub(crate) use clock::local_ms;
+pub use dialect::Dialect;
+pub(crate) use driver::stmt;
 pub use options::SqlOptions;
+pub use rows::SqlStore;
+pub(crate) use statements::Tables;
 pub use store::{Enqueued, LeasedRow, RowOp, RowStore};
 
 use crate::error::TransportError;
@@ -30,11 +49,6 @@ use crate::transport::{
     Attributes, BoxFuture, DeadLetter, DeadLetters, Delivery, MessageId, Outgoing, Receipt, RedriveOptions,
     RedriveOutcome, Transport,
 };
-
-/// Milliseconds since the Unix epoch, from the application's clock.
-pub fn now_ms() -> i64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64)
-}
 
 /// A queue known to the transport.
 struct SqlQueue {
@@ -139,7 +153,7 @@ impl<S: RowStore> SqlTransport<S> {
             due
         };
         if due {
-            self.store.maintain(q.spec.name, now_ms(), q.rules).await?;
+            self.store.maintain(q.spec.name, self.store.now(), q.rules).await?;
             self.purge_claims().await;
         }
         Ok(())
@@ -156,7 +170,7 @@ impl<S: RowStore> SqlTransport<S> {
             }
             *last = Some(std::time::Instant::now());
         }
-        let before = now_ms() - self.options.claims_retention.as_millis() as i64;
+        let before = self.store.now() - self.options.claims_retention.as_millis() as i64;
         match self.store.purge_claims(before).await {
             Ok(0) => {}
             Ok(n) => tracing::debug!(purged = n, "purged completed idempotency claims"),
@@ -173,12 +187,12 @@ impl<S: RowStore> SqlTransport<S> {
         let (name, fifo, of) = (q.spec.name, q.spec.fifo, self.store.concurrent_leases());
         if !fifo && of > 1 {
             let part = q.turn.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % of;
-            let rows = self.store.lease_partition(name, now_ms(), n, lease_ms, part, of).await?;
+            let rows = self.store.lease_partition(name, self.store.now(), n, lease_ms, part, of).await?;
             if !rows.is_empty() {
                 return Ok(rows);
             }
         }
-        self.store.lease(name, now_ms(), n, lease_ms, fifo).await
+        self.store.lease(name, self.store.now(), n, lease_ms, fifo).await
     }
 
     async fn receive_from(&self, name: &str, max: usize, wait: Duration) -> Result<Vec<Delivery>, TransportError> {
@@ -207,7 +221,7 @@ impl<S: RowStore> SqlTransport<S> {
             // sleeper or lease coming due, the poll interval, or the deadline.
             let mut wake = deadline.min(now + self.options.poll);
             if let Some(at) = self.store.next_due(name).await? {
-                let in_ms = (at - now_ms()).max(0) as u64;
+                let in_ms = (at - self.store.now()).max(0) as u64;
                 wake = wake.min(now + Duration::from_millis(in_ms));
             }
             tokio::select! {
@@ -269,7 +283,7 @@ impl<S: RowStore> Transport for SqlTransport<S> {
 
     fn declare<'a>(&'a self, spec: &'a QueueSpec) -> BoxFuture<'a, Result<(), TransportError>> {
         Box::pin(async move {
-            self.store.declare(spec.name, spec.fifo, now_ms()).await?;
+            self.store.declare(spec.name, spec.fifo, self.store.now()).await?;
             let rules = QueueRules {
                 idempotent: spec.idempotent,
                 max_attempts: spec.max_receives,
@@ -307,7 +321,7 @@ impl<S: RowStore> Transport for SqlTransport<S> {
                 Ok(q) => q,
                 Err(_) => return crate::transport::unknown_queue(queue, &messages),
             };
-            let now = now_ms();
+            let now = self.store.now();
             let mut results: Vec<Option<Result<MessageId, TransportError>>> = Vec::with_capacity(messages.len());
             let mut items = Vec::with_capacity(messages.len());
             for message in messages {
@@ -325,7 +339,7 @@ impl<S: RowStore> Transport for SqlTransport<S> {
             for slot in results.iter_mut().filter(|r| r.is_none()) {
                 *slot = Some(match stored.next() {
                     Some(Ok(e)) => {
-                        if let EnqueueOutcome::Discarded(_) = e.outcome {
+                        if let EnqueueOutcome::Discarded(_) | EnqueueOutcome::Unchanged = e.outcome {
                             tracing::debug!(queue, "enqueue discarded: the payload equals the stored version");
                         }
                         Ok(MessageId::from(e.message_id))
@@ -355,7 +369,7 @@ impl<S: RowStore> Transport for SqlTransport<S> {
                 Err(_) => return crate::transport::unknown_queue(queue, &receipts),
             };
             let items = receipts.iter().map(|r| (r.key, r.token)).collect();
-            let results = self.store.complete(queue, now_ms(), items, retention).await;
+            let results = self.store.complete(queue, self.store.now(), items, retention).await;
             // A completion can unlock a FIFO group or apply a deferred version,
             // and it frees rows that a receiver may have skipped as locked.
             if let Ok(q) = self.queue(queue) {
@@ -373,7 +387,7 @@ impl<S: RowStore> Transport for SqlTransport<S> {
     ) -> BoxFuture<'a, Result<(), TransportError>> {
         Box::pin(async move {
             let q = self.queue(queue)?;
-            let now = now_ms();
+            let now = self.store.now();
             let op = if delay.is_zero() {
                 RowOp::Release
             } else {
@@ -397,7 +411,7 @@ impl<S: RowStore> Transport for SqlTransport<S> {
     ) -> BoxFuture<'a, Result<(), TransportError>> {
         Box::pin(async move {
             let op = RowOp::Extend { lease_ms: visibility.as_millis() as i64 };
-            self.store.apply(queue, now_ms(), receipt.key, receipt.token, op).await
+            self.store.apply(queue, self.store.now(), receipt.key, receipt.token, op).await
         })
     }
 
@@ -454,7 +468,7 @@ impl<S: RowStore> DeadLetters for SqlTransport<S> {
         Box::pin(async move {
             let op = RowOp::DeadLetter { error: reason };
             let receipt = &delivery.receipt;
-            self.store.apply(queue, now_ms(), receipt.key, receipt.token, op).await
+            self.store.apply(queue, self.store.now(), receipt.key, receipt.token, op).await
         })
     }
 

@@ -80,27 +80,3 @@ pub(crate) fn check_kind(queue: &str, declared_fifo: bool, stored_fifo: bool) ->
         kind(declared_fifo)
     )))
 }
-
-#[cfg(feature = "postgres")]
-pub(crate) async fn check_postgres(pool: &sqlx::PgPool) -> Result<(), TransportError> {
-    let found: Vec<(String, String)> = sqlx::query_as(
-        "SELECT table_name::text, column_name::text FROM information_schema.columns \
-         WHERE table_schema = current_schema() AND table_name LIKE 'messaging\\_%'",
-    )
-    .fetch_all(pool)
-    .await
-    .map_err(|e| TransportError::Backend(format!("postgresql: reading the schema failed: {e}")))?;
-    compare("postgresql", &found)
-}
-
-#[cfg(feature = "sqlite")]
-pub(crate) async fn check_sqlite(pool: &sqlx::SqlitePool) -> Result<(), TransportError> {
-    let found: Vec<(String, String)> = sqlx::query_as(
-        "SELECT m.name, p.name FROM sqlite_master m JOIN pragma_table_info(m.name) p \
-         WHERE m.type = 'table' AND m.name LIKE 'messaging\\_%' ESCAPE '\\'",
-    )
-    .fetch_all(pool)
-    .await
-    .map_err(|e| TransportError::Backend(format!("sqlite: reading the schema failed: {e}")))?;
-    compare("sqlite", &found)
-}

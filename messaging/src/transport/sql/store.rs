@@ -81,6 +81,12 @@ pub trait RowStore: Send + Sync + 'static {
     /// The `messaging.system` name (`postgresql`, `sqlite`).
     fn system(&self) -> &'static str;
 
+    /// Milliseconds since the Unix epoch by the clock every process of the
+    /// database agrees on (PostgreSQL's; the machine's for SQLite).
+    fn now(&self) -> i64 {
+        super::clock::local_ms()
+    }
+
     /// Creates or upgrades the tables (the `migrate` command).
     fn migrate(&self) -> BoxFuture<'_, Result<(), TransportError>>;
 

@@ -7,39 +7,36 @@
 //! inside such a transaction cannot change before it commits, which is what
 //! `FOR UPDATE` (and `SKIP LOCKED`) give on PostgreSQL. A deferred `BEGIN`
 //! would take the lock only at the first write, and two readers upgrading at
-//! the same time get `SQLITE_BUSY` without waiting. Single statements run in
-//! autocommit mode, which takes the write lock when the statement starts.
+//! the same time get `SQLITE_BUSY` without waiting.
 //!
 //! There are no sequences: the row `('seq', value)` of `messaging_counters`
 //! gives the enqueue order and the lease tokens. There is no cross-process
-//! signal either ([`RowStore::changes`] is `None`): receivers in the same
-//! process are woken by [`SqlTransport`], others poll.
+//! signal either (`RowStore::changes` is `None`): receivers in the same
+//! process are woken by [`SqlTransport`], others poll. One machine, one
+//! clock: times are the machine's.
 
+use std::collections::HashSet;
 use std::path::Path;
 use std::str::FromStr;
+use std::sync::Arc;
 use std::time::Duration;
 
-use sqlx::sqlite::{
-    SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteRow,
-    SqliteSynchronous,
-};
-use sqlx::{Row as _, Sqlite, Transaction};
+use sqlx::sqlite::{SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
+use sqlx::{Pool, Sqlite, Transaction};
+use tokio::sync::{Mutex, OwnedMutexGuard};
 
-use super::store::{Enqueued, LeasedRow, RowOp, RowStore};
+use super::dialect::{backend, Dialect};
+use super::driver::{stmt, Driver};
+use super::rows::SqlStore;
+use super::statements::{self as sql, Tables};
+use super::store::LeasedRow;
 use super::{SqlOptions, SqlTransport};
 use crate::error::{Error, TransportError};
-use crate::identity::{Deferred, Enqueue, EnqueueOutcome, QueueRules, Row, RowId, Status};
-use crate::transport::BoxFuture;
+use crate::identity::{Row, RowId};
 
 mod checkpoint;
-mod rows;
-mod statements;
 #[cfg(test)]
 mod tests;
-mod txn;
-
-use rows::*;
-use statements::*;
 
 /// How many connections a file database gets (readers run in parallel; writers take turns).
 const MAX_CONNECTIONS: u32 = 8;
@@ -47,24 +44,15 @@ const MAX_CONNECTIONS: u32 = 8;
 /// How long a writer waits for the database's write lock.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// Rows per multi-row insert: 12 values each, well under SQLite's 32,766
+/// bound parameters.
+const INSERT_ROWS: usize = 500;
+
 /// The SQLite transport.
 pub type SqliteTransport = SqlTransport<SqliteStore>;
 
 /// Rows in a SQLite database.
-#[derive(Debug, Clone)]
-pub struct SqliteStore {
-    pool: SqlitePool,
-    /// Queues this process's writes in order. Without it, writers of one
-    /// process compete through SQLite's busy handler (sleeps of up to 100 ms,
-    /// unfair: an ack could starve into "database is locked"); other processes
-    /// still wait through the busy timeout.
-    writer: std::sync::Arc<tokio::sync::Mutex<()>>,
-    /// Checkpoints the WAL in the background (file databases only).
-    _checkpointer: Option<std::sync::Arc<checkpoint::Checkpointer>>,
-}
-
-/// A write transaction (begun with `BEGIN IMMEDIATE`).
-type Tx = Transaction<'static, Sqlite>;
+pub type SqliteStore = SqlStore<Sqlite>;
 
 /// Connects to `url` (with the framework's options taken out), and runs the
 /// migrations when the URL asks for them (`?migrate=true`).
@@ -72,33 +60,21 @@ pub async fn connect(url: &str) -> Result<SqliteTransport, Error> {
     let (options, url) = SqlOptions::parse(url)?;
     let store = SqliteStore::connect(&url).await?;
     if options.migrate {
-        store.migrate().await?;
+        Sqlite::migrate(store.pool()).await?;
     }
     Ok(SqlTransport::new(store, options))
 }
 
-fn backend(what: &str, e: sqlx::Error) -> TransportError {
-    TransportError::Backend(format!("sqlite: {what} failed: {e}"))
-}
-
-/// The same failure for each of `n` items (a batch fails as a whole).
-fn each<T>(n: usize, e: &TransportError) -> Vec<Result<T, TransportError>> {
-    (0..n)
-        .map(|_| {
-            Err(match e {
-                TransportError::StaleReceipt => TransportError::StaleReceipt,
-                TransportError::Closed => TransportError::Closed,
-                TransportError::QueueNotFound(q) => TransportError::QueueNotFound(q.clone()),
-                TransportError::Rejected(r) => TransportError::Rejected(r.clone()),
-                other => TransportError::Backend(other.to_string()),
-            })
-        })
-        .collect()
-}
-
-/// A count or limit as SQLite's signed integer.
-fn int(n: usize) -> i64 {
-    i64::try_from(n).unwrap_or(i64::MAX)
+/// What a SQLite store keeps beside its pool.
+#[derive(Debug, Clone)]
+pub struct LiteState {
+    /// Queues this process's writes in order. Without it, writers of one
+    /// process compete through SQLite's busy handler (sleeps of up to 100 ms,
+    /// unfair: an ack could starve into "database is locked"); other processes
+    /// still wait through the busy timeout.
+    writer: Arc<Mutex<()>>,
+    /// Checkpoints the WAL in the background (file databases only).
+    _checkpointer: Option<Arc<checkpoint::Checkpointer>>,
 }
 
 /// Whether the options name an in-memory database (`sqlite::memory:`, `?mode=memory`).
@@ -108,10 +84,71 @@ fn in_memory(url: &str, path: &Path) -> bool {
         || path.to_str().is_some_and(|p| p.starts_with("file:sqlx-in-memory-"))
 }
 
-impl SqliteStore {
+/// A count or limit as SQLite's signed integer.
+fn int(n: usize) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+/// Row ids as a JSON array, for `IN (SELECT value FROM json_each(?))`: one
+/// statement for a whole batch.
+fn json_ids(ids: impl Iterator<Item = i64>) -> String {
+    let list: Vec<String> = ids.map(|id| id.to_string()).collect();
+    format!("[{}]", list.join(","))
+}
+
+/// Reserves `n` consecutive values of the counter; returns the first.
+async fn reserve(conn: &mut SqliteConnection, tables: &Tables, n: usize) -> Result<u64, TransportError> {
+    let sql = tables.sql(&["UPDATE messaging_counters SET value = value + $1 WHERE name = 'seq' RETURNING value"]);
+    let last = stmt(&sql).bind(int(n)).fetch_optional::<Sqlite>(conn).await;
+    let last = last.and_then(|r| r.map(|r| Sqlite::int(&r, 0)).transpose());
+    match last.map_err(|e| backend::<Sqlite>("advancing the counter", e))?.flatten() {
+        Some(last) => Ok((last - int(n) + 1) as u64),
+        None => Err(TransportError::Backend(
+            "sqlite: the counter `seq` is missing from table `messaging_counters`; run the `migrate` command".into(),
+        )),
+    }
+}
+
+/// Leases the rows `ids` in one statement, with one new token for the lease;
+/// returns them in the order of `ids`.
+async fn lease_ids(
+    conn: &mut SqliteConnection,
+    tables: &Tables,
+    ids: &[i64],
+    now: i64,
+    lease_ms: i64,
+) -> Result<Vec<LeasedRow>, TransportError> {
+    if ids.is_empty() {
+        return Ok(Vec::new());
+    }
+    let token = reserve(conn, tables, 1).await?;
+    let update = tables.sql(&[
+        "UPDATE messaging_messages SET status = 'processing', lease_token = $1, lease_expires = $2, \
+         attempts = attempts + 1 WHERE id IN (SELECT value FROM json_each($3)) RETURNING ",
+        sql::LEASED,
+    ]);
+    let json = json_ids(ids.iter().copied());
+    let rows = stmt(&update)
+        .bind(token as i64)
+        .bind(now + lease_ms)
+        .bind(json.as_str())
+        .fetch_all::<Sqlite>(conn)
+        .await
+        .map_err(|e| backend::<Sqlite>("lease", e))?;
+    let position: std::collections::HashMap<i64, usize> = ids.iter().enumerate().map(|(i, &id)| (id, i)).collect();
+    let mut leased = rows
+        .iter()
+        .map(|r| Sqlite::leased(r).map(LeasedRow::from))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| backend::<Sqlite>("lease", e))?;
+    leased.sort_by_key(|l| position.get(&(l.id as i64)).copied().unwrap_or(usize::MAX));
+    Ok(leased)
+}
+
+impl SqlStore<Sqlite> {
     /// Opens (creating it if missing) the database file of `url`
     /// (`sqlite://FILE`, with sqlx's SQLite parameters) in WAL mode.
-    pub async fn connect(url: &str) -> Result<Self, TransportError> {
+    async fn open(url: &str) -> Result<(Pool<Sqlite>, LiteState), TransportError> {
         let options = SqliteConnectOptions::from_str(url)
             .map_err(|e| TransportError::Backend(format!("sqlite: invalid database URL `{url}`: {e}")))?
             .create_if_missing(true)
@@ -145,344 +182,194 @@ impl SqliteStore {
             TransportError::Backend(format!("sqlite: cannot open the database file `{}`: {e}", path.display()))
         })?;
         let checkpointer = if memory { None } else { checkpoint::start(pool.clone()) };
-        Ok(SqliteStore { pool, writer: Default::default(), _checkpointer: checkpointer })
-    }
-
-    /// The connection pool.
-    pub fn pool(&self) -> &SqlitePool {
-        &self.pool
-    }
-
-    /// Takes this process's write turn (see `writer`).
-    async fn write_turn(&self) -> tokio::sync::OwnedMutexGuard<()> {
-        self.writer.clone().lock_owned().await
-    }
-
-    /// Begins a write transaction: `BEGIN IMMEDIATE` takes the write lock now.
-    /// End it with [`finish`](statements::finish); if the future is dropped
-    /// before, the transaction's drop queues a `ROLLBACK` that runs before the
-    /// connection is used again.
-    async fn begin(&self) -> Result<Tx, TransportError> {
-        self.pool.begin_with("BEGIN IMMEDIATE").await.map_err(|e| backend("begin", e))
+        Ok((pool, LiteState { writer: Default::default(), _checkpointer: checkpointer }))
     }
 }
 
-impl RowStore for SqliteStore {
-    fn system(&self) -> &'static str {
-        "sqlite"
+// The dialect's items are the framework's own (the trait is sealed).
+#[allow(private_interfaces)]
+impl Dialect for Sqlite {
+    const SYSTEM: &'static str = "sqlite";
+    const LOCK: &'static str = "";
+    const LOCK_SKIP: &'static str = "";
+    const CONCURRENT_LEASES: u32 = 1;
+    const SCHEMA_COLUMNS: &'static str = "SELECT m.name, p.name FROM sqlite_master m JOIN pragma_table_info(m.name) p \
+        WHERE m.type = 'table' AND m.name LIKE 'messaging\\_%' ESCAPE '\\'";
+    const AUTOCOMMIT: bool = false;
+
+    type State = LiteState;
+
+    async fn connect(url: &str) -> Result<(Pool<Self>, LiteState), TransportError> {
+        SqlStore::<Sqlite>::open(url).await
     }
 
-    fn migrate(&self) -> BoxFuture<'_, Result<(), TransportError>> {
-        Box::pin(async move {
-            sqlx::migrate!("./migrations/sqlite")
-                .run(&self.pool)
-                .await
-                .map_err(|e| TransportError::Backend(format!("sqlite: migration failed: {e}")))
-        })
+    fn adopt(_: &Pool<Self>) -> LiteState {
+        LiteState { writer: Default::default(), _checkpointer: None }
     }
 
-    fn check_schema(&self) -> BoxFuture<'_, Result<(), TransportError>> {
-        Box::pin(super::schema::check_sqlite(&self.pool))
+    async fn migrate(pool: &Pool<Self>) -> Result<(), TransportError> {
+        sqlx::migrate!("./migrations/sqlite")
+            .run(pool)
+            .await
+            .map_err(|e| TransportError::Backend(format!("sqlite: migration failed: {e}")))
     }
 
-    fn declare<'a>(&'a self, queue: &'a str, fifo: bool, now: i64) -> BoxFuture<'a, Result<(), TransportError>> {
-        Box::pin(async move {
-            self.check_schema().await?;
-            let turn = self.write_turn().await;
-            sqlx::query("INSERT INTO messaging_queues (name, fifo, created_at) VALUES (?1, ?2, ?3) ON CONFLICT (name) DO NOTHING")
-                .bind(queue)
-                .bind(fifo)
-                .bind(now)
-                .execute(&self.pool)
-                .await
-                .map_err(|e| backend("declaring a queue", e))?;
-            drop(turn);
-            let stored: bool = sqlx::query_scalar("SELECT fifo FROM messaging_queues WHERE name = ?1")
-                .bind(queue)
-                .fetch_one(&self.pool)
-                .await
-                .map_err(|e| backend("declaring a queue", e))?;
-            super::schema::check_kind(queue, fifo, stored)
-        })
+    fn now(_: &LiteState) -> i64 {
+        super::clock::local_ms()
     }
 
-    fn enqueue<'a>(
-        &'a self,
+    async fn turn(state: &LiteState) -> Option<OwnedMutexGuard<()>> {
+        Some(state.writer.clone().lock_owned().await)
+    }
+
+    /// `BEGIN IMMEDIATE` takes the write lock now. If the future is dropped
+    /// before the end, the transaction's drop queues a `ROLLBACK` that runs
+    /// before the connection is used again.
+    async fn begin(pool: &Pool<Self>) -> Result<Transaction<'static, Self>, sqlx::Error> {
+        pool.begin_with("BEGIN IMMEDIATE").await
+    }
+
+    async fn next_seq(conn: &mut SqliteConnection, tables: &Tables) -> Result<u64, TransportError> {
+        reserve(conn, tables, 1).await
+    }
+
+    async fn insert_plain<'a>(
+        conn: &'a mut SqliteConnection,
+        tables: &'a Tables,
         queue: &'a str,
         now: i64,
-        items: Vec<Enqueue>,
-        idempotent: bool,
-    ) -> BoxFuture<'a, Vec<Result<Enqueued, TransportError>>> {
-        Box::pin(async move {
-            if items.is_empty() {
-                return Vec::new();
-            }
-            let n = items.len();
-            let _turn = self.write_turn().await;
-            let stored = match self.begin().await {
-                Ok(mut tx) => {
-                    let result = Self::enqueue_in(&mut tx, queue, now, items, idempotent).await;
-                    finish(tx, result).await
-                }
-                Err(e) => Err(e),
-            };
-            match stored {
-                Ok(stored) => stored.into_iter().map(Ok).collect(),
-                Err(e) => each(n, &e),
-            }
-        })
+        rows: &'a [Row],
+    ) -> Result<Vec<RowId>, TransportError> {
+        let first = reserve(conn, tables, rows.len()).await?;
+        let mut ids = Vec::with_capacity(rows.len());
+        let head = tables.sql(&["INSERT INTO messaging_messages (queue, group_id, message_id, payload, attributes, \
+             priority, process_at, status, attempts, seq, sent_at) "]);
+        for (n, chunk) in rows.chunks(INSERT_ROWS).enumerate() {
+            let base = first + (n * INSERT_ROWS) as u64;
+            let mut insert = sqlx::QueryBuilder::<Sqlite>::new(head.as_ref());
+            insert.push_values(chunk.iter().zip(base..), |mut values, (row, seq)| {
+                values
+                    .push_bind(queue)
+                    .push_bind(row.group.as_deref())
+                    .push_bind(row.message_id.as_str())
+                    .push_bind(row.payload.as_slice())
+                    .push_bind(row.attributes.as_str())
+                    .push_bind(row.priority)
+                    .push_bind(row.process_at)
+                    .push_bind(row.status.as_str())
+                    .push_bind(0_i64)
+                    .push_bind(seq as i64)
+                    .push_bind(now);
+            });
+            insert.push(" RETURNING id, seq");
+            let mut inserted: Vec<(i64, i64)> =
+                insert.build_query_as().fetch_all(&mut *conn).await.map_err(|e| backend::<Self>("enqueue", e))?;
+            inserted.sort_by_key(|&(_, seq)| seq);
+            ids.extend(inserted.into_iter().map(|(id, _)| id as RowId));
+        }
+        Ok(ids)
     }
 
-    fn lease<'a>(
-        &'a self,
+    async fn lease<'a>(
+        store: &'a SqlStore<Self>,
         queue: &'a str,
         now: i64,
         n: usize,
         lease_ms: i64,
         fifo: bool,
-    ) -> BoxFuture<'a, Result<Vec<LeasedRow>, TransportError>> {
-        Box::pin(async move {
-            if n == 0 {
-                return Ok(Vec::new());
-            }
-            // Most idle polls find nothing: look before taking the write lock.
-            let waiting: bool = sqlx::query_scalar(
-                "SELECT EXISTS (SELECT 1 FROM messaging_messages WHERE queue = ?1 AND status = 'pending')",
-            )
-            .bind(queue)
-            .fetch_one(&self.pool)
-            .await
-            .map_err(|e| backend("lease", e))?;
-            if !waiting {
-                return Ok(Vec::new());
-            }
-            let _turn = self.write_turn().await;
-            let mut tx = self.begin().await?;
-            let pick = if fifo { txn::PICK_FIFO } else { txn::PICK_STANDARD };
-            let result = Self::lease_in(&mut tx, pick, queue, now, n, lease_ms).await;
-            finish(tx, result).await
-        })
+        _partition: Option<(u32, u32)>,
+    ) -> Result<Vec<LeasedRow>, TransportError> {
+        // Most idle polls find nothing: look before taking the write lock.
+        let look = store.tables.sql(&[
+            "SELECT EXISTS (SELECT 1 FROM messaging_messages WHERE queue = $1 AND status = 'pending')",
+        ]);
+        let mut conn = store.pool.acquire().await.map_err(|e| backend::<Self>("connect", e))?;
+        let waiting = stmt(&look).bind(queue).fetch_optional::<Self>(&mut conn).await;
+        let waiting = waiting.and_then(|r| r.map(|r| Self::flag(&r, 0)).transpose());
+        drop(conn);
+        if !waiting.map_err(|e| backend::<Self>("lease", e))?.unwrap_or(false) {
+            return Ok(Vec::new());
+        }
+        let mut w = super::dialect::Write::begin(store).await?;
+        let result = async {
+            let pick = store.tables.sql(&[if fifo { sql::PICK_FIFO } else { sql::PICK_STANDARD }]);
+            let picked = stmt(&pick).bind(queue).bind(int(n)).fetch_all::<Self>(w.conn()).await;
+            let ids: Vec<i64> = picked
+                .and_then(|rows| rows.iter().map(|r| Self::int(r, 0).map(Option::unwrap_or_default)).collect())
+                .map_err(|e| backend::<Self>("lease", e))?;
+            lease_ids(w.conn(), &store.tables, &ids, now, lease_ms).await
+        }
+        .await;
+        w.finish(result).await
     }
 
-    fn complete<'a>(
-        &'a self,
+    async fn complete_plain<'a>(
+        conn: &'a mut SqliteConnection,
+        tables: &'a Tables,
         queue: &'a str,
         now: i64,
-        items: Vec<(RowId, u64)>,
+        items: &'a [(RowId, u64)],
         retention_ms: i64,
-    ) -> BoxFuture<'a, Vec<Result<(), TransportError>>> {
-        Box::pin(async move {
-            if items.is_empty() {
-                return Vec::new();
-            }
-            let _turn = self.write_turn().await;
-            let done = match self.begin().await {
-                Ok(mut tx) => {
-                    let result = Self::complete_in(&mut tx, queue, now, &items, retention_ms).await;
-                    finish(tx, result).await
-                }
-                Err(e) => Err(e),
-            };
-            done.unwrap_or_else(|e| each(items.len(), &e))
-        })
-    }
-
-    fn apply<'a>(
-        &'a self,
-        queue: &'a str,
-        now: i64,
-        id: RowId,
-        token: u64,
-        op: RowOp,
-    ) -> BoxFuture<'a, Result<(), TransportError>> {
-        Box::pin(async move {
-            let _turn = self.write_turn().await;
-            let mut tx = self.begin().await?;
-            let result = transition(&mut tx, queue, id, |row| {
-                op.apply(row, now, token).map_err(|_| TransportError::StaleReceipt)?;
-                Ok(((), false))
+    ) -> Result<HashSet<(RowId, u64)>, TransportError> {
+        // Two statements for the whole batch: find the rows whose lease
+        // matches, then delete or mark them.
+        let find = tables.sql(&[
+            "SELECT id, lease_token FROM messaging_messages WHERE id IN (SELECT value FROM json_each($1)) \
+             AND queue = $2 AND status = 'processing' AND identity IS NULL AND lease_expires > $3",
+        ]);
+        let json = json_ids(items.iter().map(|&(id, _)| id as i64));
+        let held = stmt(&find).bind(json.as_str()).bind(queue).bind(now).fetch_all::<Self>(&mut *conn).await;
+        let held: std::collections::HashMap<i64, i64> = held
+            .and_then(|rows| {
+                rows.iter()
+                    .map(|r| Ok((Self::int(r, 0)?.unwrap_or_default(), Self::int(r, 1)?.unwrap_or_default())))
+                    .collect()
             })
-            .await;
-            finish(tx, result).await
-        })
+            .map_err(|e| backend::<Self>("completing messages", e))?;
+        let done: HashSet<(RowId, u64)> =
+            items.iter().filter(|&&(id, token)| held.get(&(id as i64)) == Some(&(token as i64))).copied().collect();
+        if done.is_empty() {
+            return Ok(done);
+        }
+        let fast = tables.sql(&[if retention_ms <= 0 {
+            "DELETE FROM messaging_messages WHERE id IN (SELECT value FROM json_each($1))"
+        } else {
+            "UPDATE messaging_messages SET status = 'processed', processed_at = $2, lease_token = NULL, \
+             lease_expires = NULL WHERE id IN (SELECT value FROM json_each($1))"
+        }]);
+        let json = json_ids(done.iter().map(|&(id, _)| id as i64));
+        let mut s = stmt(&fast).bind(json.as_str());
+        if retention_ms > 0 {
+            s = s.bind(now);
+        }
+        s.execute::<Self>(conn).await.map_err(|e| backend::<Self>("completing messages", e))?;
+        Ok(done)
     }
 
-    fn maintain<'a>(
-        &'a self,
+    async fn redrive<'a>(
+        conn: &'a mut SqliteConnection,
+        tables: &'a Tables,
         queue: &'a str,
-        now: i64,
-        rules: QueueRules,
-    ) -> BoxFuture<'a, Result<(), TransportError>> {
-        Box::pin(async move {
-            // Look first, without the write lock: usually there is nothing to
-            // do, and taking the lock every 100 ms would hold up publishers.
-            let (sleepers, expired, purgeable): (bool, bool, bool) = sqlx::query_as(
-                "SELECT \
-                   EXISTS (SELECT 1 FROM messaging_messages WHERE queue = ?1 AND status = 'sleeping' \
-                           AND (process_at IS NULL OR process_at <= ?2)), \
-                   EXISTS (SELECT 1 FROM messaging_messages WHERE queue = ?1 \
-                           AND status IN ('processing', 'awaiting_release') AND lease_expires <= ?2), \
-                   ?3 AND EXISTS (SELECT 1 FROM messaging_messages WHERE queue = ?1 AND status = 'processed' \
-                           AND processed_at <= ?4)",
-            )
-            .bind(queue)
-            .bind(now)
-            .bind(rules.retention_ms > 0)
-            .bind(now - rules.retention_ms)
-            .fetch_one(&self.pool)
-            .await
-            .map_err(|e| backend("housekeeping", e))?;
-            if !(sleepers || expired || purgeable) {
-                return Ok(());
-            }
-            let _turn = self.write_turn().await;
-            if sleepers {
-                // A sleeper without a process-at time is due (as in Row::is_eligible).
-                sqlx::query(
-                    "UPDATE messaging_messages SET status = 'pending' WHERE queue = ?1 AND status = 'sleeping' \
-                     AND (process_at IS NULL OR process_at <= ?2)",
-                )
-                .bind(queue)
-                .bind(now)
-                .execute(&self.pool)
-                .await
-                .map_err(|e| backend("waking sleeping messages", e))?;
-            }
-            if expired {
-                let mut tx = self.begin().await?;
-                let result = Self::abandon_in(&mut tx, queue, now, &rules).await;
-                finish(tx, result).await?;
-            }
-            if purgeable {
-                sqlx::query(
-                    "DELETE FROM messaging_messages WHERE queue = ?1 AND status = 'processed' AND processed_at <= ?2",
-                )
-                .bind(queue)
-                .bind(now - rules.retention_ms)
-                .execute(&self.pool)
-                .await
-                .map_err(|e| backend("purging processed messages", e))?;
-            }
-            Ok(())
-        })
+        ids: &'a [RowId],
+    ) -> Result<usize, TransportError> {
+        let first = reserve(conn, tables, ids.len()).await?;
+        let sql = tables.sql(&["UPDATE messaging_messages SET status = 'pending', attempts = 0, process_at = NULL, \
+             seq = $1 WHERE id = $2 AND queue = $3 AND status = 'error'"]);
+        let mut moved = 0;
+        for (seq, &id) in (first..).zip(ids) {
+            let done = stmt(&sql).bind(seq as i64).bind(id as i64).bind(queue).execute::<Self>(&mut *conn).await;
+            moved += done.map_err(|e| backend::<Self>("redrive", e))? as usize;
+        }
+        Ok(moved)
     }
 
-    fn next_due<'a>(&'a self, queue: &'a str) -> BoxFuture<'a, Result<Option<i64>, TransportError>> {
-        Box::pin(async move {
-            // (SQLite's two-argument min() is NULL when either side is.)
-            let (sleeping, leased): (Option<i64>, Option<i64>) = sqlx::query_as(
-                "SELECT (SELECT min(process_at) FROM messaging_messages WHERE queue = ?1 AND status = 'sleeping'), \
-                    (SELECT min(lease_expires) FROM messaging_messages WHERE queue = ?1 \
-                        AND status IN ('processing', 'awaiting_release'))",
-            )
-            .bind(queue)
-            .fetch_one(&self.pool)
-            .await
-            .map_err(|e| backend("next due time", e))?;
-            Ok(match (sleeping, leased) {
-                (Some(a), Some(b)) => Some(a.min(b)),
-                (a, b) => a.or(b),
-            })
-        })
-    }
+    async fn notify<'a>(_: &'a Pool<Self>, _: &'a str) {}
 
-    fn depth<'a>(&'a self, queue: &'a str) -> BoxFuture<'a, Result<u64, TransportError>> {
-        Box::pin(async move {
-            let n: i64 = sqlx::query_scalar(
-                "SELECT count(*) FROM messaging_messages WHERE queue = ?1 \
-                 AND status IN ('pending', 'sleeping', 'processing', 'awaiting_release')",
-            )
-            .bind(queue)
-            .fetch_one(&self.pool)
-            .await
-            .map_err(|e| backend("depth", e))?;
-            Ok(n as u64)
-        })
-    }
-
-    fn errors<'a>(&'a self, queue: &'a str, max: usize) -> BoxFuture<'a, Result<Vec<Row>, TransportError>> {
-        Box::pin(async move {
-            let sql = format!(
-                "SELECT {COLUMNS} FROM messaging_messages WHERE queue = ?1 AND status = 'error' ORDER BY seq LIMIT ?2"
-            );
-            let rows = sqlx::query(&sql)
-                .bind(queue)
-                .bind(int(max))
-                .fetch_all(&self.pool)
-                .await
-                .map_err(|e| backend("reading dead letters", e))?;
-            rows.iter().map(row_of).collect()
-        })
-    }
-
-    fn redrive<'a>(&'a self, queue: &'a str, ids: Vec<RowId>) -> BoxFuture<'a, Result<usize, TransportError>> {
-        Box::pin(async move {
-            if ids.is_empty() {
-                return Ok(0);
-            }
-            let _turn = self.write_turn().await;
-            let mut tx = self.begin().await?;
-            let result = Self::redrive_in(&mut tx, queue, &ids).await;
-            finish(tx, result).await
-        })
-    }
-
-    fn error_depth<'a>(&'a self, queue: &'a str) -> BoxFuture<'a, Result<u64, TransportError>> {
-        Box::pin(async move {
-            let n: i64 =
-                sqlx::query_scalar("SELECT count(*) FROM messaging_messages WHERE queue = ?1 AND status = 'error'")
-                    .bind(queue)
-                    .fetch_one(&self.pool)
-                    .await
-                    .map_err(|e| backend("dead-letter depth", e))?;
-            Ok(n as u64)
-        })
-    }
-
-    fn rows<'a>(&'a self, queue: &'a str) -> BoxFuture<'a, Result<Vec<Row>, TransportError>> {
-        Box::pin(async move {
-            let sql = format!("SELECT {COLUMNS} FROM messaging_messages WHERE queue = ?1 ORDER BY id");
-            let rows = sqlx::query(&sql)
-                .bind(queue)
-                .fetch_all(&self.pool)
-                .await
-                .map_err(|e| backend("reading messages", e))?;
-            rows.iter().map(row_of).collect()
-        })
-    }
-
-    fn previous<'a>(
-        &'a self,
-        queue: &'a str,
-        identity: &'a str,
-    ) -> BoxFuture<'a, Result<Option<Vec<u8>>, TransportError>> {
-        Box::pin(async move {
-            sqlx::query_scalar("SELECT payload FROM messaging_previous WHERE queue = ?1 AND identity = ?2")
-                .bind(queue)
-                .bind(identity)
-                .fetch_optional(&self.pool)
-                .await
-                .map_err(|e| backend("reading the previous message", e))
-        })
-    }
-
-    fn purge_claims(&self, before: i64) -> BoxFuture<'_, Result<u64, TransportError>> {
-        Box::pin(async move {
-            let _turn = self.write_turn().await;
-            let done = sqlx::query("DELETE FROM messaging_idempotency WHERE completed = 1 AND completed_at < ?1")
-                .bind(before)
-                .execute(&self.pool)
-                .await
-                .map_err(|e| backend("purging idempotency claims", e))?;
-            Ok(done.rows_affected())
-        })
-    }
-
-    fn idempotency_store(&self) -> Option<std::sync::Arc<dyn crate::idempotency::IdempotencyStore>> {
-        Some(std::sync::Arc::new(crate::idempotency::SqliteIdempotencyStore::new(self.pool.clone())))
-    }
-
-    fn changes(&self) -> Option<tokio::sync::broadcast::Receiver<String>> {
+    fn changes(_: &LiteState) -> Option<tokio::sync::broadcast::Receiver<String>> {
         None
+    }
+
+    fn is_missing_table(err: &sqlx::Error) -> bool {
+        matches!(err, sqlx::Error::Database(db) if db.message().contains("no such table"))
     }
 }

@@ -4,6 +4,8 @@ use std::collections::HashSet;
 use std::path::PathBuf;
 
 use super::*;
+use crate::identity::{Enqueue, EnqueueOutcome, QueueRules, Status};
+use crate::transport::sql::store::{Enqueued, RowOp, RowStore};
 
 const NOW: i64 = 1_800_000_000_000;
 const LEASE: i64 = 1_000;
@@ -167,7 +169,7 @@ async fn priority_then_enqueue_order_and_batches_in_input_order() {
         Enqueue { process_at: Some(NOW + 10), ..msg(None, "later") },
     ];
     let results = store.enqueue("jobs", NOW, items, false).await;
-    let ids: Vec<RowId> = results.into_iter().map(|r| r.expect("enqueued").outcome.row()).collect();
+    let ids: Vec<RowId> = results.into_iter().map(|r| r.expect("enqueued").outcome.row().expect("a row")).collect();
     let rows = store.rows("jobs").await.expect("rows");
     let seqs: Vec<u64> = ids.iter().map(|id| rows.iter().find(|r| r.id == *id).expect("row").seq).collect();
     assert!(seqs.windows(2).all(|w| w[0] < w[1]), "seqs in input order: {seqs:?}");

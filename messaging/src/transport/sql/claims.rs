@@ -1,0 +1,298 @@
+//! Idempotency claims in the database (table `messaging_idempotency`), one
+//! store for PostgreSQL and SQLite.
+//!
+//! A claim is one atomic `INSERT ... ON CONFLICT DO UPDATE ... WHERE ...
+//! RETURNING` statement, so concurrent deliveries of one message, in any
+//! number of processes sharing the database, get exactly one
+//! [`Claim::Claimed`]. Times are milliseconds since the Unix epoch by the
+//! database's clock (see [`super::clock`]).
+
+use std::time::{Duration, SystemTime};
+
+use sqlx::Pool;
+
+use super::dialect::{Dialect, Write};
+use super::driver::stmt;
+use super::rows::SqlStore;
+use super::statements::{self as sql, Tables};
+use crate::error::TransportError;
+use crate::idempotency::{Claim, IdempotencyStore};
+use crate::transport::BoxFuture;
+
+/// How many times a claim is retried when the row changed between the claim
+/// statement and the read that explains why the claim was refused.
+const CLAIM_ATTEMPTS: usize = 3;
+
+/// Idempotency claims in a database shared by every process using it:
+/// [`crate::idempotency::PostgresIdempotencyStore`] or
+/// [`crate::idempotency::SqliteIdempotencyStore`].
+///
+/// The table `messaging_idempotency` must exist: run the `migrate` command, or
+/// provision it from the framework's migrations.
+#[derive(Debug)]
+pub struct SqlIdempotencyStore<D: Dialect> {
+    store: SqlStore<D>,
+}
+
+impl<D: Dialect> Clone for SqlIdempotencyStore<D> {
+    fn clone(&self) -> Self {
+        SqlIdempotencyStore { store: self.store.clone() }
+    }
+}
+
+impl<D: Dialect> SqlIdempotencyStore<D> {
+    /// Claims beside the messages of `store` (same pool, same clock).
+    pub(crate) fn on(store: &SqlStore<D>) -> Self {
+        SqlIdempotencyStore { store: store.clone() }
+    }
+
+    /// A store on a pool the application opened.
+    pub fn new(pool: Pool<D>) -> Self {
+        let state = D::adopt(&pool);
+        SqlIdempotencyStore { store: SqlStore { pool, state, tables: Tables::default() } }
+    }
+
+    /// Connects to `url` (`postgres://user@host/db`, `sqlite://FILE`).
+    pub async fn connect(url: &str) -> Result<Self, TransportError> {
+        Ok(SqlIdempotencyStore { store: SqlStore::connect(url).await? })
+    }
+
+    /// Deletes the completed claims whose completion is older than
+    /// `older_than`; returns how many were deleted. A later delivery of a
+    /// purged message is claimed (and run) again, so keep completed claims
+    /// longer than messages can be redelivered.
+    pub async fn purge(&self, older_than: Duration) -> Result<u64, TransportError> {
+        self.purge_at(older_than, self.now()).await
+    }
+
+    /// The connection pool.
+    #[doc(hidden)]
+    pub fn pool(&self) -> &Pool<D> {
+        &self.store.pool
+    }
+
+    /// Runs the framework's migrations (tests and the `migrate` command).
+    #[doc(hidden)]
+    pub async fn migrate(&self) -> Result<(), TransportError> {
+        D::migrate(&self.store.pool).await
+    }
+
+    /// Closes the pool.
+    #[doc(hidden)]
+    pub async fn close(&self) {
+        self.store.pool.close().await;
+    }
+
+    fn tables(&self) -> &Tables {
+        &self.store.tables
+    }
+
+    /// The shared clock, as a time.
+    fn now(&self) -> SystemTime {
+        let ms = u64::try_from(D::now(&self.store.state)).unwrap_or(0);
+        SystemTime::UNIX_EPOCH + Duration::from_millis(ms)
+    }
+
+    /// Runs one statement that changes claims; the rows affected.
+    async fn change(&self, op: &str, template: &str, args: ClaimArgs<'_>) -> Result<u64, TransportError> {
+        let sql = self.tables().sql(&[template]);
+        let mut w = Write::single(&self.store).await.map_err(|e| fail::<D>(op, e))?;
+        let mut s = stmt(&sql);
+        for text in args.texts {
+            s = s.bind(*text);
+        }
+        if let Some(at) = args.at {
+            s = s.bind(at);
+        }
+        let done = s.execute::<D>(w.conn()).await.map_err(|e| backend::<D>(op, e));
+        w.finish(done).await
+    }
+
+    /// [`IdempotencyStore::claim`] at the time `now`.
+    #[doc(hidden)]
+    pub async fn claim_at(
+        &self,
+        message_id: &str,
+        scope: &str,
+        processor: &str,
+        lease: Duration,
+        now: SystemTime,
+    ) -> Result<Claim, TransportError> {
+        let now = millis(now);
+        let expires = now.saturating_add(duration_millis(lease));
+        let mut last_expiry = None;
+        for _ in 0..CLAIM_ATTEMPTS {
+            let sql = self.tables().sql(&[sql::CLAIM]);
+            let mut w = Write::single(&self.store).await.map_err(|e| fail::<D>("claim", e))?;
+            let claimed = stmt(&sql)
+                .bind(message_id)
+                .bind(scope)
+                .bind(processor)
+                .bind(expires)
+                .bind(now)
+                .fetch_all::<D>(w.conn())
+                .await
+                .map_err(|e| backend::<D>("claim", e));
+            if !w.finish(claimed).await?.is_empty() {
+                return Ok(Claim::Claimed);
+            }
+            let sql = self.tables().sql(&[sql::CLAIM_READ]);
+            let mut conn = self.store.pool.acquire().await.map_err(|e| backend::<D>("claim", e))?;
+            let row = stmt(&sql)
+                .bind(message_id)
+                .bind(scope)
+                .fetch_optional::<D>(&mut conn)
+                .await
+                .map_err(|e| backend::<D>("claim", e))?;
+            let Some(row) = row else {
+                // Purged between the two statements: claim again.
+                continue;
+            };
+            let read = |e| backend::<D>("claim", e);
+            let completed = D::flag(&row, 0).map_err(read)?;
+            let holder = D::text(&row, 1).map_err(read)?;
+            let expiry = D::int(&row, 2).map_err(read)?;
+            if completed {
+                return Ok(Claim::Completed);
+            }
+            let free = holder.is_none() || expiry.is_none_or(|e| e <= now);
+            if !free && holder.as_deref() != Some(processor) {
+                return Ok(in_progress(expiry, now));
+            }
+            // Released or expired between the two statements: claim again.
+            last_expiry = expiry;
+        }
+        Ok(in_progress(last_expiry, now))
+    }
+
+    /// [`IdempotencyStore::complete`] at the time `now`.
+    #[doc(hidden)]
+    pub async fn complete_at(
+        &self,
+        message_id: &str,
+        scope: &str,
+        processor: &str,
+        now: SystemTime,
+    ) -> Result<(), TransportError> {
+        let args = ClaimArgs { texts: &[message_id, scope, processor], at: Some(millis(now)) };
+        match self.change("complete", sql::CLAIM_COMPLETE, args).await? {
+            0 => Err(TransportError::StaleReceipt),
+            _ => Ok(()),
+        }
+    }
+
+    /// [`IdempotencyStore::extend`] at the time `now`.
+    #[doc(hidden)]
+    pub async fn extend_at(
+        &self,
+        message_id: &str,
+        scope: &str,
+        processor: &str,
+        lease: Duration,
+        now: SystemTime,
+    ) -> Result<(), TransportError> {
+        let until = millis(now).saturating_add(duration_millis(lease));
+        let args = ClaimArgs { texts: &[message_id, scope, processor], at: Some(until) };
+        match self.change("extend", sql::CLAIM_EXTEND, args).await? {
+            0 => Err(TransportError::StaleReceipt),
+            _ => Ok(()),
+        }
+    }
+
+    /// [`SqlIdempotencyStore::purge`] at the time `now`.
+    #[doc(hidden)]
+    pub async fn purge_at(&self, older_than: Duration, now: SystemTime) -> Result<u64, TransportError> {
+        let cutoff = millis(now).saturating_sub(duration_millis(older_than));
+        self.change("purge", sql::CLAIMS_PURGE, ClaimArgs { texts: &[], at: Some(cutoff) }).await
+    }
+}
+
+/// The parameters of a claim statement: texts, then a time.
+struct ClaimArgs<'a> {
+    texts: &'a [&'a str],
+    at: Option<i64>,
+}
+
+impl<D: Dialect> IdempotencyStore for SqlIdempotencyStore<D> {
+    fn claim<'a>(
+        &'a self,
+        message_id: &'a str,
+        scope: &'a str,
+        processor: &'a str,
+        lease: Duration,
+    ) -> BoxFuture<'a, Result<Claim, TransportError>> {
+        Box::pin(self.claim_at(message_id, scope, processor, lease, self.now()))
+    }
+
+    fn complete<'a>(
+        &'a self,
+        message_id: &'a str,
+        scope: &'a str,
+        processor: &'a str,
+    ) -> BoxFuture<'a, Result<(), TransportError>> {
+        Box::pin(self.complete_at(message_id, scope, processor, self.now()))
+    }
+
+    fn release<'a>(
+        &'a self,
+        message_id: &'a str,
+        scope: &'a str,
+        processor: &'a str,
+    ) -> BoxFuture<'a, Result<(), TransportError>> {
+        Box::pin(async move {
+            let args = ClaimArgs { texts: &[message_id, scope, processor], at: None };
+            self.change("release", sql::CLAIM_RELEASE, args).await.map(drop)
+        })
+    }
+
+    fn extend<'a>(
+        &'a self,
+        message_id: &'a str,
+        scope: &'a str,
+        processor: &'a str,
+        lease: Duration,
+    ) -> BoxFuture<'a, Result<(), TransportError>> {
+        Box::pin(self.extend_at(message_id, scope, processor, lease, self.now()))
+    }
+
+    fn sql_claims(&self) -> Option<crate::idempotency::SqlClaims> {
+        Some(crate::idempotency::SqlClaims {
+            tables: self.tables().clone(),
+            offset_ms: D::now(&self.store.state) - super::clock::local_ms(),
+        })
+    }
+}
+
+/// A refused claim, with what is left of the holder's lease (none known: a
+/// short pause, the claim having changed under two reads in a row).
+fn in_progress(expiry: Option<i64>, now: i64) -> Claim {
+    let remaining = expiry.map_or(100, |e| e.saturating_sub(now).max(0));
+    Claim::InProgress { remaining: Duration::from_millis(u64::try_from(remaining).unwrap_or(0)) }
+}
+
+/// Milliseconds since the Unix epoch (0 before it, saturating far after it).
+fn millis(at: SystemTime) -> i64 {
+    at.duration_since(SystemTime::UNIX_EPOCH).map(duration_millis).unwrap_or(0)
+}
+
+fn duration_millis(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+/// Says which operation failed; a missing table says how to create it.
+fn backend<D: Dialect>(op: &str, err: sqlx::Error) -> TransportError {
+    if D::is_missing_table(&err) {
+        return TransportError::Backend(format!(
+            "idempotency {op} on {} failed: the table `messaging_idempotency` is missing; \
+             run the `migrate` command (or provision the table from the framework's {} migrations): {err}",
+            D::SYSTEM,
+            D::SYSTEM
+        ));
+    }
+    TransportError::Backend(format!("idempotency {op} on {} failed: {err}", D::SYSTEM))
+}
+
+/// A failure to get a connection, said as the claim operation's.
+fn fail<D: Dialect>(op: &str, e: TransportError) -> TransportError {
+    TransportError::Backend(format!("idempotency {op} on {} failed: {e}", D::SYSTEM))
+}

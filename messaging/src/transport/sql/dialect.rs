@@ -1,0 +1,242 @@
+//! [`Dialect`]: only what really differs between PostgreSQL and SQLite. Every
+//! statement the two share is written once, in [`super::statements`], and
+//! run by the one store ([`super::rows::SqlStore`]).
+//!
+//! | | PostgreSQL | SQLite |
+//! |---|---|---|
+//! | write transactions | many at once; rows locked `FOR UPDATE` | one at a time: `BEGIN IMMEDIATE` after this process's write turn |
+//! | leasing | `FOR UPDATE SKIP LOCKED`, partitions; FIFO heads under an advisory lock | pick then update, under the write lock |
+//! | batches | `UNNEST` arrays | `json_each` |
+//! | sequence | `messaging_seq` | the row `seq` of `messaging_counters` |
+//! | wake-ups | `NOTIFY` | in-process only |
+//! | clock | the database's ([`super::clock`]) | the machine's |
+
+use std::collections::HashSet;
+use std::fmt::Debug;
+use std::future::Future;
+
+use sqlx::pool::PoolConnection;
+use sqlx::{Pool, Transaction};
+use tokio::sync::OwnedMutexGuard;
+
+use super::driver::Driver;
+use super::rows::SqlStore;
+use super::store::LeasedRow;
+use super::Tables;
+use crate::error::TransportError;
+use crate::identity::{Row, RowId};
+
+mod sealed {
+    pub trait Sealed {}
+    #[cfg(feature = "postgres")]
+    impl Sealed for sqlx::Postgres {}
+    #[cfg(feature = "sqlite")]
+    impl Sealed for sqlx::Sqlite {}
+}
+
+/// A database the SQL transport and idempotency store run on:
+/// [`sqlx::Postgres`] or [`sqlx::Sqlite`]. Sealed: the framework implements
+/// it, and its items are the framework's own.
+#[allow(private_bounds, private_interfaces)]
+pub trait Dialect: Driver + sealed::Sealed + Sized {
+    /// The `messaging.system` name.
+    #[doc(hidden)]
+    const SYSTEM: &'static str;
+    /// Appended to a SELECT that reads rows to change them: ` FOR UPDATE` on
+    /// PostgreSQL; nothing on SQLite, whose write lock covers the transaction.
+    #[doc(hidden)]
+    const LOCK: &'static str;
+    /// Like [`Dialect::LOCK`], skipping rows another transaction holds.
+    #[doc(hidden)]
+    const LOCK_SKIP: &'static str;
+    /// How many leases of one standard queue may run at once, each in its own
+    /// partition of the rows.
+    #[doc(hidden)]
+    const CONCURRENT_LEASES: u32;
+    /// Lists (table, column) of the framework's tables.
+    #[doc(hidden)]
+    const SCHEMA_COLUMNS: &'static str;
+    /// Whether a single statement may run outside a transaction.
+    #[doc(hidden)]
+    const AUTOCOMMIT: bool;
+
+    /// What a store keeps beside its pool.
+    #[doc(hidden)]
+    type State: Clone + Debug + Send + Sync + 'static;
+
+    /// Opens a pool on `url` (the framework's options taken out).
+    #[doc(hidden)]
+    fn connect(url: &str) -> impl Future<Output = Result<(Pool<Self>, Self::State), TransportError>> + Send;
+
+    /// The state of a store on a pool the application opened (no background
+    /// work that `connect` would start beyond what correctness needs).
+    #[doc(hidden)]
+    fn adopt(pool: &Pool<Self>) -> Self::State;
+
+    /// Runs the framework's migrations.
+    #[doc(hidden)]
+    fn migrate(pool: &Pool<Self>) -> impl Future<Output = Result<(), TransportError>> + Send;
+
+    /// Milliseconds since the Unix epoch by the clock every process of the
+    /// database agrees on.
+    #[doc(hidden)]
+    fn now(state: &Self::State) -> i64;
+
+    /// Takes this process's write turn, where the database needs one.
+    #[doc(hidden)]
+    fn turn(state: &Self::State) -> impl Future<Output = Option<OwnedMutexGuard<()>>> + Send;
+
+    /// Begins a write transaction.
+    #[doc(hidden)]
+    fn begin(pool: &Pool<Self>) -> impl Future<Output = Result<Transaction<'static, Self>, sqlx::Error>> + Send;
+
+    /// The next value of the sequence (enqueue order and lease tokens).
+    #[doc(hidden)]
+    fn next_seq(conn: &mut Self::Connection, tables: &Tables) -> impl Future<Output = Result<u64, TransportError>> + Send;
+
+    /// Inserts rows without identity (seq assigned here, in order); their ids in order.
+    #[doc(hidden)]
+    fn insert_plain<'a>(
+        conn: &'a mut Self::Connection,
+        tables: &'a Tables,
+        queue: &'a str,
+        now: i64,
+        rows: &'a [Row],
+    ) -> impl Future<Output = Result<Vec<RowId>, TransportError>> + Send + 'a;
+
+    /// Leases up to `n` rows (a standard queue's `partition` when given).
+    #[doc(hidden)]
+    fn lease<'a>(
+        store: &'a SqlStore<Self>,
+        queue: &'a str,
+        now: i64,
+        n: usize,
+        lease_ms: i64,
+        fifo: bool,
+        partition: Option<(u32, u32)>,
+    ) -> impl Future<Output = Result<Vec<LeasedRow>, TransportError>> + Send + 'a;
+
+    /// Completes, in one statement, the rows without identity whose lease the
+    /// items hold (deleted, or kept as processed); returns those items.
+    #[doc(hidden)]
+    fn complete_plain<'a>(
+        conn: &'a mut Self::Connection,
+        tables: &'a Tables,
+        queue: &'a str,
+        now: i64,
+        items: &'a [(RowId, u64)],
+        retention_ms: i64,
+    ) -> impl Future<Output = Result<HashSet<(RowId, u64)>, TransportError>> + Send + 'a;
+
+    /// Error → Pending with attempts reset, at the back of the queue, in order.
+    #[doc(hidden)]
+    fn redrive<'a>(
+        conn: &'a mut Self::Connection,
+        tables: &'a Tables,
+        queue: &'a str,
+        ids: &'a [RowId],
+    ) -> impl Future<Output = Result<usize, TransportError>> + Send + 'a;
+
+    /// Tells other processes that `queue` has new messages.
+    #[doc(hidden)]
+    fn notify<'a>(pool: &'a Pool<Self>, queue: &'a str) -> impl Future<Output = ()> + Send + 'a;
+
+    /// Signals from other processes (see [`super::RowStore::changes`]).
+    #[doc(hidden)]
+    fn changes(state: &Self::State) -> Option<tokio::sync::broadcast::Receiver<String>>;
+
+    /// Whether `err` says a table is missing.
+    #[doc(hidden)]
+    fn is_missing_table(err: &sqlx::Error) -> bool;
+}
+
+/// A failed statement, named.
+pub(crate) fn backend<D: Dialect>(what: &str, e: sqlx::Error) -> TransportError {
+    TransportError::Backend(format!("{}: {what} failed: {e}", D::SYSTEM))
+}
+
+/// A connection that writes: a transaction, or on PostgreSQL a plain
+/// connection for single statements; on SQLite it holds this process's write
+/// turn until it ends.
+pub(crate) struct Write<D: Dialect> {
+    conn: Conn<D>,
+    _turn: Option<OwnedMutexGuard<()>>,
+}
+
+enum Conn<D: Dialect> {
+    Tx(Transaction<'static, D>),
+    Auto(PoolConnection<D>),
+}
+
+impl<D: Dialect> Write<D> {
+    /// A write transaction.
+    pub(crate) async fn begin(store: &SqlStore<D>) -> Result<Self, TransportError> {
+        let turn = D::turn(&store.state).await;
+        let tx = D::begin(&store.pool).await.map_err(|e| backend::<D>("begin", e))?;
+        Ok(Write { conn: Conn::Tx(tx), _turn: turn })
+    }
+
+    /// A connection for one statement (a transaction where the database
+    /// wants every write in one).
+    pub(crate) async fn single(store: &SqlStore<D>) -> Result<Self, TransportError> {
+        if !D::AUTOCOMMIT {
+            return Self::begin(store).await;
+        }
+        let turn = D::turn(&store.state).await;
+        let conn = store.pool.acquire().await.map_err(|e| backend::<D>("connect", e))?;
+        Ok(Write { conn: Conn::Auto(conn), _turn: turn })
+    }
+
+    /// Whether statements on it commit together.
+    pub(crate) fn is_transaction(&self) -> bool {
+        matches!(self.conn, Conn::Tx(_))
+    }
+
+    /// The connection to run statements on.
+    pub(crate) fn conn(&mut self) -> &mut D::Connection {
+        match &mut self.conn {
+            Conn::Tx(tx) => tx,
+            Conn::Auto(conn) => conn,
+        }
+    }
+
+    /// Commits on success; on failure rolls back at once. (A dropped
+    /// transaction is only rolled back when its connection is next used, and
+    /// until then PostgreSQL keeps its row locks: a lease would skip those
+    /// rows as locked.)
+    pub(crate) async fn finish<R>(self, result: Result<R, TransportError>) -> Result<R, TransportError> {
+        let Conn::Tx(tx) = self.conn else { return result };
+        match result {
+            Ok(value) => {
+                tx.commit().await.map_err(|e| backend::<D>("commit", e))?;
+                Ok(value)
+            }
+            Err(e) => {
+                if let Err(rollback) = tx.rollback().await {
+                    tracing::debug!("{}: rollback failed: {rollback}", D::SYSTEM);
+                }
+                Err(e)
+            }
+        }
+    }
+}
+
+/// The same failure for each of `n` items (a batch fails as a whole).
+pub(crate) fn each<T>(n: usize, e: &TransportError) -> Vec<Result<T, TransportError>> {
+    (0..n)
+        .map(|_| {
+            Err(match e {
+                TransportError::StaleReceipt => TransportError::StaleReceipt,
+                TransportError::Closed => TransportError::Closed,
+                TransportError::QueueNotFound(q) => TransportError::QueueNotFound(q.clone()),
+                TransportError::Rejected(r) => TransportError::Rejected(r.clone()),
+                other => TransportError::Backend(other.to_string()),
+            })
+        })
+        .collect()
+}
+
+/// Row ids as the integers the database stores.
+pub(crate) fn ids(ids: &[RowId]) -> impl Iterator<Item = i64> + '_ {
+    ids.iter().map(|&id| id as i64)
+}

@@ -1,0 +1,268 @@
+//! What the shared SQL needs of a sqlx driver: run a statement on a
+//! connection, read a column, decode a message row. [`Driver`] is implemented
+//! once, for every sqlx database whose types fit (PostgreSQL and SQLite), so
+//! that the store's code is written once and names no driver.
+//!
+//! Statements are built with [`stmt`] and bound with values of the few types
+//! the tables use ([`Value`]); both drivers accept `$N` placeholders.
+
+use futures_util::future::BoxFuture;
+use sqlx::{ColumnIndex, Database, Decode, Encode, Executor, FromRow, IntoArguments, Row as _, Type};
+
+use super::record::{LeasedRecord, Record};
+
+/// A bound parameter.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Value<'q> {
+    /// BIGINT.
+    Int(Option<i64>),
+    /// INTEGER (priorities, attempts).
+    Int4(Option<i32>),
+    /// BOOLEAN (an INTEGER 0/1 on SQLite).
+    Bool(bool),
+    /// TEXT.
+    Text(Option<&'q str>),
+    /// BYTEA / BLOB.
+    Bytes(Option<&'q [u8]>),
+}
+
+impl From<i64> for Value<'_> {
+    fn from(v: i64) -> Self {
+        Value::Int(Some(v))
+    }
+}
+impl From<Option<i64>> for Value<'_> {
+    fn from(v: Option<i64>) -> Self {
+        Value::Int(v)
+    }
+}
+impl From<i32> for Value<'_> {
+    fn from(v: i32) -> Self {
+        Value::Int4(Some(v))
+    }
+}
+impl From<Option<i32>> for Value<'_> {
+    fn from(v: Option<i32>) -> Self {
+        Value::Int4(v)
+    }
+}
+impl From<bool> for Value<'_> {
+    fn from(v: bool) -> Self {
+        Value::Bool(v)
+    }
+}
+impl<'q> From<&'q str> for Value<'q> {
+    fn from(v: &'q str) -> Self {
+        Value::Text(Some(v))
+    }
+}
+impl<'q> From<&'q String> for Value<'q> {
+    fn from(v: &'q String) -> Self {
+        Value::Text(Some(v))
+    }
+}
+impl<'q> From<Option<&'q str>> for Value<'q> {
+    fn from(v: Option<&'q str>) -> Self {
+        Value::Text(v)
+    }
+}
+impl<'q> From<&'q [u8]> for Value<'q> {
+    fn from(v: &'q [u8]) -> Self {
+        Value::Bytes(Some(v))
+    }
+}
+impl<'q> From<Option<&'q [u8]>> for Value<'q> {
+    fn from(v: Option<&'q [u8]>) -> Self {
+        Value::Bytes(v)
+    }
+}
+
+/// A statement and its parameters.
+#[derive(Debug)]
+pub(crate) struct Stmt<'q> {
+    sql: &'q str,
+    args: Vec<Value<'q>>,
+}
+
+/// A statement to bind and run.
+pub(crate) fn stmt(sql: &str) -> Stmt<'_> {
+    Stmt { sql, args: Vec::new() }
+}
+
+impl<'q> Stmt<'q> {
+    /// Binds the next parameter.
+    pub(crate) fn bind(mut self, value: impl Into<Value<'q>>) -> Self {
+        self.args.push(value.into());
+        self
+    }
+
+    /// Every row.
+    pub(crate) fn fetch_all<'e, D: Driver>(
+        self,
+        conn: &'e mut D::Connection,
+    ) -> BoxFuture<'e, Result<Vec<D::Row>, sqlx::Error>>
+    where
+        'q: 'e,
+    {
+        D::fetch_all(conn, self)
+    }
+
+    /// The first row, if any.
+    pub(crate) fn fetch_optional<'e, D: Driver>(
+        self,
+        conn: &'e mut D::Connection,
+    ) -> BoxFuture<'e, Result<Option<D::Row>, sqlx::Error>>
+    where
+        'q: 'e,
+    {
+        D::fetch_optional(conn, self)
+    }
+
+    /// Runs it; returns the number of rows affected.
+    pub(crate) fn execute<'e, D: Driver>(self, conn: &'e mut D::Connection) -> BoxFuture<'e, Result<u64, sqlx::Error>>
+    where
+        'q: 'e,
+    {
+        D::execute(conn, self)
+    }
+}
+
+/// The rows a statement changed (sqlx has no driver-neutral accessor).
+pub(crate) trait Affected {
+    /// How many rows the statement changed.
+    fn rows(&self) -> u64;
+}
+
+#[cfg(feature = "postgres")]
+impl Affected for sqlx::postgres::PgQueryResult {
+    fn rows(&self) -> u64 {
+        self.rows_affected()
+    }
+}
+
+#[cfg(feature = "sqlite")]
+impl Affected for sqlx::sqlite::SqliteQueryResult {
+    fn rows(&self) -> u64 {
+        self.rows_affected()
+    }
+}
+
+/// Runs [`Stmt`]s and reads columns, for any database whose driver fits.
+pub(crate) trait Driver: Database {
+    /// Every row of `s`.
+    fn fetch_all<'e, 'q: 'e>(
+        conn: &'e mut Self::Connection,
+        s: Stmt<'q>,
+    ) -> BoxFuture<'e, Result<Vec<Self::Row>, sqlx::Error>>;
+
+    /// The first row of `s`.
+    fn fetch_optional<'e, 'q: 'e>(
+        conn: &'e mut Self::Connection,
+        s: Stmt<'q>,
+    ) -> BoxFuture<'e, Result<Option<Self::Row>, sqlx::Error>>;
+
+    /// Runs `s`; the rows affected.
+    fn execute<'e, 'q: 'e>(conn: &'e mut Self::Connection, s: Stmt<'q>) -> BoxFuture<'e, Result<u64, sqlx::Error>>;
+
+    /// Column `i` as a BIGINT (or NULL).
+    fn int(row: &Self::Row, i: usize) -> Result<Option<i64>, sqlx::Error>;
+
+    /// Column `i` as a boolean.
+    fn flag(row: &Self::Row, i: usize) -> Result<bool, sqlx::Error>;
+
+    /// Column `i` as TEXT (or NULL).
+    fn text(row: &Self::Row, i: usize) -> Result<Option<String>, sqlx::Error>;
+
+    /// Column `i` as bytes (or NULL).
+    fn bytes(row: &Self::Row, i: usize) -> Result<Option<Vec<u8>>, sqlx::Error>;
+
+    /// A whole message row.
+    fn record(row: &Self::Row) -> Result<Record, sqlx::Error>;
+
+    /// A leased row.
+    fn leased(row: &Self::Row) -> Result<LeasedRecord, sqlx::Error>;
+}
+
+/// Builds the sqlx query of `s`.
+fn query<'q, DB>(s: Stmt<'q>) -> sqlx::query::Query<'q, DB, DB::Arguments<'q>>
+where
+    DB: Database,
+    Option<i64>: Encode<'q, DB> + Type<DB>,
+    Option<i32>: Encode<'q, DB> + Type<DB>,
+    bool: Encode<'q, DB> + Type<DB>,
+    Option<&'q str>: Encode<'q, DB> + Type<DB>,
+    Option<&'q [u8]>: Encode<'q, DB> + Type<DB>,
+{
+    let mut q = sqlx::query::<DB>(s.sql);
+    for value in s.args {
+        q = match value {
+            Value::Int(v) => q.bind(v),
+            Value::Int4(v) => q.bind(v),
+            Value::Bool(v) => q.bind(v),
+            Value::Text(v) => q.bind(v),
+            Value::Bytes(v) => q.bind(v),
+        };
+    }
+    q
+}
+
+impl<DB> Driver for DB
+where
+    DB: Database,
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    for<'q> DB::Arguments<'q>: IntoArguments<'q, DB>,
+    DB::QueryResult: Affected,
+    for<'q> Option<i64>: Encode<'q, DB> + Decode<'q, DB> + Type<DB>,
+    for<'q> Option<i32>: Encode<'q, DB> + Type<DB>,
+    for<'q> bool: Encode<'q, DB> + Decode<'q, DB> + Type<DB>,
+    for<'q> Option<&'q str>: Encode<'q, DB> + Type<DB>,
+    for<'q> Option<&'q [u8]>: Encode<'q, DB> + Type<DB>,
+    for<'r> Option<String>: Decode<'r, DB> + Type<DB>,
+    for<'r> Option<Vec<u8>>: Decode<'r, DB> + Type<DB>,
+    for<'r> Record: FromRow<'r, DB::Row>,
+    for<'r> LeasedRecord: FromRow<'r, DB::Row>,
+    usize: ColumnIndex<DB::Row>,
+{
+    fn fetch_all<'e, 'q: 'e>(
+        conn: &'e mut Self::Connection,
+        s: Stmt<'q>,
+    ) -> BoxFuture<'e, Result<Vec<Self::Row>, sqlx::Error>> {
+        conn.fetch_all(query::<DB>(s))
+    }
+
+    fn fetch_optional<'e, 'q: 'e>(
+        conn: &'e mut Self::Connection,
+        s: Stmt<'q>,
+    ) -> BoxFuture<'e, Result<Option<Self::Row>, sqlx::Error>> {
+        conn.fetch_optional(query::<DB>(s))
+    }
+
+    fn execute<'e, 'q: 'e>(conn: &'e mut Self::Connection, s: Stmt<'q>) -> BoxFuture<'e, Result<u64, sqlx::Error>> {
+        let run = conn.execute(query::<DB>(s));
+        Box::pin(async move { run.await.map(|done| done.rows()) })
+    }
+
+    fn int(row: &Self::Row, i: usize) -> Result<Option<i64>, sqlx::Error> {
+        row.try_get(i)
+    }
+
+    fn flag(row: &Self::Row, i: usize) -> Result<bool, sqlx::Error> {
+        row.try_get(i)
+    }
+
+    fn text(row: &Self::Row, i: usize) -> Result<Option<String>, sqlx::Error> {
+        row.try_get(i)
+    }
+
+    fn bytes(row: &Self::Row, i: usize) -> Result<Option<Vec<u8>>, sqlx::Error> {
+        row.try_get(i)
+    }
+
+    fn record(row: &Self::Row) -> Result<Record, sqlx::Error> {
+        Record::from_row(row)
+    }
+
+    fn leased(row: &Self::Row) -> Result<LeasedRecord, sqlx::Error> {
+        LeasedRecord::from_row(row)
+    }
+}

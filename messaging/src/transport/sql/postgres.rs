@@ -1,0 +1,375 @@
+//! `postgres://`: queues in PostgreSQL. Many processes share a queue:
+//! leasing takes rows with `FOR UPDATE SKIP LOCKED` in batches, enqueues
+//! `NOTIFY` idle receivers (with polling as the fallback for poolers that drop
+//! notifications), row transitions lock the row they change, and every
+//! process reads the database's clock ([`super::clock`]).
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use sqlx::postgres::{PgConnection, PgListener, PgPool, PgPoolOptions};
+use sqlx::{Pool, Postgres, Transaction};
+use tokio::sync::{broadcast, oneshot, OwnedMutexGuard};
+
+use super::clock::Clock;
+use super::dialect::{backend, ids, Dialect, Write};
+use super::driver::{stmt, Driver};
+use super::rows::SqlStore;
+use super::statements::{self as sql, Tables};
+use super::store::LeasedRow;
+use super::{SqlOptions, SqlTransport};
+use crate::error::{Error, TransportError};
+use crate::identity::{Row, RowId};
+
+/// The notification channel enqueues signal on (payload: the queue name).
+const CHANNEL: &str = "messaging_enqueued";
+
+/// The PostgreSQL transport.
+pub type PostgresTransport = SqlTransport<PostgresStore>;
+
+/// Rows in PostgreSQL.
+pub type PostgresStore = SqlStore<Postgres>;
+
+/// Connects to `url` (with the framework's options already taken out).
+pub async fn connect(url: &str) -> Result<PostgresTransport, Error> {
+    let (options, url) = SqlOptions::parse(url)?;
+    let store = PostgresStore::connect(&url).await?;
+    if options.migrate {
+        Postgres::migrate(store.pool()).await?;
+    }
+    Ok(SqlTransport::new(store, options))
+}
+
+/// What a PostgreSQL store keeps beside its pool.
+#[derive(Debug, Clone)]
+pub struct PgState {
+    changes: broadcast::Sender<String>,
+    clock: Clock,
+    _tasks: std::sync::Arc<Tasks>,
+}
+
+/// Stops the store's background tasks (LISTEN, clock sampling) when the last
+/// clone of the store is dropped.
+#[derive(Debug)]
+struct Tasks {
+    _stop: oneshot::Sender<()>,
+}
+
+/// The URL without its password, for error messages.
+fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => {
+            let userinfo = &url[scheme + 3..at];
+            match userinfo.split_once(':') {
+                Some((user, _)) => format!("{}{user}:***{}", &url[..scheme + 3], &url[at..]),
+                None => url.to_owned(),
+            }
+        }
+        _ => url.to_owned(),
+    }
+}
+
+/// The database's clock, in milliseconds since the Unix epoch.
+async fn database_ms(pool: &PgPool) -> Result<i64, sqlx::Error> {
+    sqlx::query_scalar("SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint").fetch_one(pool).await
+}
+
+/// Starts the background task of a store on `pool`.
+fn start(pool: &PgPool, clock: Clock) -> PgState {
+    let changes = broadcast::channel(1024).0;
+    let (stop, stopped) = oneshot::channel();
+    tokio::spawn(background(pool.clone(), changes.clone(), clock.clone(), stopped));
+    PgState { changes, clock, _tasks: std::sync::Arc::new(Tasks { _stop: stop }) }
+}
+
+/// Forwards NOTIFYs to `changes` and samples the clock, until `stop` fires.
+async fn background(pool: PgPool, changes: broadcast::Sender<String>, clock: Clock, mut stop: oneshot::Receiver<()>) {
+    let mut listener = match PgListener::connect_with(&pool).await {
+        Ok(mut l) => match l.listen(CHANNEL).await {
+            Ok(()) => Some(l),
+            Err(e) => {
+                tracing::warn!("LISTEN failed ({e}); idle receivers fall back to polling");
+                None
+            }
+        },
+        Err(e) => {
+            tracing::warn!("no LISTEN connection ({e}); idle receivers fall back to polling");
+            None
+        }
+    };
+    let mut tick = tokio::time::interval(super::clock::EVERY);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        let note = async {
+            match &mut listener {
+                Some(l) => l.recv().await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            _ = &mut stop => return,
+            _ = tick.tick() => {
+                if let Err(e) = clock.sample(|| database_ms(&pool)).await {
+                    tracing::debug!("postgresql: reading the database clock failed ({e}); keeping the last offset");
+                }
+            }
+            received = note => match received {
+                Ok(note) => {
+                    let _ = changes.send(note.payload().to_owned());
+                }
+                // The listener reconnects by itself; meanwhile polling covers.
+                Err(e) => {
+                    tracing::debug!("LISTEN connection lost ({e}); reconnecting");
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+            },
+        }
+    }
+}
+
+/// Leases one standard queue's pending rows in one statement, with one token
+/// for the whole lease: fencing compares (row, token), and a later lease of
+/// any of these rows draws a newer token.
+const LEASE_WHOLE: &str = "WITH picked AS ( \
+        SELECT id AS picked_id FROM messaging_messages WHERE queue = $1 AND status = 'pending' \
+        ORDER BY priority DESC, seq LIMIT $2 FOR UPDATE SKIP LOCKED), ";
+
+/// [`LEASE_WHOLE`] in one partition (`id % $5 = $4`). The filter applies
+/// before rows are locked, so concurrent leases of different partitions
+/// never lock each other's rows.
+const LEASE_PART: &str = "WITH picked AS ( \
+        SELECT id AS picked_id FROM messaging_messages WHERE queue = $1 AND status = 'pending' AND id % $5 = $4 \
+        ORDER BY priority DESC, seq LIMIT $2 FOR UPDATE SKIP LOCKED), ";
+
+/// The rest of [`LEASE_WHOLE`] and [`LEASE_PART`].
+const LEASE_PICKED: &str = "token AS (SELECT nextval('messaging_seq') AS value) \
+     UPDATE messaging_messages m SET status = 'processing', lease_token = token.value, \
+        lease_expires = $3, attempts = m.attempts + 1 \
+     FROM picked, token WHERE m.id = picked.picked_id RETURNING ";
+
+/// Leases rows picked by id, each with its own token.
+const LEASE_IDS: &str = "UPDATE messaging_messages SET status = 'processing', \
+        lease_token = (SELECT nextval('messaging_seq')), lease_expires = $2, attempts = attempts + 1 \
+     WHERE id = ANY($1) AND status = 'pending' RETURNING ";
+
+/// Decodes leased rows and orders them (a RETURNING clause comes in no
+/// particular order): by priority then seq, or by seq alone for FIFO heads.
+fn leased(rows: &[sqlx::postgres::PgRow], fifo: bool) -> Result<Vec<LeasedRow>, TransportError> {
+    use sqlx::Row as _;
+    let read = |e| backend::<Postgres>("lease", e);
+    let mut out = Vec::with_capacity(rows.len());
+    for r in rows {
+        let order: (i32, i64) = (r.try_get("priority").map_err(read)?, r.try_get("seq").map_err(read)?);
+        out.push((Postgres::leased(r).map_err(read)?, order));
+    }
+    if fifo {
+        out.sort_by_key(|(_, (_, seq))| *seq);
+    } else {
+        out.sort_by(|(_, a), (_, b)| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
+    }
+    Ok(out.into_iter().map(|(l, _)| l.into()).collect())
+}
+
+// The dialect's items are the framework's own (the trait is sealed).
+#[allow(private_interfaces)]
+impl Dialect for Postgres {
+    const SYSTEM: &'static str = "postgresql";
+    const LOCK: &'static str = " FOR UPDATE";
+    const LOCK_SKIP: &'static str = " FOR UPDATE SKIP LOCKED";
+    const CONCURRENT_LEASES: u32 = 2;
+    const SCHEMA_COLUMNS: &'static str = "SELECT table_name::text, column_name::text FROM information_schema.columns \
+        WHERE table_schema = current_schema() AND table_name LIKE 'messaging\\_%'";
+    const AUTOCOMMIT: bool = true;
+
+    type State = PgState;
+
+    async fn connect(url: &str) -> Result<(Pool<Self>, PgState), TransportError> {
+        let pool = PgPoolOptions::new()
+            .max_connections(10)
+            .acquire_timeout(Duration::from_secs(5))
+            .connect(url)
+            .await
+            .map_err(|e| TransportError::Backend(format!("cannot connect to PostgreSQL at {}: {e}", redact(url))))?;
+        let clock = Clock::default();
+        clock.sample(|| database_ms(&pool)).await.map_err(|e| backend::<Postgres>("reading the clock", e))?;
+        let state = start(&pool, clock);
+        Ok((pool, state))
+    }
+
+    fn adopt(pool: &Pool<Self>) -> PgState {
+        // The background task samples the clock first thing.
+        start(pool, Clock::default())
+    }
+
+    async fn migrate(pool: &Pool<Self>) -> Result<(), TransportError> {
+        sqlx::migrate!("./migrations/postgres")
+            .run(pool)
+            .await
+            .map_err(|e| TransportError::Backend(format!("postgresql: migration failed: {e}")))
+    }
+
+    fn now(state: &PgState) -> i64 {
+        state.clock.now()
+    }
+
+    async fn turn(_: &PgState) -> Option<OwnedMutexGuard<()>> {
+        None
+    }
+
+    async fn begin(pool: &Pool<Self>) -> Result<Transaction<'static, Self>, sqlx::Error> {
+        pool.begin().await
+    }
+
+    async fn next_seq(conn: &mut PgConnection, tables: &Tables) -> Result<u64, TransportError> {
+        let sql = tables.sql(&["SELECT nextval('messaging_seq')"]);
+        let row = stmt(&sql).fetch_optional::<Self>(conn).await.map_err(|e| backend::<Self>("nextval", e))?;
+        let seq = row.map(|r| Self::int(&r, 0)).transpose().map_err(|e| backend::<Self>("nextval", e))?.flatten();
+        seq.map(|s| s as u64).ok_or_else(|| TransportError::Backend("postgresql: nextval returned nothing".into()))
+    }
+
+    async fn insert_plain<'a>(
+        conn: &'a mut PgConnection,
+        tables: &'a Tables,
+        queue: &'a str,
+        now: i64,
+        rows: &'a [Row],
+    ) -> Result<Vec<RowId>, TransportError> {
+        let sql = tables.sql(&["INSERT INTO messaging_messages (queue, group_id, message_id, payload, attributes, \
+             priority, process_at, status, attempts, seq, sent_at) \
+             SELECT $1, g, m, p, a, pr, pa, s, 0, nextval('messaging_seq'), $2 \
+             FROM UNNEST($3::text[], $4::text[], $5::bytea[], $6::text[], $7::int[], $8::bigint[], $9::text[]) \
+                WITH ORDINALITY AS t(g, m, p, a, pr, pa, s, ord) ORDER BY ord \
+             RETURNING id, message_id"]);
+        let inserted: Vec<(i64, String)> = sqlx::query_as(&sql)
+            .bind(queue)
+            .bind(now)
+            .bind(rows.iter().map(|r| r.group.as_deref()).collect::<Vec<_>>())
+            .bind(rows.iter().map(|r| r.message_id.as_str()).collect::<Vec<_>>())
+            .bind(rows.iter().map(|r| r.payload.as_slice()).collect::<Vec<_>>())
+            .bind(rows.iter().map(|r| r.attributes.as_str()).collect::<Vec<_>>())
+            .bind(rows.iter().map(|r| r.priority).collect::<Vec<_>>())
+            .bind(rows.iter().map(|r| r.process_at).collect::<Vec<_>>())
+            .bind(rows.iter().map(|r| r.status.as_str()).collect::<Vec<_>>())
+            .fetch_all(&mut *conn)
+            .await
+            .map_err(|e| backend::<Self>("enqueue", e))?;
+        // RETURNING comes in no particular order: match by message id.
+        let ids: std::collections::HashMap<&str, i64> = inserted.iter().map(|(id, m)| (m.as_str(), *id)).collect();
+        rows.iter()
+            .map(|r| ids.get(r.message_id.as_str()).map(|&id| id as RowId))
+            .collect::<Option<Vec<_>>>()
+            .ok_or_else(|| TransportError::Backend("postgresql: enqueue returned no id".into()))
+    }
+
+    async fn lease<'a>(
+        store: &'a SqlStore<Self>,
+        queue: &'a str,
+        now: i64,
+        n: usize,
+        lease_ms: i64,
+        fifo: bool,
+        partition: Option<(u32, u32)>,
+    ) -> Result<Vec<LeasedRow>, TransportError> {
+        let limit = i64::try_from(n).unwrap_or(i64::MAX);
+        if !fifo {
+            let pick = if partition.is_some() { LEASE_PART } else { LEASE_WHOLE };
+            let sql = store.tables.sql(&[pick, LEASE_PICKED, sql::LEASED]);
+            let mut query = sqlx::query(&sql).bind(queue).bind(limit).bind(now + lease_ms);
+            if let Some((part, of)) = partition {
+                query = query.bind(i64::from(part)).bind(i64::from(of));
+            }
+            let rows = query.fetch_all(&store.pool).await.map_err(|e| backend::<Self>("lease", e))?;
+            return leased(&rows, false);
+        }
+        // FIFO: leases of one queue take turns under an advisory lock, so
+        // that two never pick the same group's head.
+        let mut w = Write::begin(store).await?;
+        let result = async {
+            sqlx::query("SELECT pg_advisory_xact_lock(hashtext('messaging:' || $1))")
+                .bind(queue)
+                .execute(&mut *w.conn())
+                .await
+                .map_err(|e| backend::<Self>("lease lock", e))?;
+            let pick = store.tables.sql(&[sql::PICK_FIFO]);
+            let heads: Vec<i64> = sqlx::query_scalar(&pick)
+                .bind(queue)
+                .bind(limit)
+                .fetch_all(&mut *w.conn())
+                .await
+                .map_err(|e| backend::<Self>("lease", e))?;
+            let update = store.tables.sql(&[LEASE_IDS, sql::LEASED]);
+            sqlx::query(&update)
+                .bind(&heads)
+                .bind(now + lease_ms)
+                .fetch_all(&mut *w.conn())
+                .await
+                .map_err(|e| backend::<Self>("lease", e))
+        }
+        .await;
+        let rows = w.finish(result).await?;
+        leased(&rows, true)
+    }
+
+    async fn complete_plain<'a>(
+        conn: &'a mut PgConnection,
+        tables: &'a Tables,
+        queue: &'a str,
+        now: i64,
+        items: &'a [(RowId, u64)],
+        retention_ms: i64,
+    ) -> Result<HashSet<(RowId, u64)>, TransportError> {
+        let template = if retention_ms <= 0 {
+            "DELETE FROM messaging_messages m USING UNNEST($1::bigint[], $2::bigint[]) AS t(id, token) \
+             WHERE m.id = t.id AND m.lease_token = t.token AND m.queue = $3 AND m.status = 'processing' \
+             AND m.identity IS NULL AND m.lease_expires > $4 RETURNING m.id, t.token"
+        } else {
+            "UPDATE messaging_messages m SET status = 'processed', processed_at = $4, lease_token = NULL, \
+             lease_expires = NULL FROM UNNEST($1::bigint[], $2::bigint[]) AS t(id, token) \
+             WHERE m.id = t.id AND m.lease_token = t.token AND m.queue = $3 AND m.status = 'processing' \
+             AND m.identity IS NULL AND m.lease_expires > $4 RETURNING m.id, t.token"
+        };
+        let sql = tables.sql(&[template]);
+        let done: Vec<(i64, i64)> = sqlx::query_as(&sql)
+            .bind(items.iter().map(|&(id, _)| id as i64).collect::<Vec<_>>())
+            .bind(items.iter().map(|&(_, token)| token as i64).collect::<Vec<_>>())
+            .bind(queue)
+            .bind(now)
+            .fetch_all(&mut *conn)
+            .await
+            .map_err(|e| backend::<Self>("completing messages", e))?;
+        Ok(done.into_iter().map(|(id, token)| (id as RowId, token as u64)).collect())
+    }
+
+    async fn redrive<'a>(
+        conn: &'a mut PgConnection,
+        tables: &'a Tables,
+        queue: &'a str,
+        rows: &'a [RowId],
+    ) -> Result<usize, TransportError> {
+        let sql = tables.sql(&["UPDATE messaging_messages m SET status = 'pending', attempts = 0, process_at = NULL, \
+                seq = nextval('messaging_seq') \
+             WHERE m.id = ANY($2) AND m.queue = $1 AND m.status = 'error'"]);
+        let moved = sqlx::query(&sql)
+            .bind(queue)
+            .bind(ids(rows).collect::<Vec<_>>())
+            .execute(&mut *conn)
+            .await
+            .map_err(|e| backend::<Self>("redrive", e))?;
+        Ok(moved.rows_affected() as usize)
+    }
+
+    async fn notify<'a>(pool: &'a Pool<Self>, queue: &'a str) {
+        if let Err(e) = sqlx::query("SELECT pg_notify($1, $2)").bind(CHANNEL).bind(queue).execute(pool).await {
+            tracing::debug!("NOTIFY failed ({e}); receivers will poll");
+        }
+    }
+
+    fn changes(state: &PgState) -> Option<broadcast::Receiver<String>> {
+        Some(state.changes.subscribe())
+    }
+
+    fn is_missing_table(err: &sqlx::Error) -> bool {
+        // SQLSTATE 42P01: undefined_table.
+        matches!(err, sqlx::Error::Database(db) if db.code().as_deref() == Some("42P01"))
+    }
+}
