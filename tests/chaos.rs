@@ -68,7 +68,7 @@ async fn effect(
                 .bind(receives)
                 .execute(&mut *tx)
                 .await?;
-            claim.complete_in_postgres(&mut tx).await?;
+            claim.complete_in(&mut tx).await?;
             tx.commit().await?;
         }
         Effects::Sqlite(pool) => {
@@ -78,7 +78,7 @@ async fn effect(
                 .bind(receives)
                 .execute(&mut *tx)
                 .await?;
-            claim.complete_in_sqlite(&mut tx).await?;
+            claim.complete_in(&mut tx).await?;
             tx.commit().await?;
         }
     }

@@ -30,7 +30,7 @@ async fn effect(job: Job, claim: IdempotencyClaim, db: State<sqlx::PgPool>) -> R
     tokio::time::sleep(Duration::from_millis(5)).await;
     let mut tx = db.begin().await?;
     sqlx::query("INSERT INTO effects (n) VALUES ($1)").bind(job.n).execute(&mut *tx).await?;
-    claim.complete_in_postgres(&mut tx).await?;
+    claim.complete_in(&mut tx).await?;
     tx.commit().await?;
     Ok(())
 }

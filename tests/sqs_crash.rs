@@ -28,7 +28,7 @@ async fn effect(job: Job, claim: IdempotencyClaim, db: State<sqlx::SqlitePool>) 
     tokio::time::sleep(Duration::from_millis(50)).await;
     let mut tx = db.begin().await?;
     sqlx::query("INSERT INTO effects (n) VALUES (?1)").bind(job.n).execute(&mut *tx).await?;
-    claim.complete_in_sqlite(&mut tx).await?;
+    claim.complete_in(&mut tx).await?;
     tx.commit().await?;
     Ok(())
 }

@@ -34,7 +34,7 @@ pub(crate) struct ClaimState {
 /// async fn finalize(order: OrderPlaced, claim: IdempotencyClaim, db: State<PgPool>) -> Result<(), HandlerError> {
 ///     let mut tx = db.begin().await?;
 ///     sqlx::query("INSERT INTO invoices (order_id) VALUES ($1)").bind(&order.order_id).execute(&mut *tx).await?;
-///     claim.complete_in(&mut *tx).await?;   // fails, and rolls back, if the claim was lost
+///     claim.complete_in(&mut tx).await?;   // fails, and rolls back, if the claim was lost
 ///     tx.commit().await?;
 ///     Ok(())
 /// }
@@ -77,26 +77,21 @@ impl IdempotencyClaim {
         HandlerError::transient(ClaimLost { message_id: self.state.message_id.clone(), scope: self.state.scope })
     }
 
-    /// Completes the claim inside `conn`: a transaction (`&mut *tx`) on the
+    /// Completes the claim inside `conn`: a transaction (`&mut tx`) on the
     /// PostgreSQL or SQLite database that holds the claims. Commit the
     /// transaction for the completion to count; on error, roll back.
     #[cfg(any(feature = "postgres", feature = "sqlite"))]
-    pub async fn complete_in<'c, C>(&self, conn: C) -> Result<(), HandlerError>
-    where
-        C: sqlx::Acquire<'c>,
-        C::Database: crate::transport::sql::Dialect,
-    {
+    pub async fn complete_in<C: ClaimsConnection + ?Sized>(&self, conn: &mut C) -> Result<(), HandlerError> {
         use crate::transport::sql::{statements, stmt};
         let sql = self.state.sql.clone().unwrap_or_default();
         let now = crate::transport::sql::local_ms().saturating_add(sql.offset_ms);
         let text = sql.tables.sql(&[statements::CLAIM_COMPLETE]);
-        let mut conn = conn.acquire().await.map_err(HandlerError::transient)?;
         let done = stmt(&text)
             .bind(self.state.message_id.as_str())
             .bind(self.state.scope)
             .bind(self.state.processor.as_str())
             .bind(now)
-            .execute::<C::Database>(&mut *conn)
+            .execute::<C::Database>(conn.connection())
             .await
             .map_err(HandlerError::transient)?;
         self.finish(done)
@@ -128,5 +123,48 @@ impl FromContext for IdempotencyClaim {
             type_name: "IdempotencyClaim",
             kind: RequirementKind::IdempotentHandler,
         })
+    }
+}
+
+/// A connection or transaction on a database that can hold idempotency
+/// claims, for [`IdempotencyClaim::complete_in`]: a `Transaction`, a
+/// `PgConnection` or a `SqliteConnection`.
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not a connection to a database that holds idempotency claims",
+    label = "pass `&mut tx`, a transaction on the PostgreSQL or SQLite database of the claims"
+)]
+pub trait ClaimsConnection: Send {
+    /// The database.
+    type Database: crate::transport::sql::Dialect;
+
+    /// The connection to run the completion on.
+    fn connection(&mut self) -> &mut <Self::Database as sqlx::Database>::Connection;
+}
+
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+impl<DB: crate::transport::sql::Dialect> ClaimsConnection for sqlx::Transaction<'_, DB> {
+    type Database = DB;
+
+    fn connection(&mut self) -> &mut DB::Connection {
+        self
+    }
+}
+
+#[cfg(feature = "postgres")]
+impl ClaimsConnection for sqlx::PgConnection {
+    type Database = sqlx::Postgres;
+
+    fn connection(&mut self) -> &mut sqlx::PgConnection {
+        self
+    }
+}
+
+#[cfg(feature = "sqlite")]
+impl ClaimsConnection for sqlx::SqliteConnection {
+    type Database = sqlx::Sqlite;
+
+    fn connection(&mut self) -> &mut sqlx::SqliteConnection {
+        self
     }
 }

@@ -21,6 +21,8 @@ use std::time::Duration;
 
 pub(crate) use claim::ClaimState;
 pub use claim::IdempotencyClaim;
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+pub use claim::ClaimsConnection;
 pub use memory::MemoryIdempotencyStore;
 #[cfg(any(feature = "postgres", feature = "sqlite"))]
 pub use crate::transport::sql::SqlIdempotencyStore;
