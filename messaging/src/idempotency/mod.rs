@@ -19,13 +19,13 @@ mod memory;
 
 use std::time::Duration;
 
-pub(crate) use claim::ClaimState;
-pub use claim::IdempotencyClaim;
-#[cfg(any(feature = "postgres", feature = "sqlite"))]
-pub use claim::ClaimsConnection;
-pub use memory::MemoryIdempotencyStore;
 #[cfg(any(feature = "postgres", feature = "sqlite"))]
 pub use crate::transport::sql::SqlIdempotencyStore;
+pub(crate) use claim::ClaimState;
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+pub use claim::ClaimsConnection;
+pub use claim::IdempotencyClaim;
+pub use memory::MemoryIdempotencyStore;
 
 /// Idempotency claims in PostgreSQL, shared by every process using the database.
 #[cfg(feature = "postgres")]

@@ -35,7 +35,7 @@ pub async fn connect(url: &str) -> Result<Arc<dyn Transport>, Error> {
         "sqlite" => {
             #[cfg(feature = "sqlite")]
             {
-                Ok(Arc::new(super::sql::sqlite::connect(url).await?))
+                Ok(Arc::new(super::sql::connect::<sqlx::Sqlite>(url).await?))
             }
             #[cfg(not(feature = "sqlite"))]
             {
@@ -45,7 +45,7 @@ pub async fn connect(url: &str) -> Result<Arc<dyn Transport>, Error> {
         "postgres" | "postgresql" => {
             #[cfg(feature = "postgres")]
             {
-                Ok(Arc::new(super::sql::postgres::connect(url).await?))
+                Ok(Arc::new(super::sql::connect::<sqlx::Postgres>(url).await?))
             }
             #[cfg(not(feature = "postgres"))]
             {

@@ -11,8 +11,8 @@ use std::time::{Duration, SystemTime};
 
 use sqlx::Pool;
 
-use super::dialect::{Dialect, Write};
-use super::driver::stmt;
+use super::dialect::Dialect;
+use super::driver::Value;
 use super::rows::SqlStore;
 use super::statements::{self as sql, Tables};
 use crate::error::TransportError;
@@ -93,19 +93,10 @@ impl<D: Dialect> SqlIdempotencyStore<D> {
         SystemTime::UNIX_EPOCH + Duration::from_millis(ms)
     }
 
-    /// Runs one statement that changes claims; the rows affected.
-    async fn change(&self, op: &str, template: &str, args: ClaimArgs<'_>) -> Result<u64, TransportError> {
-        let sql = self.tables().sql(&[template]);
-        let mut w = Write::single(&self.store).await.map_err(|e| fail::<D>(op, e))?;
-        let mut s = stmt(&sql);
-        for text in args.texts {
-            s = s.bind(*text);
-        }
-        if let Some(at) = args.at {
-            s = s.bind(at);
-        }
-        let done = s.execute::<D>(w.conn()).await.map_err(|e| backend::<D>(op, e));
-        w.finish(done).await
+    /// Runs one statement that changes claims: texts, then a time; the rows affected.
+    async fn change(&self, op: &str, template: &str, texts: &[&str], at: Option<i64>) -> Result<u64, TransportError> {
+        let args: Vec<Value<'_>> = texts.iter().map(|&t| t.into()).chain(at.map(Value::from)).collect();
+        self.store.exec(op, &[template], &args).await.map_err(|e| named::<D>(op, e))
     }
 
     /// [`IdempotencyStore::claim`] at the time `now`.
@@ -122,36 +113,22 @@ impl<D: Dialect> SqlIdempotencyStore<D> {
         let expires = now.saturating_add(duration_millis(lease));
         let mut last_expiry = None;
         for _ in 0..CLAIM_ATTEMPTS {
-            let sql = self.tables().sql(&[sql::CLAIM]);
-            let mut w = Write::single(&self.store).await.map_err(|e| fail::<D>("claim", e))?;
-            let claimed = stmt(&sql)
-                .bind(message_id)
-                .bind(scope)
-                .bind(processor)
-                .bind(expires)
-                .bind(now)
-                .fetch_all::<D>(w.conn())
-                .await
-                .map_err(|e| backend::<D>("claim", e));
-            if !w.finish(claimed).await?.is_empty() {
+            let args = [message_id.into(), scope.into(), processor.into(), expires.into(), now.into()];
+            let claimed = self.store.query("claim", &[sql::CLAIM], &args).await.map_err(|e| named::<D>("claim", e))?;
+            if !claimed.is_empty() {
                 return Ok(Claim::Claimed);
             }
-            let sql = self.tables().sql(&[sql::CLAIM_READ]);
-            let mut conn = self.store.pool.acquire().await.map_err(|e| backend::<D>("claim", e))?;
-            let row = stmt(&sql)
-                .bind(message_id)
-                .bind(scope)
-                .fetch_optional::<D>(&mut conn)
-                .await
-                .map_err(|e| backend::<D>("claim", e))?;
-            let Some(row) = row else {
+            let args = [message_id.into(), scope.into()];
+            let found =
+                self.store.query("claim", &[sql::CLAIM_READ], &args).await.map_err(|e| named::<D>("claim", e))?;
+            let Some(row) = found.first() else {
                 // Purged between the two statements: claim again.
                 continue;
             };
-            let read = |e| backend::<D>("claim", e);
-            let completed = D::flag(&row, 0).map_err(read)?;
-            let holder = D::text(&row, 1).map_err(read)?;
-            let expiry = D::int(&row, 2).map_err(read)?;
+            let read = |e: sqlx::Error| named::<D>("claim", TransportError::Backend(e.to_string()));
+            let completed = D::flag(row, 0).map_err(read)?;
+            let holder = D::text(row, 1).map_err(read)?;
+            let expiry = D::int(row, 2).map_err(read)?;
             if completed {
                 return Ok(Claim::Completed);
             }
@@ -174,8 +151,7 @@ impl<D: Dialect> SqlIdempotencyStore<D> {
         processor: &str,
         now: SystemTime,
     ) -> Result<(), TransportError> {
-        let args = ClaimArgs { texts: &[message_id, scope, processor], at: Some(millis(now)) };
-        match self.change("complete", sql::CLAIM_COMPLETE, args).await? {
+        match self.change("complete", sql::CLAIM_COMPLETE, &[message_id, scope, processor], Some(millis(now))).await? {
             0 => Err(TransportError::StaleReceipt),
             _ => Ok(()),
         }
@@ -192,8 +168,7 @@ impl<D: Dialect> SqlIdempotencyStore<D> {
         now: SystemTime,
     ) -> Result<(), TransportError> {
         let until = millis(now).saturating_add(duration_millis(lease));
-        let args = ClaimArgs { texts: &[message_id, scope, processor], at: Some(until) };
-        match self.change("extend", sql::CLAIM_EXTEND, args).await? {
+        match self.change("extend", sql::CLAIM_EXTEND, &[message_id, scope, processor], Some(until)).await? {
             0 => Err(TransportError::StaleReceipt),
             _ => Ok(()),
         }
@@ -203,14 +178,8 @@ impl<D: Dialect> SqlIdempotencyStore<D> {
     #[doc(hidden)]
     pub async fn purge_at(&self, older_than: Duration, now: SystemTime) -> Result<u64, TransportError> {
         let cutoff = millis(now).saturating_sub(duration_millis(older_than));
-        self.change("purge", sql::CLAIMS_PURGE, ClaimArgs { texts: &[], at: Some(cutoff) }).await
+        self.change("purge", sql::CLAIMS_PURGE, &[], Some(cutoff)).await
     }
-}
-
-/// The parameters of a claim statement: texts, then a time.
-struct ClaimArgs<'a> {
-    texts: &'a [&'a str],
-    at: Option<i64>,
 }
 
 impl<D: Dialect> IdempotencyStore for SqlIdempotencyStore<D> {
@@ -240,8 +209,7 @@ impl<D: Dialect> IdempotencyStore for SqlIdempotencyStore<D> {
         processor: &'a str,
     ) -> BoxFuture<'a, Result<(), TransportError>> {
         Box::pin(async move {
-            let args = ClaimArgs { texts: &[message_id, scope, processor], at: None };
-            self.change("release", sql::CLAIM_RELEASE, args).await.map(drop)
+            self.change("release", sql::CLAIM_RELEASE, &[message_id, scope, processor], None).await.map(drop)
         })
     }
 
@@ -279,20 +247,16 @@ fn duration_millis(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }
 
-/// Says which operation failed; a missing table says how to create it.
-fn backend<D: Dialect>(op: &str, err: sqlx::Error) -> TransportError {
-    if D::is_missing_table(&err) {
+/// Says which claim operation failed; a missing table says how to create it.
+fn named<D: Dialect>(op: &str, e: TransportError) -> TransportError {
+    let text = e.to_string();
+    if D::missing_table(&text) {
         return TransportError::Backend(format!(
             "idempotency {op} on {} failed: the table `messaging_idempotency` is missing; \
-             run the `migrate` command (or provision the table from the framework's {} migrations): {err}",
+             run the `migrate` command (or provision the table from the framework's {} migrations): {text}",
             D::SYSTEM,
             D::SYSTEM
         ));
     }
-    TransportError::Backend(format!("idempotency {op} on {} failed: {err}", D::SYSTEM))
-}
-
-/// A failure to get a connection, said as the claim operation's.
-fn fail<D: Dialect>(op: &str, e: TransportError) -> TransportError {
-    TransportError::Backend(format!("idempotency {op} on {} failed: {e}", D::SYSTEM))
+    TransportError::Backend(format!("idempotency {op} on {}: {text}", D::SYSTEM))
 }

@@ -40,62 +40,50 @@ mod sealed {
 #[allow(private_bounds, private_interfaces)]
 pub trait Dialect: Driver + sealed::Sealed + Sized {
     /// The `messaging.system` name.
-    #[doc(hidden)]
     const SYSTEM: &'static str;
     /// Appended to a SELECT that reads rows to change them: ` FOR UPDATE` on
     /// PostgreSQL; nothing on SQLite, whose write lock covers the transaction.
-    #[doc(hidden)]
     const LOCK: &'static str;
     /// Like [`Dialect::LOCK`], skipping rows another transaction holds.
-    #[doc(hidden)]
     const LOCK_SKIP: &'static str;
     /// How many leases of one standard queue may run at once, each in its own
     /// partition of the rows.
-    #[doc(hidden)]
     const CONCURRENT_LEASES: u32;
     /// Lists (table, column) of the framework's tables.
-    #[doc(hidden)]
     const SCHEMA_COLUMNS: &'static str;
     /// Whether a single statement may run outside a transaction.
-    #[doc(hidden)]
     const AUTOCOMMIT: bool;
 
     /// What a store keeps beside its pool.
-    #[doc(hidden)]
     type State: Clone + Debug + Send + Sync + 'static;
 
     /// Opens a pool on `url` (the framework's options taken out).
-    #[doc(hidden)]
     fn connect(url: &str) -> impl Future<Output = Result<(Pool<Self>, Self::State), TransportError>> + Send;
 
     /// The state of a store on a pool the application opened (no background
     /// work that `connect` would start beyond what correctness needs).
-    #[doc(hidden)]
     fn adopt(pool: &Pool<Self>) -> Self::State;
 
     /// Runs the framework's migrations.
-    #[doc(hidden)]
     fn migrate(pool: &Pool<Self>) -> impl Future<Output = Result<(), TransportError>> + Send;
 
     /// Milliseconds since the Unix epoch by the clock every process of the
     /// database agrees on.
-    #[doc(hidden)]
     fn now(state: &Self::State) -> i64;
 
     /// Takes this process's write turn, where the database needs one.
-    #[doc(hidden)]
     fn turn(state: &Self::State) -> impl Future<Output = Option<OwnedMutexGuard<()>>> + Send;
 
     /// Begins a write transaction.
-    #[doc(hidden)]
     fn begin(pool: &Pool<Self>) -> impl Future<Output = Result<Transaction<'static, Self>, sqlx::Error>> + Send;
 
     /// The next value of the sequence (enqueue order and lease tokens).
-    #[doc(hidden)]
-    fn next_seq(conn: &mut Self::Connection, tables: &Tables) -> impl Future<Output = Result<u64, TransportError>> + Send;
+    fn next_seq(
+        conn: &mut Self::Connection,
+        tables: &Tables,
+    ) -> impl Future<Output = Result<u64, TransportError>> + Send;
 
     /// Inserts rows without identity (seq assigned here, in order); their ids in order.
-    #[doc(hidden)]
     fn insert_plain<'a>(
         conn: &'a mut Self::Connection,
         tables: &'a Tables,
@@ -105,7 +93,6 @@ pub trait Dialect: Driver + sealed::Sealed + Sized {
     ) -> impl Future<Output = Result<Vec<RowId>, TransportError>> + Send + 'a;
 
     /// Leases up to `n` rows (a standard queue's `partition` when given).
-    #[doc(hidden)]
     fn lease<'a>(
         store: &'a SqlStore<Self>,
         queue: &'a str,
@@ -118,7 +105,6 @@ pub trait Dialect: Driver + sealed::Sealed + Sized {
 
     /// Completes, in one statement, the rows without identity whose lease the
     /// items hold (deleted, or kept as processed); returns those items.
-    #[doc(hidden)]
     fn complete_plain<'a>(
         conn: &'a mut Self::Connection,
         tables: &'a Tables,
@@ -129,7 +115,6 @@ pub trait Dialect: Driver + sealed::Sealed + Sized {
     ) -> impl Future<Output = Result<HashSet<(RowId, u64)>, TransportError>> + Send + 'a;
 
     /// Error → Pending with attempts reset, at the back of the queue, in order.
-    #[doc(hidden)]
     fn redrive<'a>(
         conn: &'a mut Self::Connection,
         tables: &'a Tables,
@@ -138,16 +123,13 @@ pub trait Dialect: Driver + sealed::Sealed + Sized {
     ) -> impl Future<Output = Result<usize, TransportError>> + Send + 'a;
 
     /// Tells other processes that `queue` has new messages.
-    #[doc(hidden)]
     fn notify<'a>(pool: &'a Pool<Self>, queue: &'a str) -> impl Future<Output = ()> + Send + 'a;
 
     /// Signals from other processes (see [`super::RowStore::changes`]).
-    #[doc(hidden)]
     fn changes(state: &Self::State) -> Option<tokio::sync::broadcast::Receiver<String>>;
 
-    /// Whether `err` says a table is missing.
-    #[doc(hidden)]
-    fn is_missing_table(err: &sqlx::Error) -> bool;
+    /// Whether a failure's text says a table is missing.
+    fn missing_table(text: &str) -> bool;
 }
 
 /// A failed statement, named.

@@ -26,55 +26,28 @@ pub(crate) enum Value<'q> {
     Bytes(Option<&'q [u8]>),
 }
 
-impl From<i64> for Value<'_> {
-    fn from(v: i64) -> Self {
-        Value::Int(Some(v))
-    }
+/// `From` conversions into [`Value`] for the types the store binds.
+macro_rules! values {
+    ($($t:ty => |$v:ident| $e:expr;)*) => {
+        $(impl<'q> From<$t> for Value<'q> {
+            fn from($v: $t) -> Self {
+                $e
+            }
+        })*
+    };
 }
-impl From<Option<i64>> for Value<'_> {
-    fn from(v: Option<i64>) -> Self {
-        Value::Int(v)
-    }
-}
-impl From<i32> for Value<'_> {
-    fn from(v: i32) -> Self {
-        Value::Int4(Some(v))
-    }
-}
-impl From<Option<i32>> for Value<'_> {
-    fn from(v: Option<i32>) -> Self {
-        Value::Int4(v)
-    }
-}
-impl From<bool> for Value<'_> {
-    fn from(v: bool) -> Self {
-        Value::Bool(v)
-    }
-}
-impl<'q> From<&'q str> for Value<'q> {
-    fn from(v: &'q str) -> Self {
-        Value::Text(Some(v))
-    }
-}
-impl<'q> From<&'q String> for Value<'q> {
-    fn from(v: &'q String) -> Self {
-        Value::Text(Some(v))
-    }
-}
-impl<'q> From<Option<&'q str>> for Value<'q> {
-    fn from(v: Option<&'q str>) -> Self {
-        Value::Text(v)
-    }
-}
-impl<'q> From<&'q [u8]> for Value<'q> {
-    fn from(v: &'q [u8]) -> Self {
-        Value::Bytes(Some(v))
-    }
-}
-impl<'q> From<Option<&'q [u8]>> for Value<'q> {
-    fn from(v: Option<&'q [u8]>) -> Self {
-        Value::Bytes(v)
-    }
+
+values! {
+    i64 => |v| Value::Int(Some(v));
+    Option<i64> => |v| Value::Int(v);
+    i32 => |v| Value::Int4(Some(v));
+    Option<i32> => |v| Value::Int4(v);
+    bool => |v| Value::Bool(v);
+    &'q str => |v| Value::Text(Some(v));
+    &'q String => |v| Value::Text(Some(v));
+    Option<&'q str> => |v| Value::Text(v);
+    &'q [u8] => |v| Value::Bytes(Some(v));
+    Option<&'q [u8]> => |v| Value::Bytes(v);
 }
 
 /// A statement and its parameters.
@@ -93,6 +66,12 @@ impl<'q> Stmt<'q> {
     /// Binds the next parameter.
     pub(crate) fn bind(mut self, value: impl Into<Value<'q>>) -> Self {
         self.args.push(value.into());
+        self
+    }
+
+    /// Binds the next parameters.
+    pub(crate) fn binds(mut self, values: &[Value<'q>]) -> Self {
+        self.args.extend_from_slice(values);
         self
     }
 

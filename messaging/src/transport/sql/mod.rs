@@ -78,6 +78,18 @@ impl<S> std::fmt::Debug for SqlTransport<S> {
     }
 }
 
+/// Connects to a database URL (`sqlite://FILE?...`, `postgres://...?...`):
+/// takes the framework's options out, opens the store, and runs the
+/// migrations when the URL asks for them (`migrate=true`).
+pub async fn connect<D: Dialect>(url: &str) -> Result<SqlTransport<SqlStore<D>>, crate::error::Error> {
+    let (options, url) = SqlOptions::parse(url)?;
+    let store = SqlStore::<D>::connect(&url).await?;
+    if options.migrate {
+        D::migrate(store.pool()).await?;
+    }
+    Ok(SqlTransport::new(store, options))
+}
+
 impl<S: RowStore> SqlTransport<S> {
     /// A transport over `store`.
     pub fn new(store: S, options: SqlOptions) -> Self {

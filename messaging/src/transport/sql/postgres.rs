@@ -17,8 +17,8 @@ use super::driver::{stmt, Driver};
 use super::rows::SqlStore;
 use super::statements::{self as sql, Tables};
 use super::store::LeasedRow;
-use super::{SqlOptions, SqlTransport};
-use crate::error::{Error, TransportError};
+use super::SqlTransport;
+use crate::error::TransportError;
 use crate::identity::{Row, RowId};
 
 /// The notification channel enqueues signal on (payload: the queue name).
@@ -29,16 +29,6 @@ pub type PostgresTransport = SqlTransport<PostgresStore>;
 
 /// Rows in PostgreSQL.
 pub type PostgresStore = SqlStore<Postgres>;
-
-/// Connects to `url` (with the framework's options already taken out).
-pub async fn connect(url: &str) -> Result<PostgresTransport, Error> {
-    let (options, url) = SqlOptions::parse(url)?;
-    let store = PostgresStore::connect(&url).await?;
-    if options.migrate {
-        Postgres::migrate(store.pool()).await?;
-    }
-    Ok(SqlTransport::new(store, options))
-}
 
 /// What a PostgreSQL store keeps beside its pool.
 #[derive(Debug, Clone)]
@@ -346,7 +336,8 @@ impl Dialect for Postgres {
         queue: &'a str,
         rows: &'a [RowId],
     ) -> Result<usize, TransportError> {
-        let sql = tables.sql(&["UPDATE messaging_messages m SET status = 'pending', attempts = 0, process_at = NULL, \
+        let sql =
+            tables.sql(&["UPDATE messaging_messages m SET status = 'pending', attempts = 0, process_at = NULL, \
                 seq = nextval('messaging_seq') \
              WHERE m.id = ANY($2) AND m.queue = $1 AND m.status = 'error'"]);
         let moved = sqlx::query(&sql)
@@ -368,8 +359,7 @@ impl Dialect for Postgres {
         Some(state.changes.subscribe())
     }
 
-    fn is_missing_table(err: &sqlx::Error) -> bool {
-        // SQLSTATE 42P01: undefined_table.
-        matches!(err, sqlx::Error::Database(db) if db.code().as_deref() == Some("42P01"))
+    fn missing_table(text: &str) -> bool {
+        text.contains("does not exist") && text.contains("relation")
     }
 }

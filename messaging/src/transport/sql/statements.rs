@@ -18,7 +18,8 @@ macro_rules! columns {
 
 /// The columns a lease returns (`record::LeasedRecord`), with priority and seq
 /// for ordering.
-pub(crate) const LEASED: &str = "id, lease_token, message_id, payload, attempts, group_id, attributes, sent_at, priority, seq";
+pub(crate) const LEASED: &str =
+    "id, lease_token, message_id, payload, attempts, group_id, attributes, sent_at, priority, seq";
 
 /// Where the framework's tables are: the connection's schema, or a named one.
 #[derive(Debug, Clone, Default)]
@@ -76,7 +77,8 @@ pub(crate) const DELETE_ROW: &str = "DELETE FROM messaging_messages WHERE id = $
 pub(crate) const RECORD_PREVIOUS: &str = "INSERT INTO messaging_previous (queue, identity, message_id, payload, \
     processed_at) VALUES ($1, $2, $3, $4, $5) ON CONFLICT (queue, identity) DO UPDATE SET \
     message_id = excluded.message_id, payload = excluded.payload, processed_at = excluded.processed_at";
-pub(crate) const PREVIOUS: &str = "SELECT message_id, payload FROM messaging_previous WHERE queue = $1 AND identity = $2";
+pub(crate) const PREVIOUS: &str =
+    "SELECT message_id, payload FROM messaging_previous WHERE queue = $1 AND identity = $2";
 
 /// Whether housekeeping has work (`$3`: retention is on, `$4`: its cutoff):
 /// looked at without a write lock, since usually there is none.
@@ -157,8 +159,7 @@ pub(crate) const CLAIM_RELEASE: &str = "UPDATE messaging_idempotency SET process
     WHERE message_id = $1 AND scope = $2 AND processor_id = $3 AND completed = FALSE";
 pub(crate) const CLAIM_EXTEND: &str = "UPDATE messaging_idempotency SET lease_expires_at = $4 \
     WHERE message_id = $1 AND scope = $2 AND processor_id = $3 AND completed = FALSE";
-pub(crate) const CLAIMS_PURGE: &str =
-    "DELETE FROM messaging_idempotency WHERE completed = TRUE AND completed_at < $1";
+pub(crate) const CLAIMS_PURGE: &str = "DELETE FROM messaging_idempotency WHERE completed = TRUE AND completed_at < $1";
 
 #[cfg(test)]
 mod tests {

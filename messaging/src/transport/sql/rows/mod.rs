@@ -8,7 +8,7 @@ mod write;
 use sqlx::Pool;
 
 use super::dialect::{backend, each, Dialect, Write};
-use super::driver::stmt;
+use super::driver::{stmt, Value};
 use super::statements::{self as sql, Tables};
 use super::store::{Enqueued, LeasedRow, RowOp, RowStore};
 use crate::error::TransportError;
@@ -41,62 +41,82 @@ impl<D: Dialect> SqlStore<D> {
         &self.pool
     }
 
-    /// A connection for reading.
-    async fn read(&self) -> Result<sqlx::pool::PoolConnection<D>, TransportError> {
-        self.pool.acquire().await.map_err(|e| backend::<D>("connect", e))
+    /// The rows of a reading statement, on a pooled connection.
+    pub(crate) async fn query(
+        &self,
+        what: &str,
+        parts: &[&str],
+        args: &[Value<'_>],
+    ) -> Result<Vec<D::Row>, TransportError> {
+        let sql = self.tables.sql(parts);
+        let mut conn = self.pool.acquire().await.map_err(fail::<D>(what))?;
+        stmt(&sql).binds(args).fetch_all::<D>(&mut conn).await.map_err(fail::<D>(what))
+    }
+
+    /// The rows of a statement run on `w`.
+    pub(crate) async fn query_in(
+        &self,
+        w: &mut Write<D>,
+        what: &str,
+        parts: &[&str],
+        args: &[Value<'_>],
+    ) -> Result<Vec<D::Row>, TransportError> {
+        let sql = self.tables.sql(parts);
+        stmt(&sql).binds(args).fetch_all::<D>(w.conn()).await.map_err(fail::<D>(what))
+    }
+
+    /// Runs a statement on `w`; the rows it changed.
+    pub(crate) async fn exec_in(
+        &self,
+        w: &mut Write<D>,
+        what: &str,
+        parts: &[&str],
+        args: &[Value<'_>],
+    ) -> Result<u64, TransportError> {
+        let sql = self.tables.sql(parts);
+        stmt(&sql).binds(args).execute::<D>(w.conn()).await.map_err(fail::<D>(what))
+    }
+
+    /// Runs one writing statement by itself; the rows it changed.
+    pub(crate) async fn exec(&self, what: &str, parts: &[&str], args: &[Value<'_>]) -> Result<u64, TransportError> {
+        let mut w = Write::single(self).await?;
+        let done = self.exec_in(&mut w, what, parts, args).await;
+        w.finish(done).await
     }
 
     /// A count.
     async fn count(&self, template: &str, queue: &str, what: &str) -> Result<u64, TransportError> {
-        let sql = self.tables.sql(&[template]);
-        let mut conn = self.read().await?;
-        let row = stmt(&sql).bind(queue).fetch_optional::<D>(&mut conn).await.map_err(|e| backend::<D>(what, e))?;
-        let n = row.map(|r| D::int(&r, 0)).transpose().map_err(|e| backend::<D>(what, e))?.flatten();
-        Ok(n.unwrap_or(0).max(0) as u64)
+        let rows = self.query(what, &[template], &[queue.into()]).await?;
+        Ok(int::<D>(&rows, 0, what)?.unwrap_or(0).max(0) as u64)
     }
 
     /// Whole rows.
     async fn records(&self, template: &str, queue: &str, limit: Option<usize>) -> Result<Vec<Row>, TransportError> {
-        let sql = self.tables.sql(&[template]);
-        let mut conn = self.read().await?;
-        let mut s = stmt(&sql).bind(queue);
-        if let Some(limit) = limit {
-            s = s.bind(i64::try_from(limit).unwrap_or(i64::MAX));
-        }
-        let rows = s.fetch_all::<D>(&mut conn).await.map_err(|e| backend::<D>("reading messages", e))?;
-        rows.iter().map(|r| D::record(r).map_err(|e| backend::<D>("reading a message", e))?.try_into()).collect()
+        let limit = limit.map(|n| i64::try_from(n).unwrap_or(i64::MAX));
+        let args = [queue.into(), limit.into()];
+        rows::<D>(&self.query("reading messages", &[template], &args[..1 + usize::from(limit.is_some())]).await?)
     }
 
     /// Checks the tables and columns (see [`super::schema`]).
     async fn check(&self) -> Result<(), TransportError> {
-        let mut conn = self.read().await?;
-        let rows = stmt(D::SCHEMA_COLUMNS)
-            .fetch_all::<D>(&mut conn)
-            .await
-            .map_err(|e| backend::<D>("reading the schema", e))?;
+        let what = "reading the schema";
+        let rows = self.query(what, &[D::SCHEMA_COLUMNS], &[]).await?;
         let found = rows
             .iter()
             .map(|r| Ok((D::text(r, 0)?.unwrap_or_default(), D::text(r, 1)?.unwrap_or_default())))
             .collect::<Result<Vec<_>, sqlx::Error>>()
-            .map_err(|e| backend::<D>("reading the schema", e))?;
+            .map_err(fail::<D>(what))?;
         super::schema::compare(D::SYSTEM, &found)
     }
 
     /// Records `queue` with its kind.
     async fn declare_queue(&self, queue: &str, fifo: bool, now: i64) -> Result<(), TransportError> {
         self.check().await?;
-        let mut w = Write::single(self).await?;
-        let sql = self.tables.sql(&[sql::DECLARE]);
-        let done = stmt(&sql).bind(queue).bind(fifo).bind(now).execute::<D>(w.conn()).await;
-        w.finish(done.map_err(|e| backend::<D>("declaring a queue", e))).await?;
-        let sql = self.tables.sql(&[sql::QUEUE_KIND]);
-        let mut conn = self.read().await?;
-        let row = stmt(&sql).bind(queue).fetch_optional::<D>(&mut conn).await;
-        let stored = row
-            .and_then(|r| r.map(|r| D::flag(&r, 0)).transpose())
-            .map_err(|e| backend::<D>("declaring a queue", e))?
-            .unwrap_or(fifo);
-        super::schema::check_kind(queue, fifo, stored)
+        let what = "declaring a queue";
+        self.exec(what, &[sql::DECLARE], &[queue.into(), fifo.into(), now.into()]).await?;
+        let rows = self.query(what, &[sql::QUEUE_KIND], &[queue.into()]).await?;
+        let stored = rows.first().map(|r| D::flag(r, 0)).transpose().map_err(fail::<D>(what))?;
+        super::schema::check_kind(queue, fifo, stored.unwrap_or(fifo))
     }
 
     /// Housekeeping: wakes due sleepers, abandons expired leases, purges
@@ -104,29 +124,14 @@ impl<D: Dialect> SqlStore<D> {
     /// there is nothing to do, and on SQLite taking the write lock every
     /// 100 ms would hold up publishers.
     async fn housekeeping(&self, queue: &str, now: i64, rules: QueueRules) -> Result<(), TransportError> {
-        let due = {
-            let sql = self.tables.sql(&[sql::HOUSEKEEPING_DUE]);
-            let mut conn = self.read().await?;
-            let row = stmt(&sql)
-                .bind(queue)
-                .bind(now)
-                .bind(rules.retention_ms > 0)
-                .bind(now - rules.retention_ms)
-                .fetch_optional::<D>(&mut conn)
-                .await
-                .map_err(|e| backend::<D>("housekeeping", e))?;
-            let flag = |i| row.as_ref().map(|r| D::flag(r, i)).transpose().map(Option::unwrap_or_default);
-            (flag(0), flag(1), flag(2))
-        };
-        let (sleepers, expired, purgeable) = match due {
-            (Ok(a), Ok(b), Ok(c)) => (a, b, c),
-            (Err(e), _, _) | (_, Err(e), _) | (_, _, Err(e)) => return Err(backend::<D>("housekeeping", e)),
-        };
+        let (what, cutoff) = ("housekeeping", now - rules.retention_ms);
+        let args = [queue.into(), now.into(), (rules.retention_ms > 0).into(), cutoff.into()];
+        let rows = self.query(what, &[sql::HOUSEKEEPING_DUE], &args).await?;
+        let due = |i| rows.first().map(|r| D::flag(r, i)).transpose().map(Option::unwrap_or_default);
+        let (sleepers, expired, purgeable) =
+            (due(0).map_err(fail::<D>(what))?, due(1).map_err(fail::<D>(what))?, due(2).map_err(fail::<D>(what))?);
         if sleepers {
-            let mut w = Write::single(self).await?;
-            let sql = self.tables.sql(&[sql::WAKE]);
-            let done = stmt(&sql).bind(queue).bind(now).execute::<D>(w.conn()).await;
-            w.finish(done.map_err(|e| backend::<D>("waking sleeping messages", e))).await?;
+            self.exec("waking sleeping messages", &[sql::WAKE], &[queue.into(), now.into()]).await?;
         }
         if expired {
             let mut w = Write::begin(self).await?;
@@ -134,26 +139,23 @@ impl<D: Dialect> SqlStore<D> {
             w.finish(done).await?;
         }
         if purgeable {
-            let mut w = Write::single(self).await?;
-            let sql = self.tables.sql(&[sql::PURGE_PROCESSED]);
-            let done = stmt(&sql).bind(queue).bind(now - rules.retention_ms).execute::<D>(w.conn()).await;
-            w.finish(done.map_err(|e| backend::<D>("purging processed messages", e))).await?;
+            self.exec("purging processed messages", &[sql::PURGE_PROCESSED], &[queue.into(), cutoff.into()]).await?;
         }
         Ok(())
     }
 
     /// Abandons the expired leases of `queue` (rows another transaction
     /// holds are being settled: skipped).
-    async fn abandon_in(&self, w: &mut Write<D>, queue: &str, now: i64, rules: &QueueRules) -> Result<(), TransportError> {
-        let sql = self.tables.sql(&[sql::EXPIRED, D::LOCK_SKIP]);
-        let rows = stmt(&sql)
-            .bind(queue)
-            .bind(now)
-            .fetch_all::<D>(w.conn())
-            .await
-            .map_err(|e| backend::<D>("finding expired leases", e))?;
-        for found in &rows {
-            let mut row: Row = D::record(found).map_err(|e| backend::<D>("reading a message", e))?.try_into()?;
+    async fn abandon_in(
+        &self,
+        w: &mut Write<D>,
+        queue: &str,
+        now: i64,
+        rules: &QueueRules,
+    ) -> Result<(), TransportError> {
+        let args = [queue.into(), now.into()];
+        let found = self.query_in(w, "finding expired leases", &[sql::EXPIRED, D::LOCK_SKIP], &args).await?;
+        for mut row in rows::<D>(&found)? {
             if row.is_abandoned(now) {
                 row.abandon(now, rules);
                 self.store_row(w, &row).await?;
@@ -162,36 +164,14 @@ impl<D: Dialect> SqlStore<D> {
         Ok(())
     }
 
+    /// The earliest sleeper or lease expiry.
     async fn next(&self, queue: &str) -> Result<Option<i64>, TransportError> {
-        let sql = self.tables.sql(&[sql::NEXT_DUE]);
-        let mut conn = self.read().await?;
-        let row = stmt(&sql).bind(queue).fetch_optional::<D>(&mut conn).await;
-        let row = row.map_err(|e| backend::<D>("next due time", e))?;
-        let Some(row) = row else { return Ok(None) };
-        let (sleeping, leased) = (D::int(&row, 0), D::int(&row, 1));
-        let (sleeping, leased) = (
-            sleeping.map_err(|e| backend::<D>("next due time", e))?,
-            leased.map_err(|e| backend::<D>("next due time", e))?,
-        );
-        Ok(match (sleeping, leased) {
+        let what = "next due time";
+        let rows = self.query(what, &[sql::NEXT_DUE], &[queue.into()]).await?;
+        Ok(match (int::<D>(&rows, 0, what)?, int::<D>(&rows, 1, what)?) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         })
-    }
-
-    async fn previous_of(&self, queue: &str, identity: &str) -> Result<Option<Vec<u8>>, TransportError> {
-        let sql = self.tables.sql(&[sql::PREVIOUS]);
-        let mut conn = self.read().await?;
-        let row = stmt(&sql).bind(queue).bind(identity).fetch_optional::<D>(&mut conn).await;
-        let row = row.map_err(|e| backend::<D>("reading the previous message", e))?;
-        row.map(|r| D::bytes(&r, 1)).transpose().map(Option::flatten).map_err(|e| backend::<D>("reading the previous message", e))
-    }
-
-    async fn purge(&self, before: i64) -> Result<u64, TransportError> {
-        let mut w = Write::single(self).await?;
-        let sql = self.tables.sql(&[sql::CLAIMS_PURGE]);
-        let done = stmt(&sql).bind(before).execute::<D>(w.conn()).await;
-        w.finish(done.map_err(|e| backend::<D>("purging idempotency claims", e))).await
     }
 
     async fn redrive_rows(&self, queue: &str, ids: Vec<RowId>) -> Result<usize, TransportError> {
@@ -204,6 +184,21 @@ impl<D: Dialect> SqlStore<D> {
         D::notify(&self.pool, queue).await;
         Ok(moved)
     }
+}
+
+/// Names a failed statement.
+pub(crate) fn fail<D: Dialect>(what: &str) -> impl Fn(sqlx::Error) -> TransportError + '_ {
+    move |e| backend::<D>(what, e)
+}
+
+/// Column `i` of the first row as a BIGINT (none: no row, or NULL).
+pub(crate) fn int<D: Dialect>(rows: &[D::Row], i: usize, what: &str) -> Result<Option<i64>, TransportError> {
+    Ok(rows.first().map(|r| D::int(r, i)).transpose().map_err(fail::<D>(what))?.flatten())
+}
+
+/// Whole message rows.
+pub(crate) fn rows<D: Dialect>(found: &[D::Row]) -> Result<Vec<Row>, TransportError> {
+    found.iter().map(|r| D::record(r).map_err(fail::<D>("reading a message"))?.try_into()).collect()
 }
 
 impl<D: Dialect> RowStore for SqlStore<D> {
@@ -360,11 +355,15 @@ impl<D: Dialect> RowStore for SqlStore<D> {
         queue: &'a str,
         identity: &'a str,
     ) -> BoxFuture<'a, Result<Option<Vec<u8>>, TransportError>> {
-        Box::pin(self.previous_of(queue, identity))
+        Box::pin(async move {
+            let what = "reading the previous message";
+            let rows = self.query(what, &[sql::PREVIOUS], &[queue.into(), identity.into()]).await?;
+            Ok(rows.first().map(|r| D::bytes(r, 1)).transpose().map_err(fail::<D>(what))?.flatten())
+        })
     }
 
     fn purge_claims(&self, before: i64) -> BoxFuture<'_, Result<u64, TransportError>> {
-        Box::pin(self.purge(before))
+        Box::pin(async move { self.exec("purging idempotency claims", &[sql::CLAIMS_PURGE], &[before.into()]).await })
     }
 
     fn idempotency_store(&self) -> Option<std::sync::Arc<dyn crate::idempotency::IdempotencyStore>> {

@@ -44,10 +44,11 @@ impl<D: Dialect> SqlStore<D> {
         if ids.len() != run.len() {
             return Err(TransportError::Backend(format!("{}: the insert returned too few ids", D::SYSTEM)));
         }
-        out.extend(run.drain(..).zip(ids).map(|(row, id)| Enqueued {
-            outcome: EnqueueOutcome::Inserted(id),
-            message_id: row.message_id,
-        }));
+        out.extend(
+            run.drain(..)
+                .zip(ids)
+                .map(|(row, id)| Enqueued { outcome: EnqueueOutcome::Inserted(id), message_id: row.message_id }),
+        );
         Ok(())
     }
 
@@ -95,10 +96,8 @@ impl<D: Dialect> SqlStore<D> {
     }
 
     async fn by_identity(&self, w: &mut Write<D>, queue: &str, identity: &str) -> Result<Option<Row>, TransportError> {
-        let sql = self.tables.sql(&[sql::BY_IDENTITY, D::LOCK]);
-        let found = stmt(&sql).bind(queue).bind(identity).fetch_optional::<D>(w.conn()).await;
-        let found = found.map_err(|e| backend::<D>("enqueue", e))?;
-        found.map(|r| D::record(&r).map_err(|e| backend::<D>("reading a message", e))?.try_into()).transpose()
+        let found = self.query_in(w, "enqueue", &[sql::BY_IDENTITY, D::LOCK], &[queue.into(), identity.into()]).await?;
+        Ok(rows::<D>(&found)?.pop())
     }
 
     /// The identity's last processed version: (message id, payload).
@@ -108,11 +107,11 @@ impl<D: Dialect> SqlStore<D> {
         queue: &str,
         identity: &str,
     ) -> Result<Option<(String, Vec<u8>)>, TransportError> {
-        let sql = self.tables.sql(&[sql::PREVIOUS]);
-        let found = stmt(&sql).bind(queue).bind(identity).fetch_optional::<D>(w.conn()).await;
-        let read = |e| backend::<D>("reading the previous message", e);
-        let Some(row) = found.map_err(read)? else { return Ok(None) };
-        Ok(Some((D::text(&row, 0).map_err(read)?.unwrap_or_default(), D::bytes(&row, 1).map_err(read)?.unwrap_or_default())))
+        let what = "reading the previous message";
+        let found = self.query_in(w, what, &[sql::PREVIOUS], &[queue.into(), identity.into()]).await?;
+        let Some(row) = found.first() else { return Ok(None) };
+        let (id, payload) = (D::text(row, 0).map_err(fail::<D>(what))?, D::bytes(row, 1).map_err(fail::<D>(what))?);
+        Ok(Some((id.unwrap_or_default(), payload.unwrap_or_default())))
     }
 
     /// A new row for an identity; `None` when it exists already.
@@ -124,60 +123,54 @@ impl<D: Dialect> SqlStore<D> {
         seq: u64,
         now: i64,
     ) -> Result<Option<RowId>, TransportError> {
-        let row = Row::new(0, seq, now, e.clone());
-        let sql = self.tables.sql(&[sql::INSERT_IDENTITY]);
-        let inserted = stmt(&sql)
-            .bind(queue)
-            .bind(row.identity.as_deref())
-            .bind(row.group.as_deref())
-            .bind(&row.message_id)
-            .bind(row.payload.as_slice())
-            .bind(&row.attributes)
-            .bind(row.priority)
-            .bind(row.process_at)
-            .bind(row.status.as_str())
-            .bind(seq as i64)
-            .bind(now)
-            .fetch_optional::<D>(w.conn())
-            .await
-            .map_err(|e| backend::<D>("enqueue", e))?;
-        let id = inserted.map(|r| D::int(&r, 0)).transpose().map_err(|e| backend::<D>("enqueue", e))?.flatten();
-        Ok(id.map(|id| id as RowId))
+        let r = Row::new(0, seq, now, e.clone());
+        let args = [
+            queue.into(),
+            r.identity.as_deref().into(),
+            r.group.as_deref().into(),
+            r.message_id.as_str().into(),
+            r.payload.as_slice().into(),
+            r.attributes.as_str().into(),
+            r.priority.into(),
+            r.process_at.into(),
+            r.status.as_str().into(),
+            (seq as i64).into(),
+            now.into(),
+        ];
+        let inserted = self.query_in(w, "enqueue", &[sql::INSERT_IDENTITY], &args).await?;
+        Ok(int::<D>(&inserted, 0, "enqueue")?.map(|id| id as RowId))
     }
 
     /// Stores every column of `row` (which exists).
     pub(super) async fn store_row(&self, w: &mut Write<D>, row: &Row) -> Result<(), TransportError> {
         let d = row.deferred.as_ref();
-        let sql = self.tables.sql(&[sql::STORE_ROW]);
-        stmt(&sql)
-            .bind(row.id as i64)
-            .bind(row.identity.as_deref())
-            .bind(row.group.as_deref())
-            .bind(&row.message_id)
-            .bind(row.payload.as_slice())
-            .bind(&row.attributes)
-            .bind(row.priority)
-            .bind(row.process_at)
-            .bind(row.status.as_str())
-            .bind(row.attempts.min(i32::MAX as u32) as i32)
-            .bind(row.seq as i64)
-            .bind(row.lease_token.map(|t| t as i64))
-            .bind(row.lease_expires)
-            .bind(d.map(|d| d.message_id.as_str()))
-            .bind(d.map(|d| d.payload.as_slice()))
-            .bind(d.map(|d| d.attributes.as_str()))
-            .bind(d.map(|d| d.priority))
-            .bind(d.and_then(|d| d.process_at))
-            .bind(d.and_then(|d| d.status_after_release).map(Status::as_str))
-            .bind(d.map(|d| d.seq as i64))
-            .bind(d.map(|d| d.sent_at))
-            .bind(row.sent_at)
-            .bind(row.processed_at)
-            .bind(row.error.as_deref())
-            .execute::<D>(w.conn())
-            .await
-            .map_err(|e| backend::<D>("storing a message", e))?;
-        Ok(())
+        let args = [
+            (row.id as i64).into(),
+            row.identity.as_deref().into(),
+            row.group.as_deref().into(),
+            row.message_id.as_str().into(),
+            row.payload.as_slice().into(),
+            row.attributes.as_str().into(),
+            row.priority.into(),
+            row.process_at.into(),
+            row.status.as_str().into(),
+            (row.attempts.min(i32::MAX as u32) as i32).into(),
+            (row.seq as i64).into(),
+            row.lease_token.map(|t| t as i64).into(),
+            row.lease_expires.into(),
+            d.map(|d| d.message_id.as_str()).into(),
+            d.map(|d| d.payload.as_slice()).into(),
+            d.map(|d| d.attributes.as_str()).into(),
+            d.map(|d| d.priority).into(),
+            d.and_then(|d| d.process_at).into(),
+            d.and_then(|d| d.status_after_release).map(Status::as_str).into(),
+            d.map(|d| d.seq as i64).into(),
+            d.map(|d| d.sent_at).into(),
+            row.sent_at.into(),
+            row.processed_at.into(),
+            row.error.as_deref().into(),
+        ];
+        self.exec_in(w, "storing a message", &[sql::STORE_ROW], &args).await.map(drop)
     }
 
     /// Loads (and locks) a row of `queue`, applies `f`, stores the row or
@@ -189,18 +182,12 @@ impl<D: Dialect> SqlStore<D> {
         id: RowId,
         f: impl FnOnce(&mut Row) -> Result<(R, bool), TransportError>,
     ) -> Result<R, TransportError> {
-        let sql = self.tables.sql(&[sql::BY_ID, D::LOCK]);
-        let found = stmt(&sql).bind(id as i64).bind(queue).fetch_optional::<D>(w.conn()).await;
-        let found = found.map_err(|e| backend::<D>("loading a message", e))?.ok_or(TransportError::StaleReceipt)?;
-        let mut row: Row = D::record(&found).map_err(|e| backend::<D>("reading a message", e))?.try_into()?;
+        let args = [(id as i64).into(), queue.into()];
+        let found = self.query_in(w, "loading a message", &[sql::BY_ID, D::LOCK], &args).await?;
+        let mut row = rows::<D>(&found)?.pop().ok_or(TransportError::StaleReceipt)?;
         let (result, delete) = f(&mut row)?;
         if delete {
-            let sql = self.tables.sql(&[sql::DELETE_ROW]);
-            stmt(&sql)
-                .bind(id as i64)
-                .execute::<D>(w.conn())
-                .await
-                .map_err(|e| backend::<D>("deleting a message", e))?;
+            self.exec_in(w, "deleting a message", &[sql::DELETE_ROW], &[(id as i64).into()]).await?;
         } else {
             self.store_row(w, &row).await?;
         }
@@ -261,16 +248,14 @@ impl<D: Dialect> SqlStore<D> {
             match outcome {
                 Ok(()) => {
                     if let Some((identity, message_id, payload)) = previous {
-                        let sql = self.tables.sql(&[sql::RECORD_PREVIOUS]);
-                        stmt(&sql)
-                            .bind(queue)
-                            .bind(&identity)
-                            .bind(&message_id)
-                            .bind(payload.as_slice())
-                            .bind(now)
-                            .execute::<D>(w.conn())
-                            .await
-                            .map_err(|e| backend::<D>("recording the previous message", e))?;
+                        let args = [
+                            queue.into(),
+                            (&identity).into(),
+                            (&message_id).into(),
+                            payload.as_slice().into(),
+                            now.into(),
+                        ];
+                        self.exec_in(w, "recording the previous message", &[sql::RECORD_PREVIOUS], &args).await?;
                     }
                     results.push(Ok(()));
                 }

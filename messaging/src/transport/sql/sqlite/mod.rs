@@ -27,11 +27,11 @@ use tokio::sync::{Mutex, OwnedMutexGuard};
 
 use super::dialect::{backend, Dialect};
 use super::driver::{stmt, Driver};
-use super::rows::SqlStore;
+use super::rows::{fail, SqlStore};
 use super::statements::{self as sql, Tables};
 use super::store::LeasedRow;
-use super::{SqlOptions, SqlTransport};
-use crate::error::{Error, TransportError};
+use super::SqlTransport;
+use crate::error::TransportError;
 use crate::identity::{Row, RowId};
 
 mod checkpoint;
@@ -53,17 +53,6 @@ pub type SqliteTransport = SqlTransport<SqliteStore>;
 
 /// Rows in a SQLite database.
 pub type SqliteStore = SqlStore<Sqlite>;
-
-/// Connects to `url` (with the framework's options taken out), and runs the
-/// migrations when the URL asks for them (`?migrate=true`).
-pub async fn connect(url: &str) -> Result<SqliteTransport, Error> {
-    let (options, url) = SqlOptions::parse(url)?;
-    let store = SqliteStore::connect(&url).await?;
-    if options.migrate {
-        Sqlite::migrate(store.pool()).await?;
-    }
-    Ok(SqlTransport::new(store, options))
-}
 
 /// What a SQLite store keeps beside its pool.
 #[derive(Debug, Clone)]
@@ -280,23 +269,20 @@ impl Dialect for Sqlite {
         _partition: Option<(u32, u32)>,
     ) -> Result<Vec<LeasedRow>, TransportError> {
         // Most idle polls find nothing: look before taking the write lock.
-        let look = store.tables.sql(&[
-            "SELECT EXISTS (SELECT 1 FROM messaging_messages WHERE queue = $1 AND status = 'pending')",
-        ]);
-        let mut conn = store.pool.acquire().await.map_err(|e| backend::<Self>("connect", e))?;
-        let waiting = stmt(&look).bind(queue).fetch_optional::<Self>(&mut conn).await;
-        let waiting = waiting.and_then(|r| r.map(|r| Self::flag(&r, 0)).transpose());
-        drop(conn);
-        if !waiting.map_err(|e| backend::<Self>("lease", e))?.unwrap_or(false) {
+        let look = "SELECT EXISTS (SELECT 1 FROM messaging_messages WHERE queue = $1 AND status = 'pending')";
+        let found = store.query("lease", &[look], &[queue.into()]).await?;
+        if !found.first().map(|r| Self::flag(r, 0)).transpose().map_err(fail::<Self>("lease"))?.unwrap_or(false) {
             return Ok(Vec::new());
         }
         let mut w = super::dialect::Write::begin(store).await?;
         let result = async {
-            let pick = store.tables.sql(&[if fifo { sql::PICK_FIFO } else { sql::PICK_STANDARD }]);
-            let picked = stmt(&pick).bind(queue).bind(int(n)).fetch_all::<Self>(w.conn()).await;
+            let pick = if fifo { sql::PICK_FIFO } else { sql::PICK_STANDARD };
+            let picked = store.query_in(&mut w, "lease", &[pick], &[queue.into(), int(n).into()]).await?;
             let ids: Vec<i64> = picked
-                .and_then(|rows| rows.iter().map(|r| Self::int(r, 0).map(Option::unwrap_or_default)).collect())
-                .map_err(|e| backend::<Self>("lease", e))?;
+                .iter()
+                .map(|r| Self::int(r, 0).map(Option::unwrap_or_default))
+                .collect::<Result<_, _>>()
+                .map_err(fail::<Self>("lease"))?;
             lease_ids(w.conn(), &store.tables, &ids, now, lease_ms).await
         }
         .await;
@@ -313,10 +299,9 @@ impl Dialect for Sqlite {
     ) -> Result<HashSet<(RowId, u64)>, TransportError> {
         // Two statements for the whole batch: find the rows whose lease
         // matches, then delete or mark them.
-        let find = tables.sql(&[
-            "SELECT id, lease_token FROM messaging_messages WHERE id IN (SELECT value FROM json_each($1)) \
-             AND queue = $2 AND status = 'processing' AND identity IS NULL AND lease_expires > $3",
-        ]);
+        let find = tables
+            .sql(&["SELECT id, lease_token FROM messaging_messages WHERE id IN (SELECT value FROM json_each($1)) \
+             AND queue = $2 AND status = 'processing' AND identity IS NULL AND lease_expires > $3"]);
         let json = json_ids(items.iter().map(|&(id, _)| id as i64));
         let held = stmt(&find).bind(json.as_str()).bind(queue).bind(now).fetch_all::<Self>(&mut *conn).await;
         let held: std::collections::HashMap<i64, i64> = held
@@ -369,7 +354,7 @@ impl Dialect for Sqlite {
         None
     }
 
-    fn is_missing_table(err: &sqlx::Error) -> bool {
-        matches!(err, sqlx::Error::Database(db) if db.message().contains("no such table"))
+    fn missing_table(text: &str) -> bool {
+        text.contains("no such table")
     }
 }
