@@ -3,7 +3,7 @@
 //! takeover, fencing of stale holders, atomic claims under concurrency,
 //! retention (purge) and a clear error when the table is missing.
 //!
-//! PostgreSQL: `MESSAGING_TEST_POSTGRES_URL` (default
+//! PostgreSQL: `TEST_POSTGRES_URL` (default
 //! `postgres://postgres@127.0.0.1:5432/test`); every test works in its own
 //! schema, dropped afterwards. SQLite: a temporary file per test.
 
@@ -116,7 +116,7 @@ fn unique_name(prefix: &str) -> String {
 }
 
 fn postgres_url() -> String {
-    std::env::var("MESSAGING_TEST_POSTGRES_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into())
+    std::env::var("TEST_POSTGRES_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into())
 }
 
 /// Runs `body` against a PostgreSQL store in a fresh schema (migrated when

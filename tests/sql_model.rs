@@ -307,6 +307,56 @@ fn sqlite_follows_the_model() {
     check(store, &runtime, "sqlite");
 }
 
+/// On an idempotent queue, re-sending the version that was processed (its row
+/// deleted at once, retention 0) is discarded; a changed version runs.
+async fn an_unchanged_version_is_not_handled_again<S: RowStore>(store: &S) {
+    store.migrate().await.expect("migrate");
+    store.declare("nightly", false, START).await.expect("declare");
+    let version = |payload: &str| Enqueue {
+        identity: Some("customer-7".into()),
+        message_id: format!("m-{payload}-{}", START),
+        payload: payload.as_bytes().to_vec(),
+        priority: 0,
+        process_at: None,
+        status: None,
+        group: None,
+        attributes: String::new(),
+    };
+    let send = |payload: &str| store.enqueue("nightly", START, vec![version(payload)], true);
+    assert!(matches!(send("v1").await.remove(0).expect("enqueue").outcome, EnqueueOutcome::Inserted(_)));
+    let leased = store.lease("nightly", START, 1, 30_000, false).await.expect("lease").remove(0);
+    store.complete("nightly", START + 1, vec![(leased.id, leased.token)], 0).await.remove(0).expect("complete");
+    assert!(store.rows("nightly").await.expect("rows").is_empty(), "processed rows are deleted");
+    let again = send("v1").await.remove(0).expect("enqueue");
+    assert_eq!(again.outcome, EnqueueOutcome::Unchanged, "the processed version again");
+    assert_eq!(again.message_id, leased.message_id, "named by the processed version's id");
+    assert!(store.lease("nightly", START + 2, 1, 30_000, false).await.expect("lease").is_empty(), "nothing to handle");
+    assert!(matches!(send("v2").await.remove(0).expect("enqueue").outcome, EnqueueOutcome::Inserted(_)));
+}
+
+#[cfg(feature = "postgres")]
+#[test]
+fn postgres_discards_an_unchanged_version_after_processing() {
+    let runtime = fixtures::runtime();
+    let db = runtime.block_on(fixtures::Postgres::new());
+    runtime.block_on(async {
+        let store = messaging::transport::sql::postgres::PostgresStore::connect(&db.url).await.expect("connect");
+        an_unchanged_version_is_not_handled_again(&store).await;
+    });
+    runtime.block_on(db.drop());
+}
+
+#[cfg(feature = "sqlite")]
+#[test]
+fn sqlite_discards_an_unchanged_version_after_processing() {
+    let runtime = fixtures::runtime();
+    let file = fixtures::SqliteFile::new();
+    runtime.block_on(async {
+        let store = messaging::transport::sql::sqlite::SqliteStore::connect(&file.url).await.expect("connect");
+        an_unchanged_version_is_not_handled_again(&store).await;
+    });
+}
+
 /// PostgreSQL leases a standard queue in two partitions at once: each lease
 /// takes only its partition's rows, in priority then enqueue order, and two
 /// concurrent partition leases never return the same row.

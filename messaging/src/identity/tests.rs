@@ -86,6 +86,24 @@ fn idempotent_queues_discard_an_unchanged_payload() {
 }
 
 #[test]
+fn idempotent_queues_remember_the_processed_version_after_its_row_is_gone() {
+    let mut q = queue(QueueRules { idempotent: true, ..QueueRules::default() });
+    let id = q.enqueue(0, msg(Some("k"), "nightly")).row().expect("a row");
+    let l = q.lease(1, 1, LEASE).remove(0);
+    q.complete(2, id, l.token).unwrap();
+    assert!(q.row(id).is_none(), "retention 0 deletes the processed row");
+    assert_eq!(q.enqueue(3, msg(Some("k"), "nightly")), EnqueueOutcome::Unchanged, "the same export again");
+    assert_eq!(q.rows().count(), 0);
+    assert!(matches!(q.enqueue(4, msg(Some("k"), "changed")), EnqueueOutcome::Inserted(_)), "a change runs");
+    // Without the idempotent flag the same version runs again.
+    let mut plain = queue(QueueRules::default());
+    let id = plain.enqueue(0, msg(Some("k"), "nightly")).row().expect("a row");
+    let l = plain.lease(1, 1, LEASE).remove(0);
+    plain.complete(2, id, l.token).unwrap();
+    assert!(matches!(plain.enqueue(3, msg(Some("k"), "nightly")), EnqueueOutcome::Inserted(_)));
+}
+
+#[test]
 fn enqueue_while_leased_defers_the_new_version() {
     let mut q = queue(QueueRules::default());
     let id = q.enqueue(0, msg(Some("k"), "v1")).row().expect("a row");

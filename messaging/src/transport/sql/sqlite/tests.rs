@@ -97,7 +97,9 @@ async fn migrates_checks_and_declares_queues() {
 #[tokio::test]
 async fn connect_runs_the_migrations_when_asked() {
     let db = TempDb::new();
-    let transport = crate::transport::sql::connect::<Sqlite>(&format!("{}?migrate=true&poll=50ms", db.url())).await.expect("connect");
+    let transport = crate::transport::sql::connect::<Sqlite>(&format!("{}?migrate=true&poll=50ms", db.url()))
+        .await
+        .expect("connect");
     transport.store().check_schema().await.expect("migrated");
     transport.store().pool().close().await;
 }
