@@ -229,21 +229,11 @@ fn span_of(e: &Expr) -> Span {
     syn::spanned::Spanned::span(e)
 }
 
-/// Parses `500ms`, `30s`, `5m`, `1h` into milliseconds.
+/// Parses `500ms`, `30s`, `5m`, `1h` into milliseconds, with the runtime's
+/// own parser (one syntax for macros, command line and URLs).
 pub(crate) fn parse_duration_ms(text: &str) -> Result<u64, String> {
-    let split = text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len());
-    let (number, unit) = text.split_at(split);
-    let n: u64 = number
-        .parse()
-        .map_err(|_| format!("`{text}` is not a duration; write e.g. \"500ms\", \"30s\", \"5m\" or \"1h\""))?;
-    let factor = match unit {
-        "ms" => 1,
-        "s" => 1_000,
-        "m" => 60_000,
-        "h" => 3_600_000,
-        _ => return Err(format!("`{text}` has no known unit; write e.g. \"500ms\", \"30s\", \"5m\" or \"1h\"")),
-    };
-    n.checked_mul(factor).ok_or_else(|| format!("`{text}` is too long"))
+    let d = crate::duration::parse_duration(text)?;
+    u64::try_from(d.as_millis()).map_err(|_| format!("`{text}` is too long a duration"))
 }
 
 /// Names people reach for, and the option they mean (when the macro has it).

@@ -6,6 +6,10 @@
 //! module, where parsing and checking are apart from code generation.
 
 mod attr;
+// The runtime crate's duration parser, compiled here too: one syntax for
+// macros, command line and URLs.
+#[path = "../../messaging/src/duration.rs"]
+mod duration;
 mod handler;
 mod main_fn;
 mod message;

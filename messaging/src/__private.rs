@@ -7,11 +7,12 @@ pub use inventory;
 pub use std::time::Duration;
 
 pub use crate::cli::{run_main, SetupHook, SetupResult};
+pub use crate::envelope::Encoded;
 pub use crate::extract::{FromContext, Requirement};
 pub use crate::handler::{AnyMessage, ErasedHandler, IdempotencySpec, IntoHandlerResult, RetryPolicy};
 pub use crate::message::{const_name_is, const_str_eq, Flag, IdentityField, No, Yes};
 pub use crate::queue::{QueueKind, QueueSpec};
-pub use crate::registry::{Encoded, HandlerEntry, MessageEntry, QueueEntry, Upcast};
+pub use crate::registry::{HandlerEntry, MessageEntry, QueueEntry, Upcast};
 
 use crate::error::HandlerError;
 use crate::message::Message;

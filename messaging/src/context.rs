@@ -1,17 +1,29 @@
 //! [`MessageContext`]: what a handler knows about the delivery it handles.
 
 use std::sync::Arc;
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
-use crate::idempotency::ClaimState;
+use crate::claims::ClaimState;
 use crate::transport::{Attributes, Delivery};
-use crate::worker::Batch;
+
+/// The received batch a context points into (the worker's, which sits
+/// above this module and implements it).
+pub(crate) trait Received: Send + Sync {
+    /// The delivery at `index`.
+    fn delivery(&self, index: usize) -> &Delivery;
+    /// How long the batch's messages stay invisible at least.
+    fn visible_for(&self) -> Duration;
+    /// Has the heartbeat extend `claim` (by at most `cap`) while the handler runs.
+    fn hold_claim(&self, claim: Arc<ClaimState>, cap: Duration);
+    /// Stops extending `claim`.
+    fn drop_claim(&self, claim: &Arc<ClaimState>);
+}
 
 /// Facts about the delivery being handled. Cheap to clone: it points into
 /// the received batch rather than copying the delivery.
 #[derive(Clone)]
 pub struct MessageContext {
-    batch: Arc<Batch>,
+    batch: Arc<dyn Received>,
     index: usize,
     queue: &'static str,
     system: &'static str,
@@ -36,12 +48,12 @@ impl MessageContext {
     pub(crate) fn new(
         queue: &'static str,
         system: &'static str,
-        batch: &Arc<Batch>,
+        batch: Arc<dyn Received>,
         index: usize,
         type_name: Option<&'static str>,
         version: Option<u32>,
     ) -> Self {
-        MessageContext { batch: batch.clone(), index, queue, system, type_name, version, claim: None }
+        MessageContext { batch, index, queue, system, type_name, version, claim: None }
     }
 
     /// The same context with the idempotency claim taken for this dispatch.
@@ -53,13 +65,13 @@ impl MessageContext {
         self.claim.clone()
     }
 
-    /// How long the message stays invisible at least (see [`Batch::visible_for`]).
-    pub(crate) fn visible_for(&self) -> std::time::Duration {
+    /// How long the message stays invisible at least.
+    pub(crate) fn visible_for(&self) -> Duration {
         self.batch.visible_for()
     }
 
     /// Has the heartbeat extend `claim` (by at most `cap`) while the handler runs.
-    pub(crate) fn hold_claim(&self, claim: Arc<ClaimState>, cap: std::time::Duration) {
+    pub(crate) fn hold_claim(&self, claim: Arc<ClaimState>, cap: Duration) {
         self.batch.hold_claim(claim, cap);
     }
 
@@ -69,7 +81,7 @@ impl MessageContext {
     }
 
     fn delivery(&self) -> &Delivery {
-        &self.batch.deliveries[self.index]
+        self.batch.delivery(self.index)
     }
 
     /// The queue the message was received from.

@@ -193,6 +193,20 @@ impl<'de> Visitor<'de> for ProbeVisitor {
     }
 }
 
+/// A message written as it travels, with what it says about itself.
+#[derive(Debug, Clone)]
+pub struct Encoded {
+    /// The body: the versioned envelope, or bare JSON for an unmapped type.
+    pub body: Vec<u8>,
+    /// The group id of `#[message(group = field)]`.
+    pub group: Option<String>,
+    /// The identity of `#[message(id = field)]`.
+    pub identity: Option<String>,
+    /// Top-level fields of the JSON data that the type does not write back
+    /// (usually a misspelt optional field, which serde ignores).
+    pub ignored: Vec<String>,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -12,7 +12,7 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 pub enum Error {
     /// Startup validation found one or more problems; all of them are listed.
     #[error("{0}")]
-    Validation(#[from] crate::registry::ValidationErrors),
+    Validation(#[from] ValidationErrors),
     /// The transport URL could not be understood.
     #[error("invalid transport URL `{url}`: {reason}")]
     Config {
@@ -231,3 +231,32 @@ where
         HandlerError::transient(error)
     }
 }
+
+/// Every problem startup validation found, before anything was consumed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ValidationErrors {
+    problems: Vec<String>,
+}
+
+impl ValidationErrors {
+    /// The problems, one sentence each.
+    pub fn problems(&self) -> &[String] {
+        &self.problems
+    }
+
+    pub(crate) fn new(problems: Vec<String>) -> Self {
+        ValidationErrors { problems }
+    }
+}
+
+impl std::fmt::Display for ValidationErrors {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        writeln!(f, "startup validation found {} problem(s):", self.problems.len())?;
+        for (i, p) in self.problems.iter().enumerate() {
+            writeln!(f, "  {}. {p}", i + 1)?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for ValidationErrors {}

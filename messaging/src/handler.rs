@@ -5,10 +5,10 @@ use std::any::Any;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::boxed::BoxFuture;
 use crate::context::MessageContext;
 use crate::error::HandlerError;
 use crate::extract::Resources;
-use crate::transport::BoxFuture;
 
 /// A decoded message whose type is known only at run time.
 pub type AnyMessage = Box<dyn Any + Send>;

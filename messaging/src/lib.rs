@@ -1,15 +1,20 @@
 #![doc = include_str!("../README.md")]
 
 pub mod app;
+mod boxed;
+mod claims;
 pub mod cli;
 pub mod context;
+mod duration;
+mod enrich;
 pub mod envelope;
 pub mod error;
 pub mod extract;
 pub mod handler;
 mod health;
-pub mod idempotency;
 pub mod identity;
+#[cfg(test)]
+mod layers;
 pub mod message;
 pub mod observe;
 pub mod pipeline;
@@ -25,12 +30,46 @@ mod worker;
 #[doc(hidden)]
 pub mod __private;
 
+/// Idempotency: an atomic claim/lease on (message id, scope), so that a side
+/// effect runs at most once per message even when the message is delivered
+/// twice.
+///
+/// `#[messaging::handler(.., idempotent = "scope", lease = "60s")]` wraps the
+/// handler: [`Claim::Claimed`](idempotency::Claim::Claimed) runs it and
+/// completes the claim on success or releases it on failure;
+/// [`Claim::InProgress`](idempotency::Claim::InProgress) keeps the delivery
+/// (invisible to other consumers) and tries again when the holder's lease
+/// ends, without counting an attempt;
+/// [`Claim::Completed`](idempotency::Claim::Completed) acknowledges without
+/// running it.
+///
+/// A claim never outlives its message's visibility: the worker claims for at
+/// most the time the message has left to be invisible (and at most `lease`),
+/// and its heartbeat extends the claim together with the visibility. So when
+/// a crashed process's message becomes visible again, its claim has expired
+/// too, and the redelivery runs at once.
+pub mod idempotency {
+    #[doc(hidden)]
+    pub use crate::claims::SqlClaims;
+    pub use crate::claims::{Claim, IdempotencyStore, MemoryIdempotencyStore, MessageInProgress};
+    #[cfg(any(feature = "postgres", feature = "sqlite"))]
+    pub use crate::extract::ClaimsConnection;
+    pub use crate::extract::IdempotencyClaim;
+    #[cfg(feature = "postgres")]
+    pub use crate::transport::sql::PostgresIdempotencyStore;
+    #[cfg(any(feature = "postgres", feature = "sqlite"))]
+    pub use crate::transport::sql::SqlIdempotencyStore;
+    #[cfg(feature = "sqlite")]
+    pub use crate::transport::sql::SqliteIdempotencyStore;
+}
+
 pub use app::{App, RunMode, Running, Setup};
+pub use boxed::BoxFuture;
 pub use context::MessageContext;
 pub use error::{Error, HandlerError, PublishError, Result, TransportError};
+pub use extract::IdempotencyClaim;
 pub use extract::{FromContext, State};
 pub use handler::RetryPolicy;
-pub use idempotency::IdempotencyClaim;
 pub use message::Message;
 pub use pipeline::{Behaviour, Next};
 pub use publish::Publisher;
@@ -40,7 +79,7 @@ pub use shutdown::Shutdown;
 /// that share their transaction with an [`IdempotencyClaim`] use the same version.
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub use sqlx;
-pub use transport::{BoxFuture, MessageId};
+pub use transport::MessageId;
 
 /// Declares a queue on a unit struct. See the [crate docs](crate#queues).
 #[doc(inline)]

@@ -12,9 +12,9 @@ use crate::extract::Resources;
 use crate::handler::{AnyMessage, IdempotencySpec};
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use crate::idempotency::{Claim, ClaimState, IdempotencyStore, MessageInProgress};
+use crate::boxed::BoxFuture;
+use crate::claims::{Claim, ClaimState, IdempotencyStore, MessageInProgress};
 use crate::registry::Route;
-use crate::transport::BoxFuture;
 
 /// Middleware around handler dispatch. Registered with `setup.behaviour(..)`;
 /// the first registered is the outermost.

@@ -7,14 +7,16 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::boxed::BoxFuture;
+use crate::claims::{IdempotencyStore, MemoryIdempotencyStore};
 use crate::context::MessageContext;
-use crate::idempotency::{IdempotencyStore, MemoryIdempotencyStore};
+use crate::enrich::EnrichHook;
 use crate::observe::Observer;
 use crate::pipeline::Behaviour;
 use crate::publish::Publisher;
 use crate::shutdown::Shutdown;
-use crate::telemetry::{EnrichHook, Telemetry};
-use crate::transport::{BoxFuture, Transport};
+use crate::telemetry::Telemetry;
+use crate::transport::Transport;
 
 /// Whether `run` keeps serving or stops once the queues are drained.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

@@ -10,8 +10,9 @@ use std::time::Duration;
 use clap::{Parser, Subcommand};
 
 use crate::app::{App, RunMode, Setup};
+use crate::boxed::BoxFuture;
 use crate::error::Error;
-use crate::transport::{self, BoxFuture};
+use crate::transport;
 
 /// What a setup hook returns: `()` or `Result<(), E>`.
 pub type SetupResult = Result<(), Box<dyn std::error::Error + Send + Sync>>;
@@ -59,7 +60,7 @@ struct RunArgs {
     #[arg(long)]
     serve: bool,
     /// How long in-flight handlers may finish after a shutdown signal, e.g. 30s.
-    #[arg(long, value_parser = parse_duration)]
+    #[arg(long, value_parser = crate::duration::parse_duration)]
     grace: Option<Duration>,
     /// Create or upgrade the database tables before starting.
     #[arg(long)]
@@ -77,22 +78,6 @@ fn parse_http_addr(text: &str) -> Result<std::net::SocketAddr, String> {
         return Ok(std::net::SocketAddr::from(([127, 0, 0, 1], port)));
     }
     text.parse().map_err(|_| format!("`{text}` is not an address; write a port (9090) or IP:PORT (0.0.0.0:9090)"))
-}
-
-/// Parses `250ms`, `30s`, `5m`, `1h`.
-pub fn parse_duration(text: &str) -> Result<Duration, String> {
-    let text = text.trim();
-    let split = text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len());
-    let (number, unit) = text.split_at(split);
-    let n: u64 = number.parse().map_err(|_| format!("`{text}` is not a duration; write e.g. 500ms, 30s, 5m or 1h"))?;
-    let too_long = || format!("`{text}` is too long a duration");
-    match unit {
-        "ms" => Ok(Duration::from_millis(n)),
-        "s" | "" => Ok(Duration::from_secs(n)),
-        "m" => n.checked_mul(60).map(Duration::from_secs).ok_or_else(too_long),
-        "h" => n.checked_mul(3600).map(Duration::from_secs).ok_or_else(too_long),
-        other => Err(format!("unknown unit `{other}` in `{text}`; use ms, s, m or h")),
-    }
 }
 
 /// The body of the `main` that `#[messaging::main]` generates.
@@ -239,21 +224,5 @@ async fn wait_for_signal() {
     #[cfg(not(unix))]
     {
         let _ = tokio::signal::ctrl_c().await;
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn durations() {
-        assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
-        assert_eq!(parse_duration("30s"), Ok(Duration::from_secs(30)));
-        assert_eq!(parse_duration("5m"), Ok(Duration::from_secs(300)));
-        assert_eq!(parse_duration("2h"), Ok(Duration::from_secs(7200)));
-        assert!(parse_duration("5 parsecs").is_err());
-        assert!(parse_duration("").is_err());
-        assert!(parse_duration("18446744073709551615h").unwrap_err().contains("too long"));
     }
 }

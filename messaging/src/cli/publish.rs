@@ -35,7 +35,7 @@ pub(super) struct PublishArgs {
     #[arg(long)]
     id: Option<String>,
     /// Delay delivery (standard queues), e.g. 30s.
-    #[arg(long, value_parser = super::parse_duration)]
+    #[arg(long, value_parser = crate::duration::parse_duration)]
     delay: Option<Duration>,
     /// A message attribute KEY=VALUE (repeatable).
     #[arg(long = "attribute", value_name = "KEY=VALUE", value_parser = parse_attribute)]

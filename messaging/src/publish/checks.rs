@@ -3,6 +3,7 @@
 //! configuration alone.
 
 use crate::error::PublishError;
+use crate::transport::sqs_text_char;
 use crate::transport::Attributes;
 
 /// The longest identity, group or deduplication id (the Amazon SQS limit,
@@ -68,13 +69,6 @@ fn value_problem(value: &str) -> Option<String> {
     value.chars().find(|&c| !sqs_text_char(c)).map(|c| {
         format!("the value contains {c:?}, which SQS does not carry (it takes tab, newline, carriage return and printable Unicode)")
     })
-}
-
-/// Whether SQS carries `c` in a message body or attribute value: tab, line
-/// feed, carriage return and every character from U+0020 up but U+FFFE and
-/// U+FFFF (Rust strings hold no surrogates).
-pub(crate) fn sqs_text_char(c: char) -> bool {
-    matches!(c, '\t' | '\n' | '\r') || (c >= ' ' && c != '\u{FFFE}' && c != '\u{FFFF}')
 }
 
 #[cfg(test)]

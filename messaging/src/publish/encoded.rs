@@ -5,9 +5,9 @@
 use std::time::Duration;
 
 use super::{single, Publisher, SendOptions};
+use crate::envelope::Encoded;
 use crate::error::PublishError;
 use crate::queue::QueueSpec;
-use crate::registry::Encoded;
 use crate::transport::{Attributes, MessageId};
 
 /// The options of a send built at run time.

@@ -17,17 +17,15 @@ mod state;
 use std::sync::Arc;
 
 pub use batch::BatchBuilder;
-#[cfg(feature = "sqs")]
-pub(crate) use checks::sqs_text_char;
 pub use checks::{MAX_ATTRIBUTES, MAX_ID_LEN};
 pub(crate) use encoded::EncodedSend;
 pub use single::SendBuilder;
 pub use state::{DelaySupported, GroupResolved, Grouped, Ungrouped};
 
+use crate::envelope::Encoded;
 use crate::error::PublishError;
 use crate::message::Message;
 use crate::queue::{Queue, QueueSpec};
-use crate::registry::Encoded;
 use crate::telemetry::Telemetry;
 use crate::transport::{Attributes, Outgoing, Transport};
 use checks::{check_attributes, check_id};

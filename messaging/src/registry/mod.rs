@@ -40,21 +40,7 @@ pub struct MessageEntry {
     pub decode: fn(&[u8]) -> Result<AnyMessage, serde_json::Error>,
     /// Reads JSON data as this type and writes it as it travels (the
     /// command line's `publish`).
-    pub encode: fn(&[u8]) -> Result<Encoded, serde_json::Error>,
-}
-
-/// A message written as it travels, with what it says about itself.
-#[derive(Debug, Clone)]
-pub struct Encoded {
-    /// The body: the versioned envelope, or bare JSON for an unmapped type.
-    pub body: Vec<u8>,
-    /// The group id of `#[message(group = field)]`.
-    pub group: Option<String>,
-    /// The identity of `#[message(id = field)]`.
-    pub identity: Option<String>,
-    /// Top-level fields of the JSON data that the type does not write back
-    /// (usually a misspelt optional field, which serde ignores).
-    pub ignored: Vec<String>,
+    pub encode: fn(&[u8]) -> Result<crate::envelope::Encoded, serde_json::Error>,
 }
 
 /// The edge from one version of a message to the next.

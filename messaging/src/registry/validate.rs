@@ -7,34 +7,7 @@ use super::codec::{Chain, Route, Routes};
 use super::{HandlerEntry, MessageEntry, QueueEntry, Registry};
 use crate::queue::{check_queue_name, QueueSpec};
 
-/// Every problem startup validation found, before anything was consumed.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ValidationErrors {
-    problems: Vec<String>,
-}
-
-impl ValidationErrors {
-    /// The problems, one sentence each.
-    pub fn problems(&self) -> &[String] {
-        &self.problems
-    }
-
-    pub(crate) fn new(problems: Vec<String>) -> Self {
-        ValidationErrors { problems }
-    }
-}
-
-impl std::fmt::Display for ValidationErrors {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        writeln!(f, "startup validation found {} problem(s):", self.problems.len())?;
-        for (i, p) in self.problems.iter().enumerate() {
-            writeln!(f, "  {}. {p}", i + 1)?;
-        }
-        Ok(())
-    }
-}
-
-impl std::error::Error for ValidationErrors {}
+pub use crate::error::ValidationErrors;
 
 pub(super) fn build(
     queues: &[&'static QueueEntry],
@@ -48,7 +21,7 @@ pub(super) fn build(
     if problems.is_empty() {
         Ok(Registry { queues: specs.into_values().collect(), routes })
     } else {
-        Err(ValidationErrors { problems })
+        Err(ValidationErrors::new(problems))
     }
 }
 

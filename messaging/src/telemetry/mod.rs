@@ -26,7 +26,6 @@
 //!   when `OTEL_EXPORTER_OTLP_ENDPOINT` is set (feature `otlp`).
 //!   `#[messaging::main]` calls it.
 
-mod enrich;
 mod logging;
 mod metrics;
 mod propagation;
@@ -35,8 +34,6 @@ mod spans;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-pub(crate) use enrich::enrich;
-pub use enrich::EnrichHook;
 pub(crate) use logging::gather_prometheus;
 pub use logging::{init, init_logging, prometheus_reader, LogFormat, TelemetryConfig, TelemetryGuard};
 pub(crate) use metrics::DlqGauge;

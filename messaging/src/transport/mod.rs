@@ -5,8 +5,6 @@
 //! above this seam (publisher, worker, dead-letter tools) is backend-neutral.
 
 use std::collections::BTreeMap;
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -25,8 +23,7 @@ pub use bytes::Bytes;
 pub use id::MessageId;
 pub use url::{connect, DEFAULT_URL};
 
-/// A boxed, sendable future, as used by the object-safe traits of the seam.
-pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+pub use crate::boxed::BoxFuture;
 
 /// String attributes carried beside the body (type, version, trace context...).
 pub type Attributes = BTreeMap<String, String>;
@@ -182,7 +179,7 @@ pub trait Transport: Send + Sync + 'static {
 
     /// An idempotency store that lives with this transport's data (the same
     /// database), used by default for `idempotent = ".."` handlers.
-    fn idempotency_store(&self) -> Option<Arc<dyn crate::idempotency::IdempotencyStore>> {
+    fn idempotency_store(&self) -> Option<Arc<dyn crate::claims::IdempotencyStore>> {
         None
     }
 
@@ -273,4 +270,11 @@ pub trait DeadLetters: Send + Sync {
 
     /// Number of dead letters of `queue`.
     fn depth<'a>(&'a self, queue: &'a str) -> BoxFuture<'a, Result<u64, TransportError>>;
+}
+
+/// Whether SQS carries `c` in a message body or attribute value: tab, line
+/// feed, carriage return and every character from U+0020 up but U+FFFE and
+/// U+FFFF (Rust strings hold no surrogates).
+pub(crate) fn sqs_text_char(c: char) -> bool {
+    matches!(c, '\t' | '\n' | '\r') || (c >= ' ' && c != '\u{FFFE}' && c != '\u{FFFF}')
 }

@@ -9,10 +9,10 @@ use futures_util::FutureExt;
 
 use super::inflight::Batch;
 use super::Worker;
+use crate::claims::MessageInProgress;
 use crate::context::MessageContext;
 use crate::error::HandlerError;
 use crate::handler::RetryPolicy;
-use crate::idempotency::MessageInProgress;
 use crate::observe::{DispatchEvent, Outcome};
 use crate::telemetry;
 use crate::transport::Delivery;
@@ -60,10 +60,10 @@ impl Worker {
                 return step;
             }
         };
-        let ctx = MessageContext::new(spec.name, system, batch, i, decoded.type_name, decoded.version);
+        let ctx = MessageContext::new(spec.name, system, batch.clone(), i, decoded.type_name, decoded.version);
         let span = telemetry::consumer_span(system, spec.name, delivery, decoded.type_name);
         if let Some(hook) = &self.hooks.enrich {
-            telemetry::enrich(hook, &span, &ctx);
+            crate::enrich::enrich(hook, &span, &ctx);
         }
         let route = decoded.route;
         let started = clock.take().unwrap_or_else(Instant::now);

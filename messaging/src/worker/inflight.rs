@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::idempotency::{ClaimState, IdempotencyStore};
+use crate::claims::{ClaimState, IdempotencyStore};
 use crate::transport::{Delivery, Receipt, Transport};
 
 /// One received batch, shared by the lanes that handle it.
@@ -232,5 +232,23 @@ impl InFlight {
                 }
             }
         }
+    }
+}
+
+impl crate::context::Received for Batch {
+    fn delivery(&self, index: usize) -> &Delivery {
+        &self.deliveries[index]
+    }
+
+    fn visible_for(&self) -> Duration {
+        Batch::visible_for(self)
+    }
+
+    fn hold_claim(&self, claim: Arc<ClaimState>, cap: Duration) {
+        Batch::hold_claim(self, claim, cap);
+    }
+
+    fn drop_claim(&self, claim: &Arc<ClaimState>) {
+        Batch::drop_claim(self, claim);
     }
 }

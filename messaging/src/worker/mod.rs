@@ -23,12 +23,13 @@ pub(crate) use self::inflight::Batch;
 use self::inflight::{InFlight, Unit};
 use self::pace::Pace;
 use self::ready::{Ready, Task, Work};
+use crate::enrich::EnrichHook;
 use crate::error::TransportError;
 use crate::observe::SharedObserver;
 use crate::pipeline::Pipeline;
 use crate::registry::Routes;
 use crate::shutdown::Shutdown;
-use crate::telemetry::{EnrichHook, Telemetry};
+use crate::telemetry::Telemetry;
 use crate::transport::{Delivery, Transport};
 
 /// Timing of a worker.

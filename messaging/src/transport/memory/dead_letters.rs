@@ -6,8 +6,9 @@ use tokio::time::Instant;
 
 use super::state::QueueState;
 use super::MemoryTransport;
+use crate::boxed::BoxFuture;
 use crate::error::TransportError;
-use crate::transport::{BoxFuture, DeadLetter, DeadLetters, Delivery, Outgoing, RedriveOptions, RedriveOutcome};
+use crate::transport::{DeadLetter, DeadLetters, Delivery, Outgoing, RedriveOptions, RedriveOutcome};
 
 impl MemoryTransport {
     fn dlq_name(&self, queue: &str) -> Result<&'static str, TransportError> {

@@ -12,20 +12,28 @@ use std::time::{Duration, SystemTime};
 use sqlx::Pool;
 
 use super::dialect::Dialect;
+use super::dialect::SqlStore;
 use super::driver::Value;
-use super::rows::SqlStore;
 use super::statements::{self as sql, Tables};
+use crate::boxed::BoxFuture;
+use crate::claims::{Claim, IdempotencyStore, SqlClaims};
 use crate::error::TransportError;
-use crate::idempotency::{Claim, IdempotencyStore};
-use crate::transport::BoxFuture;
+
+/// Idempotency claims in PostgreSQL, shared by every process using the database.
+#[cfg(feature = "postgres")]
+pub type PostgresIdempotencyStore = SqlIdempotencyStore<sqlx::Postgres>;
+
+/// Idempotency claims in a SQLite database file, shared by every process using the file.
+#[cfg(feature = "sqlite")]
+pub type SqliteIdempotencyStore = SqlIdempotencyStore<sqlx::Sqlite>;
 
 /// How many times a claim is retried when the row changed between the claim
 /// statement and the read that explains why the claim was refused.
 const CLAIM_ATTEMPTS: usize = 3;
 
 /// Idempotency claims in a database shared by every process using it:
-/// [`crate::idempotency::PostgresIdempotencyStore`] or
-/// [`crate::idempotency::SqliteIdempotencyStore`].
+/// [`crate::claims::PostgresIdempotencyStore`] or
+/// [`crate::claims::SqliteIdempotencyStore`].
 ///
 /// The table `messaging_idempotency` must exist: run the `migrate` command, or
 /// provision it from the framework's migrations.
@@ -223,9 +231,9 @@ impl<D: Dialect> IdempotencyStore for SqlIdempotencyStore<D> {
         Box::pin(self.extend_at(message_id, scope, processor, lease, self.now()))
     }
 
-    fn sql_claims(&self) -> Option<crate::idempotency::SqlClaims> {
-        Some(crate::idempotency::SqlClaims {
-            tables: self.tables().clone(),
+    fn sql_claims(&self) -> Option<SqlClaims> {
+        Some(SqlClaims {
+            schema: self.tables().schema(),
             offset_ms: D::now(&self.store.state) - super::clock::local_ms(),
         })
     }

@@ -19,8 +19,7 @@ use sqlx::pool::PoolConnection;
 use sqlx::{Pool, Transaction};
 use tokio::sync::OwnedMutexGuard;
 
-use super::driver::Driver;
-use super::rows::SqlStore;
+use super::driver::{stmt, Driver, Value};
 use super::store::LeasedRow;
 use super::Tables;
 use crate::error::TransportError;
@@ -221,4 +220,89 @@ pub(crate) fn each<T>(n: usize, e: &TransportError) -> Vec<Result<T, TransportEr
 /// Row ids as the integers the database stores.
 pub(crate) fn ids(ids: &[RowId]) -> impl Iterator<Item = i64> + '_ {
     ids.iter().map(|&id| id as i64)
+}
+
+/// Message rows in a database: `SqlStore<sqlx::Postgres>` or `SqlStore<sqlx::Sqlite>`.
+#[derive(Debug)]
+pub struct SqlStore<D: Dialect> {
+    pub(crate) pool: Pool<D>,
+    pub(crate) state: D::State,
+    pub(crate) tables: Tables,
+}
+
+impl<D: Dialect> Clone for SqlStore<D> {
+    fn clone(&self) -> Self {
+        SqlStore { pool: self.pool.clone(), state: self.state.clone(), tables: self.tables.clone() }
+    }
+}
+
+impl<D: Dialect> SqlStore<D> {
+    /// Connects to `url` (without the framework's options).
+    pub async fn connect(url: &str) -> Result<Self, TransportError> {
+        let (pool, state) = D::connect(url).await?;
+        Ok(SqlStore { pool, state, tables: Tables::default() })
+    }
+
+    /// The connection pool.
+    pub fn pool(&self) -> &Pool<D> {
+        &self.pool
+    }
+
+    /// The rows of a reading statement, on a pooled connection.
+    pub(crate) async fn query(
+        &self,
+        what: &str,
+        parts: &[&str],
+        args: &[Value<'_>],
+    ) -> Result<Vec<D::Row>, TransportError> {
+        let sql = self.tables.sql(parts);
+        let mut conn = self.pool.acquire().await.map_err(fail::<D>(what))?;
+        stmt(&sql).binds(args).fetch_all::<D>(&mut conn).await.map_err(fail::<D>(what))
+    }
+
+    /// The rows of a statement run on `w`.
+    pub(crate) async fn query_in(
+        &self,
+        w: &mut Write<D>,
+        what: &str,
+        parts: &[&str],
+        args: &[Value<'_>],
+    ) -> Result<Vec<D::Row>, TransportError> {
+        let sql = self.tables.sql(parts);
+        stmt(&sql).binds(args).fetch_all::<D>(w.conn()).await.map_err(fail::<D>(what))
+    }
+
+    /// Runs a statement on `w`; the rows it changed.
+    pub(crate) async fn exec_in(
+        &self,
+        w: &mut Write<D>,
+        what: &str,
+        parts: &[&str],
+        args: &[Value<'_>],
+    ) -> Result<u64, TransportError> {
+        let sql = self.tables.sql(parts);
+        stmt(&sql).binds(args).execute::<D>(w.conn()).await.map_err(fail::<D>(what))
+    }
+
+    /// Runs one writing statement by itself; the rows it changed.
+    pub(crate) async fn exec(&self, what: &str, parts: &[&str], args: &[Value<'_>]) -> Result<u64, TransportError> {
+        let mut w = Write::single(self).await?;
+        let done = self.exec_in(&mut w, what, parts, args).await;
+        w.finish(done).await
+    }
+}
+
+/// Names a failed statement.
+pub(crate) fn fail<D: Dialect>(what: &str) -> impl Fn(sqlx::Error) -> TransportError + '_ {
+    move |e| backend::<D>(what, e)
+}
+
+/// Column `i` of the first row as a BIGINT (none: no row, or NULL).
+pub(crate) fn int<D: Dialect>(rows: &[D::Row], i: usize, what: &str) -> Result<Option<i64>, TransportError> {
+    Ok(rows.first().map(|r| D::int(r, i)).transpose().map_err(fail::<D>(what))?.flatten())
+}
+
+/// Whole message rows.
+pub(crate) fn rows<D: Dialect>(found: &[D::Row]) -> Result<Vec<Row>, TransportError> {
+    found.iter().map(|r| D::record(r).map_err(fail::<D>("reading a message"))?.try_into()).collect()
 }

@@ -33,21 +33,26 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use tokio::sync::Notify;
 
+#[cfg(feature = "postgres")]
+pub use claims::PostgresIdempotencyStore;
 pub use claims::SqlIdempotencyStore;
+#[cfg(feature = "sqlite")]
+pub use claims::SqliteIdempotencyStore;
 pub(crate) use clock::local_ms;
 pub use dialect::Dialect;
+pub use dialect::SqlStore;
 pub(crate) use driver::stmt;
 pub use options::SqlOptions;
-pub use rows::SqlStore;
 pub(crate) use statements::Tables;
 pub use store::{Enqueued, LeasedRow, RowOp, RowStore};
 
+use crate::boxed::BoxFuture;
 use crate::error::TransportError;
 use crate::identity::{Enqueue, EnqueueOutcome, QueueRules, Row};
 use crate::queue::QueueSpec;
 use crate::transport::{
-    Attributes, BoxFuture, DeadLetter, DeadLetters, Delivery, MessageId, Outgoing, Receipt, RedriveOptions,
-    RedriveOutcome, Transport,
+    Attributes, DeadLetter, DeadLetters, Delivery, MessageId, Outgoing, Receipt, RedriveOptions, RedriveOutcome,
+    Transport,
 };
 
 /// A queue known to the transport.
@@ -465,7 +470,7 @@ impl<S: RowStore> Transport for SqlTransport<S> {
         self.store.migrate()
     }
 
-    fn idempotency_store(&self) -> Option<Arc<dyn crate::idempotency::IdempotencyStore>> {
+    fn idempotency_store(&self) -> Option<Arc<dyn crate::claims::IdempotencyStore>> {
         self.store.idempotency_store()
     }
 }

@@ -46,10 +46,10 @@ impl SqlOptions {
         for pair in query.split('&').filter(|p| !p.is_empty()) {
             let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
             match key {
-                "retention" => options.retention = crate::cli::parse_duration(value).map_err(bad)?,
-                "claims_retention" => options.claims_retention = crate::cli::parse_duration(value).map_err(bad)?,
+                "retention" => options.retention = crate::duration::parse_duration(value).map_err(bad)?,
+                "claims_retention" => options.claims_retention = crate::duration::parse_duration(value).map_err(bad)?,
                 "poll" => {
-                    options.poll = crate::cli::parse_duration(value).map_err(bad)?;
+                    options.poll = crate::duration::parse_duration(value).map_err(bad)?;
                     if options.poll.is_zero() {
                         return Err(bad("`poll` must be longer than zero".into()));
                     }

@@ -12,9 +12,9 @@ use sqlx::{Pool, Postgres, Transaction};
 use tokio::sync::{broadcast, oneshot, OwnedMutexGuard};
 
 use super::clock::Clock;
+use super::dialect::SqlStore;
 use super::dialect::{backend, ids, Dialect, Write};
 use super::driver::{stmt, Driver};
-use super::rows::SqlStore;
 use super::statements::{self as sql, Tables};
 use super::store::LeasedRow;
 use super::SqlTransport;

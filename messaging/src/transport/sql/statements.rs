@@ -30,9 +30,13 @@ pub(crate) struct Tables {
 
 impl Tables {
     /// Tables in `schema` (none: the connection's default schema).
-    #[allow(dead_code)] // the `schema=` option comes with its own migrations
     pub(crate) fn in_schema(schema: Option<&str>) -> Tables {
         Tables { schema: schema.map(Arc::from) }
+    }
+
+    /// The schema, if one is named.
+    pub(crate) fn schema(&self) -> Option<Arc<str>> {
+        self.schema.clone()
     }
 
     /// The statement made of `parts`, with every table qualified.

@@ -3,9 +3,9 @@
 //! [`crate::identity::Row`], so every backend has the same semantics as the
 //! in-memory model, which the model-based tests check step by step.
 
+use crate::boxed::BoxFuture;
 use crate::error::TransportError;
 use crate::identity::{Enqueue, EnqueueOutcome, QueueRules, Row, RowId};
-use crate::transport::BoxFuture;
 
 /// A row leased by [`RowStore::lease`].
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -191,7 +191,7 @@ pub trait RowStore: Send + Sync + 'static {
 
     /// An idempotency store on the same database, so that claims live beside
     /// the messages.
-    fn idempotency_store(&self) -> Option<std::sync::Arc<dyn crate::idempotency::IdempotencyStore>> {
+    fn idempotency_store(&self) -> Option<std::sync::Arc<dyn crate::claims::IdempotencyStore>> {
         None
     }
 

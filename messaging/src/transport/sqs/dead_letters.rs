@@ -16,10 +16,9 @@ use std::time::Duration;
 use aws_sdk_sqs::types::MessageSystemAttributeName;
 
 use super::{delivery_of, handle, sdk, SqsQueue, SqsTransport, MAX_BATCH};
+use crate::boxed::BoxFuture;
 use crate::error::TransportError;
-use crate::transport::{
-    BoxFuture, DeadLetter, DeadLetters, Delivery, MessageId, Outgoing, RedriveOptions, RedriveOutcome,
-};
+use crate::transport::{DeadLetter, DeadLetters, Delivery, MessageId, Outgoing, RedriveOptions, RedriveOutcome};
 
 /// How long messages stay reserved while a peek or redrive looks at them.
 const RESERVE: Duration = Duration::from_secs(30);

@@ -29,9 +29,10 @@ use aws_sdk_sqs::Client;
 pub use aws_sdk_sqs;
 pub use options::SqsOptions;
 
+use crate::boxed::BoxFuture;
 use crate::error::{Error, TransportError};
 use crate::queue::QueueSpec;
-use crate::transport::{Attributes, BoxFuture, DeadLetters, Delivery, MessageId, Outgoing, Receipt, Transport};
+use crate::transport::{Attributes, DeadLetters, Delivery, MessageId, Outgoing, Receipt, Transport};
 
 /// The largest message SQS accepts on any queue (body plus attributes); each
 /// queue's `MaximumMessageSize` may set less, and is what sends are checked

@@ -5,7 +5,7 @@
 use std::borrow::Cow;
 
 use crate::error::TransportError;
-use crate::publish::sqs_text_char;
+use crate::transport::sqs_text_char;
 
 /// The most attributes SQS takes per message.
 pub(super) const MAX_ATTRIBUTES: usize = 10;

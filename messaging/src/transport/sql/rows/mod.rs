@@ -5,85 +5,14 @@
 
 mod write;
 
-use sqlx::Pool;
-
-use super::dialect::{backend, each, Dialect, Write};
-use super::driver::{stmt, Value};
-use super::statements::{self as sql, Tables};
+use super::dialect::{each, fail, int, rows, Dialect, SqlStore, Write};
+use super::statements as sql;
 use super::store::{Enqueued, LeasedRow, RowOp, RowStore};
+use crate::boxed::BoxFuture;
 use crate::error::TransportError;
 use crate::identity::{Enqueue, QueueRules, Row, RowId};
-use crate::transport::BoxFuture;
-
-/// Message rows in a database: `SqlStore<sqlx::Postgres>` or `SqlStore<sqlx::Sqlite>`.
-#[derive(Debug)]
-pub struct SqlStore<D: Dialect> {
-    pub(crate) pool: Pool<D>,
-    pub(crate) state: D::State,
-    pub(crate) tables: Tables,
-}
-
-impl<D: Dialect> Clone for SqlStore<D> {
-    fn clone(&self) -> Self {
-        SqlStore { pool: self.pool.clone(), state: self.state.clone(), tables: self.tables.clone() }
-    }
-}
 
 impl<D: Dialect> SqlStore<D> {
-    /// Connects to `url` (without the framework's options).
-    pub async fn connect(url: &str) -> Result<Self, TransportError> {
-        let (pool, state) = D::connect(url).await?;
-        Ok(SqlStore { pool, state, tables: Tables::default() })
-    }
-
-    /// The connection pool.
-    pub fn pool(&self) -> &Pool<D> {
-        &self.pool
-    }
-
-    /// The rows of a reading statement, on a pooled connection.
-    pub(crate) async fn query(
-        &self,
-        what: &str,
-        parts: &[&str],
-        args: &[Value<'_>],
-    ) -> Result<Vec<D::Row>, TransportError> {
-        let sql = self.tables.sql(parts);
-        let mut conn = self.pool.acquire().await.map_err(fail::<D>(what))?;
-        stmt(&sql).binds(args).fetch_all::<D>(&mut conn).await.map_err(fail::<D>(what))
-    }
-
-    /// The rows of a statement run on `w`.
-    pub(crate) async fn query_in(
-        &self,
-        w: &mut Write<D>,
-        what: &str,
-        parts: &[&str],
-        args: &[Value<'_>],
-    ) -> Result<Vec<D::Row>, TransportError> {
-        let sql = self.tables.sql(parts);
-        stmt(&sql).binds(args).fetch_all::<D>(w.conn()).await.map_err(fail::<D>(what))
-    }
-
-    /// Runs a statement on `w`; the rows it changed.
-    pub(crate) async fn exec_in(
-        &self,
-        w: &mut Write<D>,
-        what: &str,
-        parts: &[&str],
-        args: &[Value<'_>],
-    ) -> Result<u64, TransportError> {
-        let sql = self.tables.sql(parts);
-        stmt(&sql).binds(args).execute::<D>(w.conn()).await.map_err(fail::<D>(what))
-    }
-
-    /// Runs one writing statement by itself; the rows it changed.
-    pub(crate) async fn exec(&self, what: &str, parts: &[&str], args: &[Value<'_>]) -> Result<u64, TransportError> {
-        let mut w = Write::single(self).await?;
-        let done = self.exec_in(&mut w, what, parts, args).await;
-        w.finish(done).await
-    }
-
     /// A count.
     async fn count(&self, template: &str, queue: &str, what: &str) -> Result<u64, TransportError> {
         let rows = self.query(what, &[template], &[queue.into()]).await?;
@@ -184,21 +113,6 @@ impl<D: Dialect> SqlStore<D> {
         D::notify(&self.pool, queue).await;
         Ok(moved)
     }
-}
-
-/// Names a failed statement.
-pub(crate) fn fail<D: Dialect>(what: &str) -> impl Fn(sqlx::Error) -> TransportError + '_ {
-    move |e| backend::<D>(what, e)
-}
-
-/// Column `i` of the first row as a BIGINT (none: no row, or NULL).
-pub(crate) fn int<D: Dialect>(rows: &[D::Row], i: usize, what: &str) -> Result<Option<i64>, TransportError> {
-    Ok(rows.first().map(|r| D::int(r, i)).transpose().map_err(fail::<D>(what))?.flatten())
-}
-
-/// Whole message rows.
-pub(crate) fn rows<D: Dialect>(found: &[D::Row]) -> Result<Vec<Row>, TransportError> {
-    found.iter().map(|r| D::record(r).map_err(fail::<D>("reading a message"))?.try_into()).collect()
 }
 
 impl<D: Dialect> RowStore for SqlStore<D> {
@@ -366,7 +280,7 @@ impl<D: Dialect> RowStore for SqlStore<D> {
         Box::pin(async move { self.exec("purging idempotency claims", &[sql::CLAIMS_PURGE], &[before.into()]).await })
     }
 
-    fn idempotency_store(&self) -> Option<std::sync::Arc<dyn crate::idempotency::IdempotencyStore>> {
+    fn idempotency_store(&self) -> Option<std::sync::Arc<dyn crate::claims::IdempotencyStore>> {
         Some(std::sync::Arc::new(super::claims::SqlIdempotencyStore::<D>::on(self)))
     }
 

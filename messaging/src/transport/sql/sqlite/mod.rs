@@ -26,8 +26,8 @@ use sqlx::{Pool, Sqlite, Transaction};
 use tokio::sync::{Mutex, OwnedMutexGuard};
 
 use super::dialect::{backend, Dialect};
+use super::dialect::{fail, SqlStore};
 use super::driver::{stmt, Driver};
-use super::rows::{fail, SqlStore};
 use super::statements::{self as sql, Tables};
 use super::store::LeasedRow;
 use super::SqlTransport;

@@ -2,23 +2,13 @@
 //! handlers that want their side effect and the claim's completion to commit
 //! in one database transaction (exactly once, even across a crash).
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
+use super::{FromContext, Requirement, RequirementKind, Resources};
+use crate::claims::ClaimState;
 use crate::context::MessageContext;
 use crate::error::HandlerError;
-use crate::extract::{FromContext, Requirement, RequirementKind, Resources};
-
-/// The claim the framework took before calling an `idempotent = ".."` handler.
-#[derive(Debug)]
-pub(crate) struct ClaimState {
-    /// The store's tables and clock (database stores only).
-    pub(crate) sql: Option<super::SqlClaims>,
-    pub(crate) message_id: String,
-    pub(crate) scope: &'static str,
-    pub(crate) processor: String,
-    pub(crate) completed: AtomicBool,
-}
 
 /// The idempotency claim of the message being handled. Only for handlers with
 /// `idempotent = "scope"` (checked at startup).
@@ -85,7 +75,8 @@ impl IdempotencyClaim {
         use crate::transport::sql::{statements, stmt};
         let sql = self.state.sql.clone().unwrap_or_default();
         let now = crate::transport::sql::local_ms().saturating_add(sql.offset_ms);
-        let text = sql.tables.sql(&[statements::CLAIM_COMPLETE]);
+        let tables = crate::transport::sql::Tables::in_schema(sql.schema.as_deref());
+        let text = tables.sql(&[statements::CLAIM_COMPLETE]);
         let done = stmt(&text)
             .bind(self.state.message_id.as_str())
             .bind(self.state.scope)

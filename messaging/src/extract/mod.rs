@@ -11,6 +11,12 @@ use crate::context::MessageContext;
 use crate::error::HandlerError;
 use crate::publish::Publisher;
 
+mod claim;
+
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+pub use claim::ClaimsConnection;
+pub use claim::IdempotencyClaim;
+
 /// What handlers can extract: the provided states and a publisher.
 pub struct Resources {
     states: HashMap<TypeId, Arc<dyn Any + Send + Sync>>,

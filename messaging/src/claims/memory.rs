@@ -7,8 +7,8 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::{Claim, IdempotencyStore};
+use crate::boxed::BoxFuture;
 use crate::error::TransportError;
-use crate::transport::BoxFuture;
 
 #[derive(Debug)]
 struct Entry {

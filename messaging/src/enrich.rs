@@ -11,7 +11,7 @@ use crate::context::MessageContext;
 /// message's context; use
 /// [`OpenTelemetrySpanExt::set_attribute`](tracing_opentelemetry::OpenTelemetrySpanExt::set_attribute)
 /// or record a field declared on the span.
-pub type EnrichHook = Arc<dyn Fn(&tracing::Span, &MessageContext) + Send + Sync>;
+pub(crate) type EnrichHook = Arc<dyn Fn(&tracing::Span, &MessageContext) + Send + Sync>;
 
 /// Runs `hook`; a panic is contained and logged, and dispatch goes on.
 pub(crate) fn enrich(hook: &EnrichHook, span: &tracing::Span, ctx: &MessageContext) {

@@ -1,53 +1,38 @@
-//! Idempotency: an atomic claim/lease on (message id, scope), so that a
-//! side effect runs at most once per message even when the message is
-//! delivered twice.
-//!
-//! `#[messaging::handler(.., idempotent = "scope", lease = "60s")]` wraps the
-//! handler: [`Claim::Claimed`] runs it and completes the claim on success or
-//! releases it on failure; [`Claim::InProgress`] keeps the delivery (invisible
-//! to other consumers) and tries again when the holder's lease ends, without
-//! counting an attempt; [`Claim::Completed`] acknowledges without running it.
-//!
-//! A claim never outlives its message's visibility: the worker claims for at
-//! most the time the message has left to be invisible (and at most `lease`),
-//! and its heartbeat extends the claim together with the visibility. So when
-//! a crashed process's message becomes visible again, its claim has expired
-//! too, and the redelivery runs at once.
+//! Idempotency claims: the store trait and the in-memory store (the
+//! public face is `crate::idempotency`, in lib.rs).
 
-mod claim;
 mod memory;
 
+use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
-#[cfg(any(feature = "postgres", feature = "sqlite"))]
-pub use crate::transport::sql::SqlIdempotencyStore;
-pub(crate) use claim::ClaimState;
-#[cfg(any(feature = "postgres", feature = "sqlite"))]
-pub use claim::ClaimsConnection;
-pub use claim::IdempotencyClaim;
 pub use memory::MemoryIdempotencyStore;
 
-/// Idempotency claims in PostgreSQL, shared by every process using the database.
-#[cfg(feature = "postgres")]
-pub type PostgresIdempotencyStore = SqlIdempotencyStore<sqlx::Postgres>;
-
-/// Idempotency claims in a SQLite database file, shared by every process using the file.
-#[cfg(feature = "sqlite")]
-pub type SqliteIdempotencyStore = SqlIdempotencyStore<sqlx::Sqlite>;
-
 /// Where a database store keeps its claims and how its clock differs from
-/// this machine's, so that [`IdempotencyClaim::complete_in`] writes in the
+/// this machine's, so that `IdempotencyClaim::complete_in` writes in the
 /// caller's transaction what the store would.
 #[doc(hidden)]
 #[derive(Debug, Clone, Default)]
 pub struct SqlClaims {
-    #[cfg(any(feature = "postgres", feature = "sqlite"))]
-    pub(crate) tables: crate::transport::sql::Tables,
+    /// The schema of the claims table (none: the connection's own).
+    pub(crate) schema: Option<std::sync::Arc<str>>,
+    /// The store's clock minus this machine's, in milliseconds.
     pub(crate) offset_ms: i64,
 }
 
+/// The claim the framework took before calling an `idempotent = ".."` handler.
+#[derive(Debug)]
+pub(crate) struct ClaimState {
+    /// The store's tables and clock (database stores only).
+    pub(crate) sql: Option<SqlClaims>,
+    pub(crate) message_id: String,
+    pub(crate) scope: &'static str,
+    pub(crate) processor: String,
+    pub(crate) completed: AtomicBool,
+}
+
+use crate::boxed::BoxFuture;
 use crate::error::TransportError;
-use crate::transport::BoxFuture;
 
 /// The outcome of a claim.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -1,0 +1,44 @@
+//! The one duration syntax of the framework: `500ms`, `30s`, `5m`, `1h`. The
+//! macros (at compile time), the command line and the connection URLs all
+//! parse durations here (the macro crate compiles this same file), so that a
+//! value means the same everywhere. A unit is always required: a bare `60`
+//! could mean seconds or milliseconds, and guessing wrong is a silent bug.
+
+use std::time::Duration;
+
+/// Parses a whole number followed by `ms`, `s`, `m` or `h`.
+pub(crate) fn parse_duration(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    let split = text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let Ok(n) = number.parse::<u64>() else {
+        return Err(format!("`{text}` is not a duration; write a whole number and a unit, e.g. 500ms, 30s, 5m or 1h"));
+    };
+    let too_long = || format!("`{text}` is too long a duration");
+    match unit {
+        "ms" => Ok(Duration::from_millis(n)),
+        "s" => Ok(Duration::from_secs(n)),
+        "m" => n.checked_mul(60).map(Duration::from_secs).ok_or_else(too_long),
+        "h" => n.checked_mul(3600).map(Duration::from_secs).ok_or_else(too_long),
+        "" => Err(format!("`{text}` has no unit; write {n}s for seconds (or {n}ms, {n}m, {n}h)")),
+        other => Err(format!("unknown unit `{other}` in `{text}`; use ms, s, m or h")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_syntax_with_a_unit_always() {
+        assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
+        assert_eq!(parse_duration("30s"), Ok(Duration::from_secs(30)));
+        assert_eq!(parse_duration(" 5m "), Ok(Duration::from_secs(300)));
+        assert_eq!(parse_duration("2h"), Ok(Duration::from_secs(7200)));
+        assert!(parse_duration("60").unwrap_err().contains("write 60s"));
+        assert!(parse_duration("5 parsecs").unwrap_err().contains("unknown unit"));
+        assert!(parse_duration("").unwrap_err().contains("not a duration"));
+        assert!(parse_duration("1.5s").unwrap_err().contains("unknown unit"));
+        assert!(parse_duration("18446744073709551615h").unwrap_err().contains("too long"));
+    }
+}
