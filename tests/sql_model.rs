@@ -2,7 +2,7 @@
 //! (with and without identity, identical payloads, future process-at,
 //! priority), lease, complete, fail, release, dead-letter, extend, lease
 //! expiry and redrive run against the pure state machine
-//! (`messaging::identity::IdentityQueue`, the oracle) and against the real
+//! (`messaging::transport::sql::machine::IdentityQueue`, the oracle) and against the real
 //! PostgreSQL and SQLite stores, with the same clock, comparing every row
 //! after every step.
 
@@ -10,7 +10,7 @@ mod fixtures;
 
 use std::collections::HashMap;
 
-use messaging::identity::{Enqueue, EnqueueOutcome, IdentityQueue, QueueRules, Row, RowId, Status};
+use messaging::transport::sql::machine::{Enqueue, EnqueueOutcome, IdentityQueue, QueueRules, Row, RowId, Status};
 use messaging::transport::sql::{RowOp, RowStore};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};

@@ -1,4 +1,4 @@
-//! The one duration syntax of the framework: `500ms`, `30s`, `5m`, `1h`. The
+//! The one duration syntax of the framework: `500ms`, `30s`, `5m`, `1h`, `7d`. The
 //! macros (at compile time), the command line and the connection URLs all
 //! parse durations here (the macro crate compiles this same file), so that a
 //! value means the same everywhere. A unit is always required: a bare `60`
@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-/// Parses a whole number followed by `ms`, `s`, `m` or `h`.
+/// Parses a whole number followed by `ms`, `s`, `m`, `h` or `d`.
 pub(crate) fn parse_duration(text: &str) -> Result<Duration, String> {
     let text = text.trim();
     let split = text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len());
@@ -20,8 +20,9 @@ pub(crate) fn parse_duration(text: &str) -> Result<Duration, String> {
         "s" => Ok(Duration::from_secs(n)),
         "m" => n.checked_mul(60).map(Duration::from_secs).ok_or_else(too_long),
         "h" => n.checked_mul(3600).map(Duration::from_secs).ok_or_else(too_long),
+        "d" => n.checked_mul(86_400).map(Duration::from_secs).ok_or_else(too_long),
         "" => Err(format!("`{text}` has no unit; write {n}s for seconds (or {n}ms, {n}m, {n}h)")),
-        other => Err(format!("unknown unit `{other}` in `{text}`; use ms, s, m or h")),
+        other => Err(format!("unknown unit `{other}` in `{text}`; use ms, s, m, h or d")),
     }
 }
 
@@ -35,6 +36,7 @@ mod tests {
         assert_eq!(parse_duration("30s"), Ok(Duration::from_secs(30)));
         assert_eq!(parse_duration(" 5m "), Ok(Duration::from_secs(300)));
         assert_eq!(parse_duration("2h"), Ok(Duration::from_secs(7200)));
+        assert_eq!(parse_duration("7d"), Ok(Duration::from_secs(7 * 86_400)));
         assert!(parse_duration("60").unwrap_err().contains("write 60s"));
         assert!(parse_duration("5 parsecs").unwrap_err().contains("unknown unit"));
         assert!(parse_duration("").unwrap_err().contains("not a duration"));

@@ -6,7 +6,7 @@
 
 /// Bottom first. Within a layer, modules do not use each other.
 pub(crate) const LAYERS: &[(&str, &[&str])] = &[
-    ("vocabulary", &["boxed", "duration", "error", "identity", "message", "shutdown"]),
+    ("vocabulary", &["boxed", "duration", "error", "message", "shutdown"]),
     ("wire", &["envelope", "queue"]),
     ("idempotency stores", &["claims"]),
     ("transports", &["transport"]),

@@ -12,7 +12,6 @@ pub mod error;
 pub mod extract;
 pub mod handler;
 mod health;
-pub mod identity;
 #[cfg(test)]
 mod layers;
 pub mod message;

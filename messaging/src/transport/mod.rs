@@ -147,7 +147,7 @@ pub trait Transport: Send + Sync + 'static {
     /// concurrent leases contend for the same rows keeps one; `0` receives
     /// only when a lane is free, for a transport whose receive costs no round
     /// trip.
-    fn receivers(&self) -> usize {
+    fn concurrent_receives(&self) -> usize {
         1
     }
 

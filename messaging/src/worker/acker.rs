@@ -110,7 +110,7 @@ async fn flush_loop(
     // A transport whose calls cost no round trip (memory) gains nothing from
     // fuller acks, and the wait's timers and checks cost it a third of its
     // throughput (measured with the memory benchmark).
-    let linger = transport.receivers() > 0;
+    let linger = transport.concurrent_receives() > 0;
     let mut commands = Vec::with_capacity(max);
     let mut batch = Vec::with_capacity(max);
     let mut closing = false;

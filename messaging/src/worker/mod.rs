@@ -150,7 +150,7 @@ impl WorkerHandle {
         // Receives kept going ahead of the lanes: as many as the transport
         // suits on a standard queue; none on a FIFO queue, whose groups must
         // be released (acked) before their next messages can come.
-        let receivers = if spec.fifo { 0 } else { worker.transport.receivers() };
+        let receivers = if spec.fifo { 0 } else { worker.transport.concurrent_receives() };
         let mut failures = 0u32;
         loop {
             while lanes.try_join_next().is_some() {}

@@ -239,7 +239,7 @@ impl Transport for MemoryTransport {
         })
     }
 
-    fn receivers(&self) -> usize {
+    fn concurrent_receives(&self) -> usize {
         // A receive is a lock, not a round trip: receiving ahead only adds wake-ups.
         0
     }

@@ -23,7 +23,7 @@ use super::driver::{stmt, Driver, Value};
 use super::store::LeasedRow;
 use super::Tables;
 use crate::error::TransportError;
-use crate::identity::{Row, RowId};
+use crate::transport::sql::machine::{Row, RowId};
 
 mod sealed {
     pub trait Sealed {}

@@ -3,7 +3,7 @@
 //! [`SqlTransport`] implements the transport seam once, over any
 //! [`RowStore`]; [`SqlStore`] is the one store, over either database, and
 //! its [`Dialect`] holds what PostgreSQL and SQLite do differently. Rows
-//! follow the message identity semantics of [`crate::identity`]: the status
+//! follow the row state machine of [`machine`]: the status
 //! `Error` is the queue's dead letters, a lease expiry is an abandonment, a
 //! message's identity keeps one row per (queue, identity).
 //!
@@ -16,6 +16,7 @@ mod claims;
 mod clock;
 mod dialect;
 mod driver;
+pub mod machine;
 mod options;
 #[cfg(feature = "postgres")]
 pub mod postgres;
@@ -48,8 +49,8 @@ pub use store::{Enqueued, LeasedRow, RowOp, RowStore};
 
 use crate::boxed::BoxFuture;
 use crate::error::TransportError;
-use crate::identity::{Enqueue, EnqueueOutcome, QueueRules, Row};
 use crate::queue::QueueSpec;
+use crate::transport::sql::machine::{Enqueue, EnqueueOutcome, QueueRules, Row};
 use crate::transport::{
     Attributes, DeadLetter, DeadLetters, Delivery, MessageId, Outgoing, Receipt, RedriveOptions, RedriveOutcome,
     Transport,
@@ -432,7 +433,7 @@ impl<S: RowStore> Transport for SqlTransport<S> {
         })
     }
 
-    fn receivers(&self) -> usize {
+    fn concurrent_receives(&self) -> usize {
         self.store.concurrent_leases() as usize
     }
 
@@ -490,7 +491,9 @@ impl<S: RowStore> DeadLetters for SqlTransport<S> {
     }
 
     fn peek<'a>(&'a self, queue: &'a str, max: usize) -> BoxFuture<'a, Result<Vec<DeadLetter>, TransportError>> {
-        Box::pin(async move { Ok(self.store.errors(queue, max).await?.into_iter().map(dead_letter_of).collect()) })
+        Box::pin(
+            async move { Ok(self.store.dead_letters(queue, max).await?.into_iter().map(dead_letter_of).collect()) },
+        )
     }
 
     fn redrive<'a>(
@@ -502,7 +505,7 @@ impl<S: RowStore> DeadLetters for SqlTransport<S> {
             let max = options.max.unwrap_or(usize::MAX);
             let mut outcome = RedriveOutcome::default();
             let mut chosen = Vec::new();
-            for row in self.store.errors(queue, usize::MAX).await? {
+            for row in self.store.dead_letters(queue, usize::MAX).await? {
                 if chosen.len() >= max {
                     break;
                 }

@@ -93,6 +93,10 @@ mod tests {
         let (o, rest) = SqlOptions::parse("postgres://u@h/db").unwrap();
         assert_eq!((o, rest.as_str()), (SqlOptions::default(), "postgres://u@h/db"));
         assert!(SqlOptions::parse("sqlite://a.db?retention=forever").is_err());
+        // The README's examples, in the one duration syntax (a unit always).
+        let (o, _) = SqlOptions::parse("sqlite://a.db?retention=1d&claims_retention=7d").unwrap();
+        assert_eq!((o.retention, o.claims_retention), (Duration::from_secs(86_400), Duration::from_secs(7 * 86_400)));
+        assert!(SqlOptions::parse("sqlite://a.db?retention=60").is_err());
         assert!(SqlOptions::parse("sqlite://a.db?poll=0s").is_err());
     }
 }

@@ -19,7 +19,7 @@ use super::statements::{self as sql, Tables};
 use super::store::LeasedRow;
 use super::SqlTransport;
 use crate::error::TransportError;
-use crate::identity::{Row, RowId};
+use crate::transport::sql::machine::{Row, RowId};
 
 /// The notification channel enqueues signal on (payload: the queue name).
 const CHANNEL: &str = "messaging_enqueued";

@@ -2,7 +2,7 @@
 
 use super::store::LeasedRow;
 use crate::error::TransportError;
-use crate::identity::{Deferred, Row, RowId, Status};
+use crate::transport::sql::machine::{Deferred, Row, RowId, Status};
 
 /// One row of `messaging_messages` (the columns of `statements::columns!`).
 #[derive(Debug, sqlx::FromRow)]

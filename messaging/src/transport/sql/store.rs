@@ -1,11 +1,11 @@
 //! [`RowStore`]: what a database must do for the SQL transport, with time
 //! passed in. Each operation runs the row transitions of
-//! [`crate::identity::Row`], so every backend has the same semantics as the
+//! [`crate::transport::sql::machine::Row`], so every backend has the same semantics as the
 //! in-memory model, which the model-based tests check step by step.
 
 use crate::boxed::BoxFuture;
 use crate::error::TransportError;
-use crate::identity::{Enqueue, EnqueueOutcome, QueueRules, Row, RowId};
+use crate::transport::sql::machine::{Enqueue, EnqueueOutcome, QueueRules, Row, RowId};
 
 /// A row leased by [`RowStore::lease`].
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -65,7 +65,7 @@ pub enum RowOp {
 
 impl RowOp {
     /// Applies the transition to a loaded row.
-    pub fn apply(&self, row: &mut Row, now: i64, token: u64) -> Result<(), crate::identity::LeaseLost> {
+    pub fn apply(&self, row: &mut Row, now: i64, token: u64) -> Result<(), crate::transport::sql::machine::LeaseLost> {
         match self {
             RowOp::Fail { retry_at, error, max_attempts } => row.fail(now, token, *retry_at, error, *max_attempts),
             RowOp::Release => row.release(now, token),
@@ -105,7 +105,7 @@ pub trait RowStore: Send + Sync + 'static {
         idempotent: bool,
     ) -> BoxFuture<'a, Vec<Result<Enqueued, TransportError>>>;
 
-    /// Leases up to `n` pending rows (see [`crate::identity::IdentityQueue::lease`]).
+    /// Leases up to `n` pending rows (see [`crate::transport::sql::machine::IdentityQueue::lease`]).
     fn lease<'a>(
         &'a self,
         queue: &'a str,
@@ -168,7 +168,7 @@ pub trait RowStore: Send + Sync + 'static {
     fn depth<'a>(&'a self, queue: &'a str) -> BoxFuture<'a, Result<u64, TransportError>>;
 
     /// Up to `max` Error rows, oldest first.
-    fn errors<'a>(&'a self, queue: &'a str, max: usize) -> BoxFuture<'a, Result<Vec<Row>, TransportError>>;
+    fn dead_letters<'a>(&'a self, queue: &'a str, max: usize) -> BoxFuture<'a, Result<Vec<Row>, TransportError>>;
 
     /// Error → Pending with attempts reset; returns how many moved.
     fn redrive<'a>(&'a self, queue: &'a str, ids: Vec<RowId>) -> BoxFuture<'a, Result<usize, TransportError>>;

@@ -361,7 +361,7 @@ impl Transport for SqsTransport {
         MAX_BATCH
     }
 
-    fn receivers(&self) -> usize {
+    fn concurrent_receives(&self) -> usize {
         // A receive is a network round trip of at most 10 messages; with two
         // going, the next one is usually back before the lanes run dry. (An
         // idle queue then costs two empty long polls per wait instead of one.)

@@ -1,5 +1,5 @@
 //! [`SqlStore`]: the one [`RowStore`] over PostgreSQL and SQLite. Each
-//! operation loads rows, runs their transition in [`crate::identity::Row`]
+//! operation loads rows, runs their transition in [`crate::transport::sql::machine::Row`]
 //! and stores them, in a transaction; only what the databases do differently
 //! goes through the [`Dialect`].
 
@@ -10,7 +10,7 @@ use super::statements as sql;
 use super::store::{Enqueued, LeasedRow, RowOp, RowStore};
 use crate::boxed::BoxFuture;
 use crate::error::TransportError;
-use crate::identity::{Enqueue, QueueRules, Row, RowId};
+use crate::transport::sql::machine::{Enqueue, QueueRules, Row, RowId};
 
 impl<D: Dialect> SqlStore<D> {
     /// A count.
@@ -248,7 +248,7 @@ impl<D: Dialect> RowStore for SqlStore<D> {
         Box::pin(self.count(sql::DEPTH, queue, "depth"))
     }
 
-    fn errors<'a>(&'a self, queue: &'a str, max: usize) -> BoxFuture<'a, Result<Vec<Row>, TransportError>> {
+    fn dead_letters<'a>(&'a self, queue: &'a str, max: usize) -> BoxFuture<'a, Result<Vec<Row>, TransportError>> {
         Box::pin(self.records(sql::ERRORS, queue, Some(max)))
     }
 

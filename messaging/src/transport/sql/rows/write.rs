@@ -1,7 +1,7 @@
 //! Writes: enqueues, row transitions and completions.
 
 use super::*;
-use crate::identity::{EnqueueOutcome, Status};
+use crate::transport::sql::machine::{EnqueueOutcome, Status};
 
 impl<D: Dialect> SqlStore<D> {
     /// Enqueues a batch on `w`, in input order: runs of messages without

@@ -32,7 +32,7 @@ use super::statements::{self as sql, Tables};
 use super::store::LeasedRow;
 use super::SqlTransport;
 use crate::error::TransportError;
-use crate::identity::{Row, RowId};
+use crate::transport::sql::machine::{Row, RowId};
 
 mod checkpoint;
 #[cfg(test)]

@@ -4,7 +4,7 @@ use std::collections::HashSet;
 use std::path::PathBuf;
 
 use super::*;
-use crate::identity::{Enqueue, EnqueueOutcome, QueueRules, Status};
+use crate::transport::sql::machine::{Enqueue, EnqueueOutcome, QueueRules, Status};
 use crate::transport::sql::store::{Enqueued, RowOp, RowStore};
 
 const NOW: i64 = 1_800_000_000_000;
@@ -437,11 +437,11 @@ async fn dead_letters_are_listed_counted_and_redriven() {
     }
     assert_eq!(store.error_depth("jobs").await.expect("error depth"), 2);
     assert_eq!(store.depth("jobs").await.expect("depth"), 1);
-    let errors = store.errors("jobs", 10).await.expect("errors");
+    let errors = store.dead_letters("jobs", 10).await.expect("errors");
     assert_eq!(errors.iter().map(|r| r.payload.clone()).collect::<Vec<_>>(), [b"a".to_vec(), b"b".to_vec()]);
     assert_eq!(errors[0].error, Some(format!("bad {}", leased[0].id)));
-    assert_eq!(store.errors("jobs", 1).await.expect("errors").len(), 1);
-    assert_eq!(store.errors("other", usize::MAX).await.expect("errors").len(), 0);
+    assert_eq!(store.dead_letters("jobs", 1).await.expect("errors").len(), 1);
+    assert_eq!(store.dead_letters("other", usize::MAX).await.expect("errors").len(), 0);
 
     let moved = store.redrive("jobs", vec![leased[1].id, leased[2].id, 999_999]).await.expect("redrive");
     assert_eq!(moved, 1, "only Error rows move");

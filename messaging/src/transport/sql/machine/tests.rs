@@ -1,4 +1,4 @@
-//! One test per row of the transition table in DESIGN.md §4.
+//! One test per row of the transition table of database queues.
 
 use super::*;
 

@@ -1,4 +1,4 @@
-//! The transitions of DESIGN.md §4, on an in-memory table of rows.
+//! The transitions of database queue rows, on an in-memory table of rows.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 

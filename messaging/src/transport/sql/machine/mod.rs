@@ -1,5 +1,6 @@
-//! Message identity semantics of database (and in-memory) queues, as a pure,
-//! synchronous state machine: no I/O, time passed in.
+//! The row state machine of database queues (message identity, leases,
+//! deferred versions, dead letters), pure and synchronous: no I/O, time
+//! passed in.
 //!
 //! One [`Row`] per message; at most one row per (queue, identity). The SQL
 //! backends store rows and run the same transitions (their model-based tests
@@ -9,11 +10,9 @@
 //! (leased), `AwaitingRelease` (leased, and a newer version waits), `Error`
 //! (dead letters), `Processed` (kept for the retention period).
 
-mod machine;
+mod row;
 
-pub use machine::{
-    Completed, Deferred, Enqueue, EnqueueOutcome, IdentityQueue, LeaseLost, Leased, QueueRules, Row, RowId,
-};
+pub use row::{Completed, Deferred, Enqueue, EnqueueOutcome, IdentityQueue, LeaseLost, Leased, QueueRules, Row, RowId};
 
 /// The status of a row.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
