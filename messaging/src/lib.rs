@@ -56,10 +56,10 @@ pub mod idempotency {
     pub use crate::extract::IdempotencyClaim;
     #[cfg(feature = "postgres")]
     pub use crate::transport::sql::PostgresIdempotencyStore;
-    #[cfg(any(feature = "postgres", feature = "sqlite"))]
-    pub use crate::transport::sql::SqlIdempotencyStore;
     #[cfg(feature = "sqlite")]
     pub use crate::transport::sql::SqliteIdempotencyStore;
+    #[cfg(any(feature = "postgres", feature = "sqlite"))]
+    pub use crate::transport::sql::{Dialect, SqlIdempotencyStore};
 }
 
 pub use app::{App, RunMode, Running, Setup};

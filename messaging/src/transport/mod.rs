@@ -14,7 +14,7 @@ use crate::queue::QueueSpec;
 mod id;
 pub mod memory;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
-pub mod sql;
+pub(crate) mod sql;
 #[cfg(feature = "sqs")]
 pub mod sqs;
 mod url;

@@ -74,20 +74,20 @@ impl<D: Dialect> SqlIdempotencyStore<D> {
     }
 
     /// The connection pool.
-    #[doc(hidden)]
-    pub fn pool(&self) -> &Pool<D> {
+    #[cfg(test)]
+    pub(crate) fn pool(&self) -> &Pool<D> {
         &self.store.pool
     }
 
     /// Runs the framework's migrations (tests and the `migrate` command).
-    #[doc(hidden)]
-    pub async fn migrate(&self) -> Result<(), TransportError> {
+    #[cfg(test)]
+    pub(crate) async fn migrate(&self) -> Result<(), TransportError> {
         D::migrate(&self.store.pool).await
     }
 
     /// Closes the pool.
-    #[doc(hidden)]
-    pub async fn close(&self) {
+    #[cfg(test)]
+    pub(crate) async fn close(&self) {
         self.store.pool.close().await;
     }
 
@@ -108,8 +108,7 @@ impl<D: Dialect> SqlIdempotencyStore<D> {
     }
 
     /// [`IdempotencyStore::claim`] at the time `now`.
-    #[doc(hidden)]
-    pub async fn claim_at(
+    pub(crate) async fn claim_at(
         &self,
         message_id: &str,
         scope: &str,
@@ -151,8 +150,7 @@ impl<D: Dialect> SqlIdempotencyStore<D> {
     }
 
     /// [`IdempotencyStore::complete`] at the time `now`.
-    #[doc(hidden)]
-    pub async fn complete_at(
+    pub(crate) async fn complete_at(
         &self,
         message_id: &str,
         scope: &str,
@@ -166,8 +164,7 @@ impl<D: Dialect> SqlIdempotencyStore<D> {
     }
 
     /// [`IdempotencyStore::extend`] at the time `now`.
-    #[doc(hidden)]
-    pub async fn extend_at(
+    pub(crate) async fn extend_at(
         &self,
         message_id: &str,
         scope: &str,
@@ -183,8 +180,7 @@ impl<D: Dialect> SqlIdempotencyStore<D> {
     }
 
     /// [`SqlIdempotencyStore::purge`] at the time `now`.
-    #[doc(hidden)]
-    pub async fn purge_at(&self, older_than: Duration, now: SystemTime) -> Result<u64, TransportError> {
+    pub(crate) async fn purge_at(&self, older_than: Duration, now: SystemTime) -> Result<u64, TransportError> {
         let cutoff = millis(now).saturating_sub(duration_millis(older_than));
         self.change("purge", sql::CLAIMS_PURGE, &[], Some(cutoff)).await
     }

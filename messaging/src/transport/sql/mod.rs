@@ -16,17 +16,19 @@ mod claims;
 mod clock;
 mod dialect;
 mod driver;
-pub mod machine;
+pub(crate) mod machine;
 mod options;
 #[cfg(feature = "postgres")]
-pub mod postgres;
+pub(crate) mod postgres;
 mod record;
 mod rows;
 mod schema;
 #[cfg(feature = "sqlite")]
-pub mod sqlite;
+pub(crate) mod sqlite;
 pub(crate) mod statements;
 mod store;
+#[cfg(all(test, feature = "postgres", feature = "sqlite"))]
+mod tests;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, RwLock};
@@ -41,11 +43,11 @@ pub use claims::SqlIdempotencyStore;
 pub use claims::SqliteIdempotencyStore;
 pub(crate) use clock::local_ms;
 pub use dialect::Dialect;
-pub use dialect::SqlStore;
+pub(crate) use dialect::SqlStore;
 pub(crate) use driver::stmt;
-pub use options::SqlOptions;
+pub(crate) use options::SqlOptions;
 pub(crate) use statements::Tables;
-pub use store::{Enqueued, LeasedRow, RowOp, RowStore};
+pub(crate) use store::{LeasedRow, RowOp, RowStore};
 
 use crate::boxed::BoxFuture;
 use crate::error::TransportError;
@@ -69,7 +71,7 @@ struct SqlQueue {
 }
 
 /// The transport over a database: one [`RowStore`] and the queues declared on it.
-pub struct SqlTransport<S> {
+pub(crate) struct SqlTransport<S> {
     store: Arc<S>,
     options: SqlOptions,
     last_claims_purge: Mutex<Option<std::time::Instant>>,
@@ -87,7 +89,7 @@ impl<S> std::fmt::Debug for SqlTransport<S> {
 /// Connects to a database URL (`sqlite://FILE?...`, `postgres://...?...`):
 /// takes the framework's options out, opens the store, and runs the
 /// migrations when the URL asks for them (`migrate=true`).
-pub async fn connect<D: Dialect>(url: &str) -> Result<SqlTransport<SqlStore<D>>, crate::error::Error> {
+pub(crate) async fn connect<D: Dialect>(url: &str) -> Result<SqlTransport<SqlStore<D>>, crate::error::Error> {
     let (options, url) = SqlOptions::parse(url)?;
     let store = SqlStore::<D>::connect(&url).await?;
     if options.migrate {
@@ -98,7 +100,7 @@ pub async fn connect<D: Dialect>(url: &str) -> Result<SqlTransport<SqlStore<D>>,
 
 impl<S: RowStore> SqlTransport<S> {
     /// A transport over `store`.
-    pub fn new(store: S, options: SqlOptions) -> Self {
+    pub(crate) fn new(store: S, options: SqlOptions) -> Self {
         let transport = SqlTransport {
             store: Arc::new(store),
             options,
@@ -107,11 +109,6 @@ impl<S: RowStore> SqlTransport<S> {
         };
         transport.forward_changes();
         transport
-    }
-
-    /// The store (for tools and tests).
-    pub fn store(&self) -> &Arc<S> {
-        &self.store
     }
 
     /// Wakes local receivers when another process enqueues (PostgreSQL NOTIFY).

@@ -7,7 +7,7 @@ use crate::error::Error;
 
 /// Options of a SQL transport.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct SqlOptions {
+pub(crate) struct SqlOptions {
     /// How long processed messages are kept (`retention=`; default 0: deleted at once).
     pub retention: Duration,
     /// Whether a message whose lease expired is retried (`retry_abandoned=`; default true)
@@ -38,7 +38,7 @@ impl Default for SqlOptions {
 impl SqlOptions {
     /// Takes the framework's parameters out of `url`; returns the options and
     /// the URL left for the database driver.
-    pub fn parse(url: &str) -> Result<(SqlOptions, String), Error> {
+    pub(crate) fn parse(url: &str) -> Result<(SqlOptions, String), Error> {
         let mut options = SqlOptions::default();
         let Some((base, query)) = url.split_once('?') else { return Ok((options, url.to_owned())) };
         let mut kept = Vec::new();

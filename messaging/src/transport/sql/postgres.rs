@@ -17,18 +17,15 @@ use super::dialect::{backend, ids, Dialect, Write};
 use super::driver::{stmt, Driver};
 use super::statements::{self as sql, Tables};
 use super::store::LeasedRow;
-use super::SqlTransport;
 use crate::error::TransportError;
 use crate::transport::sql::machine::{Row, RowId};
 
 /// The notification channel enqueues signal on (payload: the queue name).
 const CHANNEL: &str = "messaging_enqueued";
 
-/// The PostgreSQL transport.
-pub type PostgresTransport = SqlTransport<PostgresStore>;
-
 /// Rows in PostgreSQL.
-pub type PostgresStore = SqlStore<Postgres>;
+#[cfg(test)]
+pub(crate) type PostgresStore = SqlStore<Postgres>;
 
 /// What a PostgreSQL store keeps beside its pool.
 #[derive(Debug, Clone)]

@@ -118,6 +118,7 @@ pub(crate) const ERRORS: &str = concat!(
     columns!(),
     " FROM messaging_messages WHERE queue = $1 AND status = 'error' ORDER BY seq LIMIT $2"
 );
+#[cfg(test)]
 pub(crate) const ROWS: &str = concat!("SELECT ", columns!(), " FROM messaging_messages WHERE queue = $1 ORDER BY id");
 
 /// Standard queues: the first pending rows by priority, then enqueue order.

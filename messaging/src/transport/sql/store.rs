@@ -30,7 +30,7 @@ pub struct LeasedRow {
 
 /// What an enqueue stored.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Enqueued {
+pub(crate) struct Enqueued {
     /// What happened.
     pub outcome: EnqueueOutcome,
     /// The id of the newest stored version (the existing one when discarded).
@@ -39,7 +39,7 @@ pub struct Enqueued {
 
 /// A transition of one leased row, checked against its token.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum RowOp {
+pub(crate) enum RowOp {
     /// A failed attempt: Sleeping until `retry_at` while attempts remain, else Error.
     Fail {
         /// When to try again (ms).
@@ -65,7 +65,12 @@ pub enum RowOp {
 
 impl RowOp {
     /// Applies the transition to a loaded row.
-    pub fn apply(&self, row: &mut Row, now: i64, token: u64) -> Result<(), crate::transport::sql::machine::LeaseLost> {
+    pub(crate) fn apply(
+        &self,
+        row: &mut Row,
+        now: i64,
+        token: u64,
+    ) -> Result<(), crate::transport::sql::machine::LeaseLost> {
         match self {
             RowOp::Fail { retry_at, error, max_attempts } => row.fail(now, token, *retry_at, error, *max_attempts),
             RowOp::Release => row.release(now, token),
@@ -77,7 +82,7 @@ impl RowOp {
 
 /// A database holding queues of rows. Every method takes the time (ms since
 /// the Unix epoch) so that tests can drive the clock.
-pub trait RowStore: Send + Sync + 'static {
+pub(crate) trait RowStore: Send + Sync + 'static {
     /// The `messaging.system` name (`postgresql`, `sqlite`).
     fn system(&self) -> &'static str;
 
@@ -91,6 +96,7 @@ pub trait RowStore: Send + Sync + 'static {
     fn migrate(&self) -> BoxFuture<'_, Result<(), TransportError>>;
 
     /// Checks that the tables exist with the expected columns.
+    #[cfg(test)]
     fn check_schema(&self) -> BoxFuture<'_, Result<(), TransportError>>;
 
     /// Records the queue with its kind; fails if it exists with the other kind.
@@ -176,10 +182,12 @@ pub trait RowStore: Send + Sync + 'static {
     /// Number of Error rows.
     fn error_depth<'a>(&'a self, queue: &'a str) -> BoxFuture<'a, Result<u64, TransportError>>;
 
-    /// Every row of the queue (for tests and tools).
+    /// Every row of the queue.
+    #[cfg(test)]
     fn rows<'a>(&'a self, queue: &'a str) -> BoxFuture<'a, Result<Vec<Row>, TransportError>>;
 
     /// The last processed payload of an identity.
+    #[cfg(test)]
     fn previous<'a>(
         &'a self,
         queue: &'a str,

@@ -12,7 +12,9 @@
 
 mod row;
 
-pub use row::{Completed, Deferred, Enqueue, EnqueueOutcome, IdentityQueue, LeaseLost, Leased, QueueRules, Row, RowId};
+#[cfg(test)]
+pub(crate) use row::IdentityQueue;
+pub(crate) use row::{Deferred, Enqueue, EnqueueOutcome, LeaseLost, QueueRules, Row, RowId};
 
 /// The status of a row.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]

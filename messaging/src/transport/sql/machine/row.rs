@@ -1,11 +1,12 @@
 //! The transitions of database queue rows, on an in-memory table of rows.
 
+#[cfg(test)]
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 use super::Status;
 
 /// A row's id (insertion order within the table).
-pub type RowId = u64;
+pub(crate) type RowId = u64;
 
 /// Per-queue rules of the state machine.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -140,9 +141,10 @@ impl EnqueueOutcome {
     }
 }
 
-/// A leased row.
+/// A leased row (of the test oracle).
+#[cfg(test)]
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Leased {
+pub(crate) struct Leased {
     /// The row.
     pub id: RowId,
     /// The lease's token: every later call must present it.
@@ -410,9 +412,11 @@ impl Row {
     }
 }
 
-/// The rows of one queue and the transitions between their states.
+/// The rows of one queue and the transitions between their states: the
+/// oracle the stores are tested against.
+#[cfg(test)]
 #[derive(Debug, Clone, Default)]
-pub struct IdentityQueue {
+pub(crate) struct IdentityQueue {
     rules: QueueRules,
     rows: BTreeMap<RowId, Row>,
     by_identity: HashMap<String, RowId>,
@@ -422,34 +426,30 @@ pub struct IdentityQueue {
     next_token: u64,
 }
 
+#[cfg(test)]
 impl IdentityQueue {
     /// An empty queue with the given rules.
-    pub fn new(rules: QueueRules) -> Self {
+    pub(crate) fn new(rules: QueueRules) -> Self {
         IdentityQueue { rules, next_id: 1, next_seq: 1, next_token: 1, ..Default::default() }
     }
 
-    /// The rules.
-    pub fn rules(&self) -> &QueueRules {
-        &self.rules
-    }
-
     /// Every row, by id.
-    pub fn rows(&self) -> impl Iterator<Item = &Row> {
+    pub(crate) fn rows(&self) -> impl Iterator<Item = &Row> {
         self.rows.values()
     }
 
     /// One row.
-    pub fn row(&self, id: RowId) -> Option<&Row> {
+    pub(crate) fn row(&self, id: RowId) -> Option<&Row> {
         self.rows.get(&id)
     }
 
     /// The row of an identity.
-    pub fn by_identity(&self, identity: &str) -> Option<&Row> {
+    pub(crate) fn by_identity(&self, identity: &str) -> Option<&Row> {
         self.by_identity.get(identity).and_then(|id| self.rows.get(id))
     }
 
     /// The last processed version's payload of an identity.
-    pub fn previous(&self, identity: &str) -> Option<&[u8]> {
+    pub(crate) fn previous(&self, identity: &str) -> Option<&[u8]> {
         self.previous.get(identity).map(Vec::as_slice)
     }
 
@@ -460,7 +460,7 @@ impl IdentityQueue {
     }
 
     /// Enqueues a message (see the transition table).
-    pub fn enqueue(&mut self, now: i64, e: Enqueue) -> EnqueueOutcome {
+    pub(crate) fn enqueue(&mut self, now: i64, e: Enqueue) -> EnqueueOutcome {
         let seq = self.seq();
         let existing = e.identity.as_ref().and_then(|k| self.by_identity.get(k).copied());
         if let Some(row) = existing.and_then(|id| self.rows.get_mut(&id)) {
@@ -483,7 +483,7 @@ impl IdentityQueue {
     /// Leases up to `n` rows for `lease_ms`: highest priority first, then
     /// enqueue order. On a FIFO queue only the first waiting row of a group
     /// with nothing leased is eligible, and groups go by enqueue order.
-    pub fn lease(&mut self, now: i64, n: usize, lease_ms: i64) -> Vec<Leased> {
+    pub(crate) fn lease(&mut self, now: i64, n: usize, lease_ms: i64) -> Vec<Leased> {
         self.expire(now);
         let mut candidates: Vec<&Row> = Vec::new();
         if self.rules.fifo {
@@ -527,7 +527,7 @@ impl IdentityQueue {
     }
 
     /// Completes a leased row.
-    pub fn complete(&mut self, now: i64, id: RowId, token: u64) -> Result<(), LeaseLost> {
+    pub(crate) fn complete(&mut self, now: i64, id: RowId, token: u64) -> Result<(), LeaseLost> {
         let retention = self.rules.retention_ms;
         let done = self.row_mut(id)?.complete(now, token, retention)?;
         if let Some((identity, _, payload)) = done.previous {
@@ -543,28 +543,35 @@ impl IdentityQueue {
     }
 
     /// A failed attempt: Sleeping until `retry_at` while attempts remain, else Error.
-    pub fn fail(&mut self, now: i64, id: RowId, token: u64, retry_at: i64, error: &str) -> Result<(), LeaseLost> {
+    pub(crate) fn fail(
+        &mut self,
+        now: i64,
+        id: RowId,
+        token: u64,
+        retry_at: i64,
+        error: &str,
+    ) -> Result<(), LeaseLost> {
         let max = self.rules.max_attempts;
         self.row_mut(id)?.fail(now, token, retry_at, error, max)
     }
 
     /// A permanent failure: Error at once (unless a newer version waits).
-    pub fn dead_letter(&mut self, now: i64, id: RowId, token: u64, error: &str) -> Result<(), LeaseLost> {
+    pub(crate) fn dead_letter(&mut self, now: i64, id: RowId, token: u64, error: &str) -> Result<(), LeaseLost> {
         self.row_mut(id)?.dead_letter(now, token, error)
     }
 
     /// Gives the lease back without charging the attempt (shutdown).
-    pub fn release(&mut self, now: i64, id: RowId, token: u64) -> Result<(), LeaseLost> {
+    pub(crate) fn release(&mut self, now: i64, id: RowId, token: u64) -> Result<(), LeaseLost> {
         self.row_mut(id)?.release(now, token)
     }
 
     /// Pushes the lease's expiry out (heartbeat).
-    pub fn extend(&mut self, now: i64, id: RowId, token: u64, lease_ms: i64) -> Result<(), LeaseLost> {
+    pub(crate) fn extend(&mut self, now: i64, id: RowId, token: u64, lease_ms: i64) -> Result<(), LeaseLost> {
         self.row_mut(id)?.extend(now, token, lease_ms)
     }
 
     /// Abandons every expired lease; returns the rows concerned.
-    pub fn expire(&mut self, now: i64) -> Vec<RowId> {
+    pub(crate) fn expire(&mut self, now: i64) -> Vec<RowId> {
         let rules = self.rules;
         let mut abandoned = Vec::new();
         for row in self.rows.values_mut().filter(|r| r.is_abandoned(now)) {
@@ -575,13 +582,13 @@ impl IdentityQueue {
     }
 
     /// Moves an `Error` row back to `Pending` with its attempts reset.
-    pub fn redrive(&mut self, id: RowId) -> bool {
+    pub(crate) fn redrive(&mut self, id: RowId) -> bool {
         let seq = self.seq();
         self.rows.get_mut(&id).is_some_and(|row| row.redrive(seq))
     }
 
     /// Deletes `Processed` rows older than the retention period.
-    pub fn purge(&mut self, now: i64) -> usize {
+    pub(crate) fn purge(&mut self, now: i64) -> usize {
         let retention = self.rules.retention_ms;
         let old: Vec<(RowId, Option<String>)> = self
             .rows

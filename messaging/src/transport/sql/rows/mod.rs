@@ -128,6 +128,7 @@ impl<D: Dialect> RowStore for SqlStore<D> {
         Box::pin(D::migrate(&self.pool))
     }
 
+    #[cfg(test)]
     fn check_schema(&self) -> BoxFuture<'_, Result<(), TransportError>> {
         Box::pin(self.check())
     }
@@ -260,10 +261,12 @@ impl<D: Dialect> RowStore for SqlStore<D> {
         Box::pin(self.count(sql::ERROR_DEPTH, queue, "dead-letter depth"))
     }
 
+    #[cfg(test)]
     fn rows<'a>(&'a self, queue: &'a str) -> BoxFuture<'a, Result<Vec<Row>, TransportError>> {
         Box::pin(self.records(sql::ROWS, queue, None))
     }
 
+    #[cfg(test)]
     fn previous<'a>(
         &'a self,
         queue: &'a str,

@@ -30,7 +30,6 @@ use super::dialect::{fail, SqlStore};
 use super::driver::{stmt, Driver};
 use super::statements::{self as sql, Tables};
 use super::store::LeasedRow;
-use super::SqlTransport;
 use crate::error::TransportError;
 use crate::transport::sql::machine::{Row, RowId};
 
@@ -48,11 +47,9 @@ const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 /// bound parameters.
 const INSERT_ROWS: usize = 500;
 
-/// The SQLite transport.
-pub type SqliteTransport = SqlTransport<SqliteStore>;
-
 /// Rows in a SQLite database.
-pub type SqliteStore = SqlStore<Sqlite>;
+#[cfg(test)]
+pub(crate) type SqliteStore = SqlStore<Sqlite>;
 
 /// What a SQLite store keeps beside its pool.
 #[derive(Debug, Clone)]

@@ -100,8 +100,8 @@ async fn connect_runs_the_migrations_when_asked() {
     let transport = crate::transport::sql::connect::<Sqlite>(&format!("{}?migrate=true&poll=50ms", db.url()))
         .await
         .expect("connect");
-    transport.store().check_schema().await.expect("migrated");
-    transport.store().pool().close().await;
+    transport.store.check_schema().await.expect("migrated");
+    transport.store.pool().close().await;
 }
 
 #[tokio::test]

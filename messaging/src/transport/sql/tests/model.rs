@@ -2,16 +2,14 @@
 //! (with and without identity, identical payloads, future process-at,
 //! priority), lease, complete, fail, release, dead-letter, extend, lease
 //! expiry and redrive run against the pure state machine
-//! (`messaging::transport::sql::machine::IdentityQueue`, the oracle) and against the real
+//! (`machine::IdentityQueue`, the oracle) and against the real
 //! PostgreSQL and SQLite stores, with the same clock, comparing every row
 //! after every step.
 
-mod fixtures;
-
 use std::collections::HashMap;
 
-use messaging::transport::sql::machine::{Enqueue, EnqueueOutcome, IdentityQueue, QueueRules, Row, RowId, Status};
-use messaging::transport::sql::{RowOp, RowStore};
+use crate::transport::sql::machine::{Enqueue, EnqueueOutcome, IdentityQueue, QueueRules, Row, RowId, Status};
+use crate::transport::sql::{RowOp, RowStore};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
 
@@ -193,7 +191,7 @@ async fn run_case<S: RowStore>(store: &S, queue: &str, rules: QueueRules, cmds: 
                 };
                 match (expected, got) {
                     (true, Ok(())) => {}
-                    (false, Err(messaging::TransportError::StaleReceipt)) => {}
+                    (false, Err(crate::error::TransportError::StaleReceipt)) => {}
                     (e, g) => return Err(at(format!("model ok={e}, store {g:?}"))),
                 }
             }
@@ -290,20 +288,19 @@ fn check<S: RowStore>(store: S, runtime: &tokio::runtime::Runtime, label: &str) 
 #[cfg(feature = "postgres")]
 #[test]
 fn postgres_follows_the_model() {
-    let runtime = fixtures::runtime();
-    let db = runtime.block_on(fixtures::Postgres::new());
-    let store =
-        runtime.block_on(messaging::transport::sql::postgres::PostgresStore::connect(&db.url)).expect("connect");
+    let runtime = super::runtime();
+    let db = super::Postgres::new();
+    let store = runtime.block_on(crate::transport::sql::postgres::PostgresStore::connect(&db.url)).expect("connect");
     check(store, &runtime, "postgres");
-    runtime.block_on(db.drop());
+    drop(db);
 }
 
 #[cfg(feature = "sqlite")]
 #[test]
 fn sqlite_follows_the_model() {
-    let runtime = fixtures::runtime();
-    let file = fixtures::SqliteFile::new();
-    let store = runtime.block_on(messaging::transport::sql::sqlite::SqliteStore::connect(&file.url)).expect("connect");
+    let runtime = super::runtime();
+    let file = super::SqliteFile::new();
+    let store = runtime.block_on(crate::transport::sql::sqlite::SqliteStore::connect(&file.url)).expect("connect");
     check(store, &runtime, "sqlite");
 }
 
@@ -337,22 +334,22 @@ async fn an_unchanged_version_is_not_handled_again<S: RowStore>(store: &S) {
 #[cfg(feature = "postgres")]
 #[test]
 fn postgres_discards_an_unchanged_version_after_processing() {
-    let runtime = fixtures::runtime();
-    let db = runtime.block_on(fixtures::Postgres::new());
+    let runtime = super::runtime();
+    let db = super::Postgres::new();
     runtime.block_on(async {
-        let store = messaging::transport::sql::postgres::PostgresStore::connect(&db.url).await.expect("connect");
+        let store = crate::transport::sql::postgres::PostgresStore::connect(&db.url).await.expect("connect");
         an_unchanged_version_is_not_handled_again(&store).await;
     });
-    runtime.block_on(db.drop());
+    drop(db);
 }
 
 #[cfg(feature = "sqlite")]
 #[test]
 fn sqlite_discards_an_unchanged_version_after_processing() {
-    let runtime = fixtures::runtime();
-    let file = fixtures::SqliteFile::new();
+    let runtime = super::runtime();
+    let file = super::SqliteFile::new();
     runtime.block_on(async {
-        let store = messaging::transport::sql::sqlite::SqliteStore::connect(&file.url).await.expect("connect");
+        let store = crate::transport::sql::sqlite::SqliteStore::connect(&file.url).await.expect("connect");
         an_unchanged_version_is_not_handled_again(&store).await;
     });
 }
@@ -363,10 +360,10 @@ fn sqlite_discards_an_unchanged_version_after_processing() {
 #[cfg(feature = "postgres")]
 #[test]
 fn postgres_partition_leases_split_the_queue_in_order() {
-    let runtime = fixtures::runtime();
-    let db = runtime.block_on(fixtures::Postgres::new());
+    let runtime = super::runtime();
+    let db = super::Postgres::new();
     runtime.block_on(async {
-        let store = messaging::transport::sql::postgres::PostgresStore::connect(&db.url).await.expect("connect");
+        let store = crate::transport::sql::postgres::PostgresStore::connect(&db.url).await.expect("connect");
         store.migrate().await.expect("migrate");
         assert_eq!(store.concurrent_leases(), 2);
         store.declare("parts", false, START).await.expect("declare");
@@ -407,5 +404,5 @@ fn postgres_partition_leases_split_the_queue_in_order() {
         }
         assert!(store.lease("parts", START, 100, 30_000, false).await.expect("lease").is_empty());
     });
-    runtime.block_on(db.drop());
+    drop(db);
 }

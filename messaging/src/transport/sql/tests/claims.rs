@@ -14,8 +14,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use messaging::idempotency::{Claim, IdempotencyStore, PostgresIdempotencyStore, SqliteIdempotencyStore};
-use messaging::TransportError;
+use crate::claims::{Claim, IdempotencyStore};
+use crate::error::TransportError;
+use crate::transport::sql::{PostgresIdempotencyStore, SqliteIdempotencyStore};
 
 /// The explicit-time operations both SQL stores offer.
 trait SqlStore: IdempotencyStore + Clone {
