@@ -153,14 +153,14 @@ fn generate(func: &ItemFn, args: &HandlerArgs, sig: &Signature) -> TokenStream {
     // an extractor is reported once, at the user's token, in the trait's words.
     let extract = sig.extractors.iter().zip(&arg_names).map(|(ty, name)| {
         quote_spanned! {ty.span()=>
-            let #name = <#ty as ::messaging::FromContext>::from_context(&ctx, &resources)?;
+            let #name = <#ty as ::messaging::__private::FromContext>::from_context(&ctx, &resources)?;
         }
     });
     let requirements = sig.extractors.iter().map(|ty| {
-        quote_spanned! {ty.span()=> <#ty as ::messaging::FromContext>::requirement() }
+        quote_spanned! {ty.span()=> <#ty as ::messaging::__private::FromContext>::requirement() }
     });
-    let queue_spec = quote_spanned! {queue.span()=> <#queue as ::messaging::Queue>::SPEC };
-    let message_type = quote_spanned! {message.span()=> type Message: ::messaging::Message; };
+    let queue_spec = quote_spanned! {queue.span()=> <#queue as ::messaging::__private::Queue>::SPEC };
+    let message_type = quote_spanned! {message.span()=> type Message: ::messaging::__private::Message; };
     let output = quote_spanned! {func.sig.ident.span()=> output };
     let into_result = match &func.sig.output {
         ReturnType::Default => quote! { let () = #output; ::core::result::Result::Ok(()) },
@@ -199,9 +199,9 @@ fn generate(func: &ItemFn, args: &HandlerArgs, sig: &Signature) -> TokenStream {
                 #message_type
                 fn call(
                     message: Self::Message,
-                    ctx: ::messaging::MessageContext,
-                    resources: ::std::sync::Arc<::messaging::extract::Resources>,
-                ) -> ::messaging::BoxFuture<'static, ::core::result::Result<(), ::messaging::HandlerError>>;
+                    ctx: ::messaging::__private::MessageContext,
+                    resources: ::std::sync::Arc<::messaging::__private::Resources>,
+                ) -> ::messaging::__private::BoxFuture<'static, ::core::result::Result<(), ::messaging::__private::HandlerError>>;
             }
 
             struct This;
@@ -210,9 +210,9 @@ fn generate(func: &ItemFn, args: &HandlerArgs, sig: &Signature) -> TokenStream {
                 type Message = #message;
                 fn call(
                     message: Self::Message,
-                    ctx: ::messaging::MessageContext,
-                    resources: ::std::sync::Arc<::messaging::extract::Resources>,
-                ) -> ::messaging::BoxFuture<'static, ::core::result::Result<(), ::messaging::HandlerError>> {
+                    ctx: ::messaging::__private::MessageContext,
+                    resources: ::std::sync::Arc<::messaging::__private::Resources>,
+                ) -> ::messaging::__private::BoxFuture<'static, ::core::result::Result<(), ::messaging::__private::HandlerError>> {
                     ::std::boxed::Box::pin(async move {
                         #(#extract)*
                         let #output = #fn_name(message, #(#arg_names),*).await;
@@ -227,9 +227,9 @@ fn generate(func: &ItemFn, args: &HandlerArgs, sig: &Signature) -> TokenStream {
                 fn call(
                     &self,
                     message: ::messaging::__private::AnyMessage,
-                    ctx: ::messaging::MessageContext,
-                    resources: ::std::sync::Arc<::messaging::extract::Resources>,
-                ) -> ::messaging::BoxFuture<'static, ::core::result::Result<(), ::messaging::HandlerError>> {
+                    ctx: ::messaging::__private::MessageContext,
+                    resources: ::std::sync::Arc<::messaging::__private::Resources>,
+                ) -> ::messaging::__private::BoxFuture<'static, ::core::result::Result<(), ::messaging::__private::HandlerError>> {
                     match ::messaging::__private::downcast::<S::Message>(message) {
                         ::core::result::Result::Ok(message) => S::call(message, ctx, resources),
                         ::core::result::Result::Err(e) => {
@@ -243,7 +243,7 @@ fn generate(func: &ItemFn, args: &HandlerArgs, sig: &Signature) -> TokenStream {
                 ::std::sync::Arc::new(Erased::<S>(::core::marker::PhantomData))
             }
 
-            fn queue() -> ::messaging::QueueSpec {
+            fn queue() -> ::messaging::__private::QueueSpec {
                 #queue_spec
             }
 
@@ -262,8 +262,8 @@ fn generate(func: &ItemFn, args: &HandlerArgs, sig: &Signature) -> TokenStream {
                     queue,
                     message_type: ::messaging::__private::type_id::<S::Message>,
                     message_type_name: ::core::stringify!(#message),
-                    message_name: <S::Message as ::messaging::Message>::NAME,
-                    message_version: <S::Message as ::messaging::Message>::VERSION,
+                    message_name: <S::Message as ::messaging::__private::Message>::NAME,
+                    message_version: <S::Message as ::messaging::__private::Message>::VERSION,
                     decode: ::messaging::__private::decode::<S::Message>,
                     idempotency: #idempotency,
                     retry: #retry,

@@ -101,8 +101,8 @@ fn generate(func: ItemFn) -> TokenStream {
             }
 
             fn __messaging_hook(
-                setup: &mut ::messaging::Setup,
-            ) -> ::messaging::BoxFuture<'_, ::messaging::__private::SetupResult> {
+                setup: &mut ::messaging::__private::Setup,
+            ) -> ::messaging::__private::BoxFuture<'_, ::messaging::__private::SetupResult> {
                 let _ = &setup;
                 ::std::boxed::Box::pin(async move { #body })
             }

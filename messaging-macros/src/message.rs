@@ -180,7 +180,7 @@ fn generate(input: &DeriveInput, item: TokenStream, m: &MessageArgs) -> TokenStr
     quote! {
         #item
 
-        impl ::messaging::Message for #ident {
+        impl ::messaging::__private::Message for #ident {
             const NAME: ::core::option::Option<&'static str> = #name;
             const VERSION: u32 = #version;
             type HasGroup = #has_group;
@@ -230,10 +230,10 @@ fn upcast(ident: &Ident, target: &Path, lit: &LitStr, version: u32) -> (TokenStr
         // constant, it is evaluated although nothing uses it.
         #[allow(dead_code)]
         const UPCAST_TARGET_IS_THE_NEXT_VERSION: () = {
-            if !::messaging::__private::const_name_is(<#target as ::messaging::Message>::NAME, #lit) {
+            if !::messaging::__private::const_name_is(<#target as ::messaging::__private::Message>::NAME, #lit) {
                 ::core::panic!(#wrong_name);
             }
-            if <#target as ::messaging::Message>::VERSION != #next {
+            if <#target as ::messaging::__private::Message>::VERSION != #next {
                 ::core::panic!(#wrong_version);
             }
         };

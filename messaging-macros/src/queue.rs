@@ -215,7 +215,7 @@ fn generate(strukt: &ItemStruct, q: &QueueArgs) -> TokenStream {
     let ident = &strukt.ident;
     let name = &q.name;
     let fifo = q.fifo;
-    let kind = if fifo { quote!(::messaging::Fifo) } else { quote!(::messaging::Standard) };
+    let kind = if fifo { quote!(::messaging::__private::Fifo) } else { quote!(::messaging::__private::Standard) };
     let has_default = if q.default_group.is_some() {
         quote!(::messaging::__private::Yes)
     } else {
@@ -234,10 +234,10 @@ fn generate(strukt: &ItemStruct, q: &QueueArgs) -> TokenStream {
     quote! {
         #strukt
 
-        impl ::messaging::Queue for #ident {
+        impl ::messaging::__private::Queue for #ident {
             type Kind = #kind;
             type HasDefaultGroup = #has_default;
-            const SPEC: ::messaging::QueueSpec = ::messaging::QueueSpec {
+            const SPEC: ::messaging::__private::QueueSpec = ::messaging::__private::QueueSpec {
                 name: #name,
                 fifo: #fifo,
                 dlq: #dlq,
@@ -250,8 +250,8 @@ fn generate(strukt: &ItemStruct, q: &QueueArgs) -> TokenStream {
         }
 
         const _: () = {
-            fn spec() -> ::messaging::QueueSpec {
-                <#ident as ::messaging::Queue>::SPEC
+            fn spec() -> ::messaging::__private::QueueSpec {
+                <#ident as ::messaging::__private::Queue>::SPEC
             }
             ::messaging::__private::inventory::submit! {
                 ::messaging::__private::QueueEntry {

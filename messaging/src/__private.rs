@@ -6,16 +6,19 @@ use std::any::TypeId;
 pub use inventory;
 pub use std::time::Duration;
 
+pub use crate::app::Setup;
+pub use crate::boxed::BoxFuture;
 pub use crate::cli::{run_main, SetupHook, SetupResult};
+pub use crate::context::MessageContext;
 pub use crate::envelope::Encoded;
-pub use crate::extract::{FromContext, Requirement};
+pub use crate::error::HandlerError;
+pub use crate::extract::{FromContext, Requirement, Resources};
 pub use crate::handler::{AnyMessage, ErasedHandler, IdempotencySpec, IntoHandlerResult, RetryPolicy};
 pub use crate::message::{const_name_is, const_str_eq, Flag, IdentityField, No, Yes};
-pub use crate::queue::{QueueKind, QueueSpec};
+pub use crate::message::Message;
+pub use crate::queue::{Fifo, Queue, QueueKind, QueueSpec, Standard};
 pub use crate::registry::{HandlerEntry, MessageEntry, QueueEntry, Upcast};
 
-use crate::error::HandlerError;
-use crate::message::Message;
 
 /// The `TypeId` of `T`, as a `fn` pointer for registry entries.
 pub fn type_id<T: 'static>() -> TypeId {
