@@ -1,4 +1,21 @@
 #![doc = include_str!("../README.md")]
+//!
+//! # The public API
+//!
+//! | to | use |
+//! |---|---|
+//! | declare queues, messages, handlers, `main` | [`queue`](macro@queue), [`message`](macro@message), [`handler`](macro@handler), [`main`](macro@main); the traits [`Queue`], [`Message`] |
+//! | assemble and run a service | [`App`], [`Setup`], [`Running`], [`RunMode`], [`Shutdown`]; the command line: [`cli`] |
+//! | publish | [`Publisher`] (and [`publish`] for its builders and limits) |
+//! | write handlers | [`MessageContext`], [`State`], [`FromContext`], [`HandlerError`], [`RetryPolicy`], [`IdempotencyClaim`] |
+//! | wrap every dispatch | [`Behaviour`], [`Next`] |
+//! | exactly-once side effects | [`idempotency`] (claim stores, [`IdempotencyClaim::complete_in`]) |
+//! | transports | [`transport::connect`] and the [`transport::Transport`] trait (memory, SQLite, PostgreSQL, SQS) |
+//! | wire format | [`envelope`] (versioned envelopes, upcasting) |
+//! | errors | [`Error`], [`TransportError`], [`PublishError`] |
+//! | observability | [`telemetry`] (spans, metrics, logging setup) |
+//! | tests of your own service | [`testing`] (an app on the in-memory transport) |
+//! | everything at once | [`prelude`] |
 
 pub mod app;
 mod boxed;

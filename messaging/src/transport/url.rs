@@ -16,8 +16,10 @@ pub const DEFAULT_URL: &str = "sqlite://messaging.db?migrate=true";
 pub const DEFAULT_URL: &str = "memory://";
 
 /// Opens the backend a URL names: `sqlite://FILE`, `sqlite::memory:`,
-/// `postgres://USER@HOST/DB`, `sqs://REGION` (feature `sqs`), `memory://`. Database URLs take the options of
-/// [`crate::transport::sql::SqlOptions`] as query parameters.
+/// `postgres://USER@HOST/DB`, `sqs://REGION` (feature `sqs`), `memory://`. Database URLs take
+/// the framework's options as query parameters (`migrate=true`, `retention=1d`,
+/// `retry_abandoned=false`, `poll=250ms`, `claims_retention=7d`; the README's
+/// table), and pass the rest to the driver.
 pub async fn connect(url: &str) -> Result<Arc<dyn Transport>, Error> {
     // `sqlite::memory:`: a database in memory, with the database queues' semantics.
     let scheme_only = url.strip_prefix("sqlite::memory:").map(|_| ("sqlite", ""));

@@ -32,8 +32,8 @@ pub type SqliteIdempotencyStore = SqlIdempotencyStore<sqlx::Sqlite>;
 const CLAIM_ATTEMPTS: usize = 3;
 
 /// Idempotency claims in a database shared by every process using it:
-/// [`crate::claims::PostgresIdempotencyStore`] or
-/// [`crate::claims::SqliteIdempotencyStore`].
+/// [`PostgresIdempotencyStore`] or
+/// [`SqliteIdempotencyStore`].
 ///
 /// The table `messaging_idempotency` must exist: run the `migrate` command, or
 /// provision it from the framework's migrations.

@@ -124,7 +124,7 @@ pub trait Dialect: Driver + sealed::Sealed + Sized {
     /// Tells other processes that `queue` has new messages.
     fn notify<'a>(pool: &'a Pool<Self>, queue: &'a str) -> impl Future<Output = ()> + Send + 'a;
 
-    /// Signals from other processes (see [`super::RowStore::changes`]).
+    /// Signals from other processes: the names of queues another process enqueued to.
     fn changes(state: &Self::State) -> Option<tokio::sync::broadcast::Receiver<String>>;
 
     /// Whether a failure's text says a table is missing.
