@@ -14,11 +14,10 @@ pub use crate::envelope::Encoded;
 pub use crate::error::HandlerError;
 pub use crate::extract::{FromContext, Requirement, Resources};
 pub use crate::handler::{AnyMessage, ErasedHandler, IdempotencySpec, IntoHandlerResult, RetryPolicy};
-pub use crate::message::{const_name_is, const_str_eq, Flag, IdentityField, No, Yes};
 pub use crate::message::Message;
+pub use crate::message::{const_name_is, const_str_eq, Flag, IdentityField, No, Yes};
 pub use crate::queue::{Fifo, Queue, QueueKind, QueueSpec, Standard};
 pub use crate::registry::{HandlerEntry, MessageEntry, QueueEntry, Upcast};
-
 
 /// The `TypeId` of `T`, as a `fn` pointer for registry entries.
 pub fn type_id<T: 'static>() -> TypeId {

@@ -1,8 +1,8 @@
 //! Database queues: `sqlite://` and `postgres://`.
 //!
-//! [`SqlTransport`] implements the transport seam once, over any
-//! [`RowStore`]; [`SqlStore`] is the one store, over either database, and
-//! its [`Dialect`] holds what PostgreSQL and SQLite do differently. Rows
+//! [`SqlTransport`] implements the transport seam once, over [`SqlStore`],
+//! the one store, over either database; its [`Dialect`] holds what
+//! PostgreSQL and SQLite do differently. Rows
 //! follow the row state machine of [`machine`]: the status
 //! `Error` is the queue's dead letters, a lease expiry is an abandonment, a
 //! message's identity keeps one row per (queue, identity).
@@ -47,7 +47,7 @@ pub(crate) use dialect::SqlStore;
 pub(crate) use driver::stmt;
 pub(crate) use options::SqlOptions;
 pub(crate) use statements::Tables;
-pub(crate) use store::{LeasedRow, RowOp, RowStore};
+pub(crate) use store::{LeasedRow, RowOp};
 
 use crate::boxed::BoxFuture;
 use crate::error::TransportError;
@@ -70,9 +70,9 @@ struct SqlQueue {
     turn: std::sync::atomic::AtomicU32,
 }
 
-/// The transport over a database: one [`RowStore`] and the queues declared on it.
-pub(crate) struct SqlTransport<S> {
-    store: Arc<S>,
+/// The transport over a database: one [`SqlStore`] and the queues declared on it.
+pub(crate) struct SqlTransport<D: Dialect> {
+    store: Arc<SqlStore<D>>,
     options: SqlOptions,
     last_claims_purge: Mutex<Option<std::time::Instant>>,
     queues: Arc<QueueMap>,
@@ -80,7 +80,7 @@ pub(crate) struct SqlTransport<S> {
 
 type QueueMap = RwLock<HashMap<String, Arc<SqlQueue>>>;
 
-impl<S> std::fmt::Debug for SqlTransport<S> {
+impl<D: Dialect> std::fmt::Debug for SqlTransport<D> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("SqlTransport").field("options", &self.options).finish_non_exhaustive()
     }
@@ -89,7 +89,7 @@ impl<S> std::fmt::Debug for SqlTransport<S> {
 /// Connects to a database URL (`sqlite://FILE?...`, `postgres://...?...`):
 /// takes the framework's options out, opens the store, and runs the
 /// migrations when the URL asks for them (`migrate=true`).
-pub(crate) async fn connect<D: Dialect>(url: &str) -> Result<SqlTransport<SqlStore<D>>, crate::error::Error> {
+pub(crate) async fn connect<D: Dialect>(url: &str) -> Result<SqlTransport<D>, crate::error::Error> {
     let (options, url) = SqlOptions::parse(url)?;
     let store = SqlStore::<D>::connect(&url).await?;
     if options.migrate {
@@ -98,9 +98,9 @@ pub(crate) async fn connect<D: Dialect>(url: &str) -> Result<SqlTransport<SqlSto
     Ok(SqlTransport::new(store, options))
 }
 
-impl<S: RowStore> SqlTransport<S> {
+impl<D: Dialect> SqlTransport<D> {
     /// A transport over `store`.
-    pub(crate) fn new(store: S, options: SqlOptions) -> Self {
+    pub(crate) fn new(store: SqlStore<D>, options: SqlOptions) -> Self {
         let transport = SqlTransport {
             store: Arc::new(store),
             options,
@@ -291,7 +291,7 @@ fn dead_letter_of(row: Row) -> DeadLetter {
     }
 }
 
-impl<S: RowStore> Transport for SqlTransport<S> {
+impl<D: Dialect> Transport for SqlTransport<D> {
     fn system(&self) -> &'static str {
         self.store.system()
     }
@@ -446,7 +446,7 @@ impl<S: RowStore> Transport for SqlTransport<S> {
     }
 
     fn depth<'a>(&'a self, queue: &'a str) -> BoxFuture<'a, Result<u64, TransportError>> {
-        self.store.depth(queue)
+        Box::pin(self.store.depth(queue))
     }
 
     fn dead_letters(&self) -> Option<&dyn DeadLetters> {
@@ -465,15 +465,15 @@ impl<S: RowStore> Transport for SqlTransport<S> {
     }
 
     fn migrate(&self) -> BoxFuture<'_, Result<(), TransportError>> {
-        self.store.migrate()
+        Box::pin(self.store.migrate())
     }
 
     fn idempotency_store(&self) -> Option<Arc<dyn crate::claims::IdempotencyStore>> {
-        self.store.idempotency_store()
+        Some(self.store.idempotency_store())
     }
 }
 
-impl<S: RowStore> DeadLetters for SqlTransport<S> {
+impl<D: Dialect> DeadLetters for SqlTransport<D> {
     fn dead_letter<'a>(
         &'a self,
         queue: &'a str,
@@ -523,6 +523,6 @@ impl<S: RowStore> DeadLetters for SqlTransport<S> {
     }
 
     fn depth<'a>(&'a self, queue: &'a str) -> BoxFuture<'a, Result<u64, TransportError>> {
-        self.store.error_depth(queue)
+        Box::pin(self.store.error_depth(queue))
     }
 }

@@ -1,14 +1,14 @@
-//! [`SqlStore`]: the one [`RowStore`] over PostgreSQL and SQLite. Each
-//! operation loads rows, runs their transition in [`crate::transport::sql::machine::Row`]
+//! [`SqlStore`]'s operations on message rows, over PostgreSQL and SQLite.
+//! Each loads rows, runs their transition in [`crate::transport::sql::machine::Row`]
 //! and stores them, in a transaction; only what the databases do differently
-//! goes through the [`Dialect`].
+//! goes through the [`Dialect`]. Every operation takes the time (ms since the
+//! Unix epoch), so that tests can drive the clock.
 
 mod write;
 
 use super::dialect::{each, fail, int, rows, Dialect, SqlStore, Write};
 use super::statements as sql;
-use super::store::{Enqueued, LeasedRow, RowOp, RowStore};
-use crate::boxed::BoxFuture;
+use super::store::{Enqueued, LeasedRow, RowOp};
 use crate::error::TransportError;
 use crate::transport::sql::machine::{Enqueue, QueueRules, Row, RowId};
 
@@ -38,8 +38,8 @@ impl<D: Dialect> SqlStore<D> {
         super::schema::compare(D::SYSTEM, &found)
     }
 
-    /// Records `queue` with its kind.
-    async fn declare_queue(&self, queue: &str, fifo: bool, now: i64) -> Result<(), TransportError> {
+    /// Records `queue` with its kind; fails if it exists with the other kind.
+    pub(crate) async fn declare(&self, queue: &str, fifo: bool, now: i64) -> Result<(), TransportError> {
         self.check().await?;
         let what = "declaring a queue";
         self.exec(what, &[sql::DECLARE], &[queue.into(), fifo.into(), now.into()]).await?;
@@ -52,7 +52,7 @@ impl<D: Dialect> SqlStore<D> {
     /// processed rows past retention. Looks first, without writing: usually
     /// there is nothing to do, and on SQLite taking the write lock every
     /// 100 ms would hold up publishers.
-    async fn housekeeping(&self, queue: &str, now: i64, rules: QueueRules) -> Result<(), TransportError> {
+    pub(crate) async fn maintain(&self, queue: &str, now: i64, rules: QueueRules) -> Result<(), TransportError> {
         let (what, cutoff) = ("housekeeping", now - rules.retention_ms);
         let args = [queue.into(), now.into(), (rules.retention_ms > 0).into(), cutoff.into()];
         let rows = self.query(what, &[sql::HOUSEKEEPING_DUE], &args).await?;
@@ -93,8 +93,8 @@ impl<D: Dialect> SqlStore<D> {
         Ok(())
     }
 
-    /// The earliest sleeper or lease expiry.
-    async fn next(&self, queue: &str) -> Result<Option<i64>, TransportError> {
+    /// The earliest time something becomes due (a sleeper or a lease expiry).
+    pub(crate) async fn next_due(&self, queue: &str) -> Result<Option<i64>, TransportError> {
         let what = "next due time";
         let rows = self.query(what, &[sql::NEXT_DUE], &[queue.into()]).await?;
         Ok(match (int::<D>(&rows, 0, what)?, int::<D>(&rows, 1, what)?) {
@@ -103,7 +103,8 @@ impl<D: Dialect> SqlStore<D> {
         })
     }
 
-    async fn redrive_rows(&self, queue: &str, ids: Vec<RowId>) -> Result<usize, TransportError> {
+    /// Error → Pending with attempts reset, in the order given; how many moved.
+    pub(crate) async fn redrive(&self, queue: &str, ids: Vec<RowId>) -> Result<usize, TransportError> {
         if ids.is_empty() {
             return Ok(0);
         }
@@ -115,179 +116,169 @@ impl<D: Dialect> SqlStore<D> {
     }
 }
 
-impl<D: Dialect> RowStore for SqlStore<D> {
-    fn system(&self) -> &'static str {
+impl<D: Dialect> SqlStore<D> {
+    /// The `messaging.system` name (`postgresql`, `sqlite`).
+    pub(crate) fn system(&self) -> &'static str {
         D::SYSTEM
     }
 
-    fn now(&self) -> i64 {
+    /// Milliseconds since the Unix epoch by the clock every process of the
+    /// database agrees on (PostgreSQL's; the machine's for SQLite).
+    pub(crate) fn now(&self) -> i64 {
         D::now(&self.state)
     }
 
-    fn migrate(&self) -> BoxFuture<'_, Result<(), TransportError>> {
-        Box::pin(D::migrate(&self.pool))
+    /// Creates or upgrades the tables (the `migrate` command).
+    pub(crate) async fn migrate(&self) -> Result<(), TransportError> {
+        D::migrate(&self.pool).await
     }
 
+    /// Checks that the tables exist with the expected columns.
     #[cfg(test)]
-    fn check_schema(&self) -> BoxFuture<'_, Result<(), TransportError>> {
-        Box::pin(self.check())
+    pub(crate) async fn check_schema(&self) -> Result<(), TransportError> {
+        self.check().await
     }
 
-    fn declare<'a>(&'a self, queue: &'a str, fifo: bool, now: i64) -> BoxFuture<'a, Result<(), TransportError>> {
-        Box::pin(self.declare_queue(queue, fifo, now))
-    }
-
-    fn enqueue<'a>(
-        &'a self,
-        queue: &'a str,
+    /// Enqueues messages; one result per input, in order.
+    pub(crate) async fn enqueue(
+        &self,
+        queue: &str,
         now: i64,
         items: Vec<Enqueue>,
         idempotent: bool,
-    ) -> BoxFuture<'a, Vec<Result<Enqueued, TransportError>>> {
-        Box::pin(async move {
-            if items.is_empty() {
-                return Vec::new();
+    ) -> Vec<Result<Enqueued, TransportError>> {
+        if items.is_empty() {
+            return Vec::new();
+        }
+        let n = items.len();
+        let plain = items.iter().all(|e| e.identity.is_none());
+        let results = match if plain { Write::single(self).await } else { Write::begin(self).await } {
+            Ok(mut w) => {
+                let stored = self.enqueue_in(&mut w, queue, now, items, idempotent).await;
+                w.finish(stored).await
             }
-            let n = items.len();
-            let plain = items.iter().all(|e| e.identity.is_none());
-            let results = match if plain { Write::single(self).await } else { Write::begin(self).await } {
-                Ok(mut w) => {
-                    let stored = self.enqueue_in(&mut w, queue, now, items, idempotent).await;
-                    w.finish(stored).await
-                }
-                Err(e) => Err(e),
-            };
-            D::notify(&self.pool, queue).await;
-            match results {
-                Ok(stored) => stored.into_iter().map(Ok).collect(),
-                Err(e) => each(n, &e),
-            }
-        })
+            Err(e) => Err(e),
+        };
+        D::notify(&self.pool, queue).await;
+        match results {
+            Ok(stored) => stored.into_iter().map(Ok).collect(),
+            Err(e) => each(n, &e),
+        }
     }
 
-    fn lease<'a>(
-        &'a self,
-        queue: &'a str,
+    /// Leases up to `n` rows that can go now: by priority then enqueue order,
+    /// or on a FIFO queue the head of each group with nothing leased.
+    pub(crate) async fn lease(
+        &self,
+        queue: &str,
         now: i64,
         n: usize,
         lease_ms: i64,
         fifo: bool,
-    ) -> BoxFuture<'a, Result<Vec<LeasedRow>, TransportError>> {
-        Box::pin(async move {
-            if n == 0 {
-                return Ok(Vec::new());
-            }
-            D::lease(self, queue, now, n, lease_ms, fifo, None).await
-        })
+    ) -> Result<Vec<LeasedRow>, TransportError> {
+        if n == 0 {
+            return Ok(Vec::new());
+        }
+        D::lease(self, queue, now, n, lease_ms, fifo, None).await
     }
 
-    fn concurrent_leases(&self) -> u32 {
+    /// How many leases of one standard queue may run at once, each in its
+    /// own partition ([`SqlStore::lease_partition`]), without contending.
+    pub(crate) fn concurrent_leases(&self) -> u32 {
         D::CONCURRENT_LEASES
     }
 
-    fn lease_partition<'a>(
-        &'a self,
-        queue: &'a str,
+    /// Leases from one partition of a standard queue: the rows whose id is
+    /// `part` modulo `of`, in priority then enqueue order (the whole queue
+    /// where the database does not partition).
+    pub(crate) async fn lease_partition(
+        &self,
+        queue: &str,
         now: i64,
         n: usize,
         lease_ms: i64,
         part: u32,
         of: u32,
-    ) -> BoxFuture<'a, Result<Vec<LeasedRow>, TransportError>> {
-        Box::pin(D::lease(self, queue, now, n, lease_ms, false, Some((part, of.max(1)))))
+    ) -> Result<Vec<LeasedRow>, TransportError> {
+        D::lease(self, queue, now, n, lease_ms, false, Some((part, of.max(1)))).await
     }
 
-    fn complete<'a>(
-        &'a self,
-        queue: &'a str,
+    /// Completes leased rows; one result per item (`StaleReceipt` for a lost lease).
+    pub(crate) async fn complete(
+        &self,
+        queue: &str,
         now: i64,
         items: Vec<(RowId, u64)>,
         retention_ms: i64,
-    ) -> BoxFuture<'a, Vec<Result<(), TransportError>>> {
-        Box::pin(async move {
-            if items.is_empty() {
-                return Vec::new();
-            }
-            self.complete_all(queue, now, &items, retention_ms).await.unwrap_or_else(|e| each(items.len(), &e))
-        })
+    ) -> Vec<Result<(), TransportError>> {
+        if items.is_empty() {
+            return Vec::new();
+        }
+        self.complete_all(queue, now, &items, retention_ms).await.unwrap_or_else(|e| each(items.len(), &e))
     }
 
-    fn apply<'a>(
-        &'a self,
-        queue: &'a str,
+    /// Applies a transition to one leased row.
+    pub(crate) async fn apply(
+        &self,
+        queue: &str,
         now: i64,
         id: RowId,
         token: u64,
         op: RowOp,
-    ) -> BoxFuture<'a, Result<(), TransportError>> {
-        Box::pin(async move {
-            let mut w = Write::begin(self).await?;
-            let done = self
-                .transition(&mut w, queue, id, |row| {
-                    op.apply(row, now, token).map_err(|_| TransportError::StaleReceipt)?;
-                    Ok(((), false))
-                })
-                .await;
-            w.finish(done).await
-        })
+    ) -> Result<(), TransportError> {
+        let mut w = Write::begin(self).await?;
+        let done = self
+            .transition(&mut w, queue, id, |row| {
+                op.apply(row, now, token).map_err(|_| TransportError::StaleReceipt)?;
+                Ok(((), false))
+            })
+            .await;
+        w.finish(done).await
     }
 
-    fn maintain<'a>(
-        &'a self,
-        queue: &'a str,
-        now: i64,
-        rules: QueueRules,
-    ) -> BoxFuture<'a, Result<(), TransportError>> {
-        Box::pin(self.housekeeping(queue, now, rules))
+    /// Up to `max` dead letters (rows in `Error`), oldest first.
+    pub(crate) async fn dead_letters(&self, queue: &str, max: usize) -> Result<Vec<Row>, TransportError> {
+        self.records(sql::ERRORS, queue, Some(max)).await
     }
 
-    fn next_due<'a>(&'a self, queue: &'a str) -> BoxFuture<'a, Result<Option<i64>, TransportError>> {
-        Box::pin(self.next(queue))
+    /// Rows waiting or in progress (not Error, not Processed).
+    pub(crate) async fn depth(&self, queue: &str) -> Result<u64, TransportError> {
+        self.count(sql::DEPTH, queue, "depth").await
     }
 
-    fn depth<'a>(&'a self, queue: &'a str) -> BoxFuture<'a, Result<u64, TransportError>> {
-        Box::pin(self.count(sql::DEPTH, queue, "depth"))
+    /// Number of dead letters.
+    pub(crate) async fn error_depth(&self, queue: &str) -> Result<u64, TransportError> {
+        self.count(sql::ERROR_DEPTH, queue, "dead-letter depth").await
     }
 
-    fn dead_letters<'a>(&'a self, queue: &'a str, max: usize) -> BoxFuture<'a, Result<Vec<Row>, TransportError>> {
-        Box::pin(self.records(sql::ERRORS, queue, Some(max)))
-    }
-
-    fn redrive<'a>(&'a self, queue: &'a str, ids: Vec<RowId>) -> BoxFuture<'a, Result<usize, TransportError>> {
-        Box::pin(self.redrive_rows(queue, ids))
-    }
-
-    fn error_depth<'a>(&'a self, queue: &'a str) -> BoxFuture<'a, Result<u64, TransportError>> {
-        Box::pin(self.count(sql::ERROR_DEPTH, queue, "dead-letter depth"))
-    }
-
+    /// Every row of the queue.
     #[cfg(test)]
-    fn rows<'a>(&'a self, queue: &'a str) -> BoxFuture<'a, Result<Vec<Row>, TransportError>> {
-        Box::pin(self.records(sql::ROWS, queue, None))
+    pub(crate) async fn rows(&self, queue: &str) -> Result<Vec<Row>, TransportError> {
+        self.records(sql::ROWS, queue, None).await
     }
 
+    /// The last processed payload of an identity.
     #[cfg(test)]
-    fn previous<'a>(
-        &'a self,
-        queue: &'a str,
-        identity: &'a str,
-    ) -> BoxFuture<'a, Result<Option<Vec<u8>>, TransportError>> {
-        Box::pin(async move {
-            let what = "reading the previous message";
-            let rows = self.query(what, &[sql::PREVIOUS], &[queue.into(), identity.into()]).await?;
-            Ok(rows.first().map(|r| D::bytes(r, 1)).transpose().map_err(fail::<D>(what))?.flatten())
-        })
+    pub(crate) async fn previous(&self, queue: &str, identity: &str) -> Result<Option<Vec<u8>>, TransportError> {
+        let what = "reading the previous message";
+        let rows = self.query(what, &[sql::PREVIOUS], &[queue.into(), identity.into()]).await?;
+        Ok(rows.first().map(|r| D::bytes(r, 1)).transpose().map_err(fail::<D>(what))?.flatten())
     }
 
-    fn purge_claims(&self, before: i64) -> BoxFuture<'_, Result<u64, TransportError>> {
-        Box::pin(async move { self.exec("purging idempotency claims", &[sql::CLAIMS_PURGE], &[before.into()]).await })
+    /// Deletes completed idempotency claims completed before `before` (ms).
+    pub(crate) async fn purge_claims(&self, before: i64) -> Result<u64, TransportError> {
+        self.exec("purging idempotency claims", &[sql::CLAIMS_PURGE], &[before.into()]).await
     }
 
-    fn idempotency_store(&self) -> Option<std::sync::Arc<dyn crate::claims::IdempotencyStore>> {
-        Some(std::sync::Arc::new(super::claims::SqlIdempotencyStore::<D>::on(self)))
+    /// An idempotency store on the same database and clock, so that claims
+    /// live beside the messages.
+    pub(crate) fn idempotency_store(&self) -> std::sync::Arc<dyn crate::claims::IdempotencyStore> {
+        std::sync::Arc::new(super::claims::SqlIdempotencyStore::<D>::on(self))
     }
 
-    fn changes(&self) -> Option<tokio::sync::broadcast::Receiver<String>> {
+    /// Queue names other processes enqueued to (PostgreSQL NOTIFY); `None`
+    /// when the database has no such signal.
+    pub(crate) fn changes(&self) -> Option<tokio::sync::broadcast::Receiver<String>> {
         D::changes(&self.state)
     }
 }

@@ -11,7 +11,7 @@
 //!
 //! There are no sequences: the row `('seq', value)` of `messaging_counters`
 //! gives the enqueue order and the lease tokens. There is no cross-process
-//! signal either (`RowStore::changes` is `None`): receivers in the same
+//! signal either (`Dialect::changes` is `None`): receivers in the same
 //! process are woken by [`SqlTransport`], others poll. One machine, one
 //! clock: times are the machine's.
 

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use super::*;
 use crate::transport::sql::machine::{Enqueue, EnqueueOutcome, QueueRules, Status};
-use crate::transport::sql::store::{Enqueued, RowOp, RowStore};
+use crate::transport::sql::store::{Enqueued, RowOp};
 
 const NOW: i64 = 1_800_000_000_000;
 const LEASE: i64 = 1_000;

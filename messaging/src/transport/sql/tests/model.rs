@@ -9,7 +9,7 @@
 use std::collections::HashMap;
 
 use crate::transport::sql::machine::{Enqueue, EnqueueOutcome, IdentityQueue, QueueRules, Row, RowId, Status};
-use crate::transport::sql::{RowOp, RowStore};
+use crate::transport::sql::{Dialect, RowOp, SqlStore};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
 
@@ -63,7 +63,7 @@ fn rules() -> impl Strategy<Value = QueueRules> {
 type Held = (RowId, u64, RowId, u64);
 
 /// Runs one sequence; `Err` describes the first divergence.
-async fn run_case<S: RowStore>(store: &S, queue: &str, rules: QueueRules, cmds: &[Cmd]) -> Result<(), String> {
+async fn run_case<D: Dialect>(store: &SqlStore<D>, queue: &str, rules: QueueRules, cmds: &[Cmd]) -> Result<(), String> {
     let mut model = IdentityQueue::new(rules);
     let mut ids: HashMap<RowId, RowId> = HashMap::new();
     let mut held: Vec<Held> = Vec::new();
@@ -224,8 +224,8 @@ fn seen(row: &Row, now: i64) -> Status {
     }
 }
 
-async fn compare<S: RowStore>(
-    store: &S,
+async fn compare<D: Dialect>(
+    store: &SqlStore<D>,
     queue: &str,
     model: &IdentityQueue,
     ids: &HashMap<RowId, RowId>,
@@ -269,7 +269,7 @@ async fn compare<S: RowStore>(
     Ok(())
 }
 
-fn check<S: RowStore>(store: S, runtime: &tokio::runtime::Runtime, label: &str) {
+fn check<D: Dialect>(store: SqlStore<D>, runtime: &tokio::runtime::Runtime, label: &str) {
     runtime.block_on(store.migrate()).expect("migrate");
     let mut runner = TestRunner::new(Config { cases: 96, failure_persistence: None, ..Config::default() });
     let case = std::sync::atomic::AtomicUsize::new(0);
@@ -306,7 +306,7 @@ fn sqlite_follows_the_model() {
 
 /// On an idempotent queue, re-sending the version that was processed (its row
 /// deleted at once, retention 0) is discarded; a changed version runs.
-async fn an_unchanged_version_is_not_handled_again<S: RowStore>(store: &S) {
+async fn an_unchanged_version_is_not_handled_again<D: Dialect>(store: &SqlStore<D>) {
     store.migrate().await.expect("migrate");
     store.declare("nightly", false, START).await.expect("declare");
     let version = |payload: &str| Enqueue {
