@@ -299,10 +299,23 @@ async fn a_handler_slower_than_the_visibility_timeout_is_not_redelivered() {
     // Two messages on a sequential queue: the second waits 2.5 s, received but
     // unstarted, and must not be redelivered meanwhile either.
     let ids = publish_jobs::<Slow>(&app, 2).await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while rec.calls.load(Ordering::SeqCst) == 0 {
+        assert!(std::time::Instant::now() < deadline, "the first handler did not start in 10 s");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // 1.5 s into the first handler, past both messages' visibility timeout:
+    // without the heartbeat both would be visible again, and another
+    // consumer would get them. (The worker itself would not show it: it
+    // holds both until their handlers have run.)
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    let again = app.transport().receive("slow", 10, Duration::from_millis(200)).await.unwrap();
+    assert!(again.is_empty(), "the heartbeat keeps both invisible, but {} came again", again.len());
     for id in &ids {
         app.handled(id).await.unwrap();
     }
-    assert_eq!(rec.calls.load(Ordering::SeqCst), 2, "heartbeat kept both invisible");
+    assert_eq!(rec.calls.load(Ordering::SeqCst), 2, "each handled once: {:?}", rec.seen());
+    assert_eq!(app.transport().depth("slow").await.unwrap(), 0, "both acknowledged");
     app.stop().await;
 }
 
