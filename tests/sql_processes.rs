@@ -91,7 +91,7 @@ fn two_processes_share_a_queue() {
     let started = Instant::now();
     let mut workers = [spawn_worker(&url, "a"), spawn_worker(&url, "b")];
     for worker in &mut workers {
-        let status = worker.wait().expect("worker ran");
+        let status = fixtures::wait_for(worker, Duration::from_secs(120), "a worker process");
         assert!(status.success(), "a worker process failed: {status:?}");
     }
     let elapsed = started.elapsed();

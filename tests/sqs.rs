@@ -423,15 +423,17 @@ async fn fifo_order_holds_within_groups_and_groups_overlap() {
     // queue on every request, so its cost grows with depth.
     let steps: Vec<Step> =
         (0..PER_GROUP).flat_map(|seq| (0..GROUPS).map(move |g| Step { group: format!("g{g}"), seq })).collect();
+    let deadline = Instant::now() + Duration::from_secs(180);
     for chunk in steps.chunks(50) {
         while t.depth("sqs-steps.fifo").await.expect("depth") > 100 {
+            let handled = seen.order.lock().unwrap().len();
+            assert!(Instant::now() < deadline, "the queue stayed deep: handled only {handled}");
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         for result in p.send_batch::<Steps, _>(chunk).await {
             result.expect("sent");
         }
     }
-    let deadline = Instant::now() + Duration::from_secs(180);
     while seen.order.lock().unwrap().len() < (GROUPS * PER_GROUP) as usize {
         assert!(Instant::now() < deadline, "handled only {}", seen.order.lock().unwrap().len());
         tokio::time::sleep(Duration::from_millis(100)).await;

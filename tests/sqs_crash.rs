@@ -97,7 +97,7 @@ fn a_killed_sqs_consumer_repeats_nothing() {
     let at_kill = count("SELECT count(*) FROM effects");
     assert!(at_kill < MESSAGES, "killed before the end");
 
-    let status = spawn(&sqs, &file.url).wait().expect("second run");
+    let status = fixtures::wait_for(&mut spawn(&sqs, &file.url), Duration::from_secs(120), "the restarted consumer");
     assert!(status.success(), "the restarted consumer failed: {status:?}");
     assert_eq!(count("SELECT count(DISTINCT n) FROM effects"), MESSAGES, "nothing lost");
     assert_eq!(count("SELECT count(*) FROM effects"), MESSAGES, "no side effect twice (killed after {at_kill})");

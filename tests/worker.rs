@@ -641,7 +641,9 @@ async fn shutdown_finishes_the_running_handler_and_releases_the_rest() {
     let rec = Arc::new(Recorder::default());
     let app = start::<Draining>(&rec).await;
     let ids = publish_jobs::<Draining>(&app, 5).await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
     while rec.running.load(Ordering::SeqCst) == 0 {
+        assert!(std::time::Instant::now() < deadline, "no handler started in 10 s");
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     let transport = app.transport().clone();
@@ -747,7 +749,10 @@ async fn acknowledgements_are_batched() {
     for result in publisher.send_batch::<Acked, _>(&jobs).await {
         result.unwrap();
     }
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
     while transport.receipts.load(Ordering::SeqCst) < 2_000 {
+        let receipts = transport.receipts.load(Ordering::SeqCst);
+        assert!(std::time::Instant::now() < deadline, "only {receipts} of 2,000 messages acknowledged in 30 s");
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     running.stop().await;
