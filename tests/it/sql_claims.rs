@@ -2,7 +2,7 @@
 //! default, and completed claims are purged after `claims_retention`.
 #![cfg(feature = "sqlite")]
 
-mod fixtures;
+use crate::fixtures;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;

@@ -2,7 +2,7 @@
 //! (`moto_server`, started on a free loopback port by each test).
 #![cfg(feature = "sqs")]
 
-mod fixtures;
+use crate::fixtures;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};

@@ -4,7 +4,7 @@
 //! once per message. The test binary runs itself as the consumer.
 #![cfg(all(feature = "sqs", feature = "sqlite", unix))]
 
-mod fixtures;
+use crate::fixtures;
 
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -52,7 +52,8 @@ fn sqs_consumer() {
 
 fn spawn(sqs: &str, db: &str) -> std::process::Child {
     Command::new(std::env::current_exe().expect("test binary"))
-        .args(["sqs_consumer", "--exact", "--ignored", "--nocapture", "--test-threads=1"])
+        .arg(fixtures::entry_point(module_path!(), "sqs_consumer"))
+        .args(["--exact", "--ignored", "--nocapture", "--test-threads=1"])
         .env("MESSAGING_TEST_URL", sqs)
         .env("MESSAGING_TEST_DB", db)
         .env("RUST_LOG", "error")

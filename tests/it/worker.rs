@@ -2,7 +2,7 @@
 //! concurrency, FIFO order, retries, dead letters, heartbeat, panics,
 //! behaviours, idempotency and graceful shutdown.
 
-mod fixtures;
+use crate::fixtures;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -395,12 +395,14 @@ async fn behaviours_wrap_single_and_multi_type_queues() {
     }
     let mut seen = log.lock().unwrap().clone();
     seen.sort();
+    // Handlers are named by their path (in this binary, under its crate's name).
+    let here = module_path!();
     assert_eq!(
         seen,
         [
-            "mixed test.job worker::mixed_job",
-            "mixed test.other worker::mixed_other",
-            "sequential test.job worker::sequential",
+            format!("mixed test.job {here}::mixed_job"),
+            format!("mixed test.other {here}::mixed_other"),
+            format!("sequential test.job {here}::sequential"),
         ]
     );
     app.stop().await;

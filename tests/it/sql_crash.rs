@@ -5,7 +5,7 @@
 //! ignored `crash_worker` entry point).
 #![cfg(all(feature = "postgres", unix))]
 
-mod fixtures;
+use crate::fixtures;
 
 use std::process::{Command, Stdio};
 use std::sync::Arc;
@@ -52,7 +52,8 @@ fn crash_worker() {
 
 fn spawn_worker(url: &str) -> std::process::Child {
     Command::new(std::env::current_exe().expect("test binary"))
-        .args(["crash_worker", "--exact", "--ignored", "--nocapture", "--test-threads=1"])
+        .arg(fixtures::entry_point(module_path!(), "crash_worker"))
+        .args(["--exact", "--ignored", "--nocapture", "--test-threads=1"])
         .env("MESSAGING_TEST_URL", url)
         .env("RUST_LOG", "error")
         .stdout(Stdio::null())
@@ -109,7 +110,9 @@ fn a_killed_worker_loses_nothing_and_repeats_nothing() {
     assert!(done_at_kill < MESSAGES, "killed before the end");
     assert!(in_flight > 0, "messages were leased to the killed worker");
     assert!(claimed > 0, "handlers of the killed worker held claims they had not completed");
-    eprintln!("killed after {done_at_kill} of {MESSAGES} side effects, {in_flight} messages leased, {claimed} claims held");
+    eprintln!(
+        "killed after {done_at_kill} of {MESSAGES} side effects, {in_flight} messages leased, {claimed} claims held"
+    );
 
     // Second run: picks up everything, including what the killed process held.
     let status = fixtures::wait_for(&mut spawn_worker(&url), Duration::from_secs(120), "the restarted worker");

@@ -2,7 +2,7 @@
 //! orders example: `run` (default, here draining), `validate`, `queues`,
 //! transport selection, and graceful exit on SIGTERM.
 
-mod fixtures;
+use crate::fixtures;
 
 use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
