@@ -19,7 +19,15 @@ use crate::error::HandlerError;
 /// side effect is a write to the same database as the claims, complete the
 /// claim in that write's transaction instead:
 ///
-/// ```ignore
+/// ```no_run
+/// # #[cfg(feature = "postgres")]
+/// # mod example {
+/// # use messaging::prelude::*;
+/// # use messaging::sqlx::{self, PgPool};
+/// # #[messaging::queue("orders")] pub struct Orders;
+/// # #[messaging::message(name = "orders.placed", v = 1)]
+/// # #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+/// # pub struct OrderPlaced { order_id: String }
 /// #[messaging::handler(queue = Orders, idempotent = "order-finalize", lease = "20s")]
 /// async fn finalize(order: OrderPlaced, claim: IdempotencyClaim, db: State<PgPool>) -> Result<(), HandlerError> {
 ///     let mut tx = db.begin().await?;
@@ -28,6 +36,8 @@ use crate::error::HandlerError;
 ///     tx.commit().await?;
 ///     Ok(())
 /// }
+/// # }
+/// # fn main() {}
 /// ```
 #[derive(Debug, Clone)]
 pub struct IdempotencyClaim {

@@ -63,8 +63,17 @@ impl Publisher {
 
     /// Starts sending one message to queue `Q`; `.await` the builder to send.
     ///
-    /// ```ignore
+    /// ```no_run
+    /// # use messaging::prelude::*;
+    /// # #[messaging::queue("orders.fifo", fifo)] pub struct Orders;
+    /// # #[messaging::message(name = "orders.placed", v = 1)]
+    /// # #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+    /// # pub struct OrderPlaced { order_id: String }
+    /// # async fn example(publisher: &Publisher, placed: OrderPlaced) -> Result<(), PublishError> {
     /// let id = publisher.send::<Orders, _>(&placed).group("customer-42").await?;
+    /// # let _ = id;
+    /// # Ok(())
+    /// # }
     /// ```
     pub fn send<'a, Q: Queue, M: Message>(&'a self, message: &'a M) -> SendBuilder<'a, Q, M, Ungrouped> {
         SendBuilder::new(self, message)

@@ -3,7 +3,7 @@
 //! clear error; nothing is lost; nothing panics.
 #![cfg(all(feature = "postgres", feature = "sqlite"))]
 
-mod fixtures;
+use crate::fixtures;
 
 use std::time::{Duration, Instant};
 

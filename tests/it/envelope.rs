@@ -134,6 +134,9 @@ async fn app() -> (TestApp, Log) {
     let log: Log = Arc::default();
     let l = log.clone();
     let app = TestApp::builder()
+        .only::<Single>()
+        .only::<Multi>()
+        .only::<Legacy>()
         .timeout(Duration::from_secs(20))
         .setup(move |s| {
             s.provide(l);

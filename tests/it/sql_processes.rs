@@ -3,7 +3,7 @@
 //! `worker_process` entry point, started with `--ignored`).
 #![cfg(feature = "postgres")]
 
-mod fixtures;
+use crate::fixtures;
 
 use std::process::{Command, Stdio};
 use std::sync::Arc;
@@ -58,7 +58,8 @@ fn worker_process() {
 
 fn spawn_worker(url: &str, name: &str) -> std::process::Child {
     Command::new(std::env::current_exe().expect("test binary"))
-        .args(["worker_process", "--exact", "--ignored", "--nocapture", "--test-threads=1"])
+        .arg(fixtures::entry_point(module_path!(), "worker_process"))
+        .args(["--exact", "--ignored", "--nocapture", "--test-threads=1"])
         .env("MESSAGING_TEST_URL", url)
         .env("MESSAGING_TEST_WORKER", name)
         .env("RUST_LOG", "warn")
@@ -91,7 +92,7 @@ fn two_processes_share_a_queue() {
     let started = Instant::now();
     let mut workers = [spawn_worker(&url, "a"), spawn_worker(&url, "b")];
     for worker in &mut workers {
-        let status = worker.wait().expect("worker ran");
+        let status = fixtures::wait_for(worker, Duration::from_secs(120), "a worker process");
         assert!(status.success(), "a worker process failed: {status:?}");
     }
     let elapsed = started.elapsed();

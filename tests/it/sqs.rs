@@ -2,7 +2,7 @@
 //! (`moto_server`, started on a free loopback port by each test).
 #![cfg(feature = "sqs")]
 
-mod fixtures;
+use crate::fixtures;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -229,33 +229,56 @@ async fn a_handler_slower_than_the_visibility_timeout_is_not_redelivered() {
     assert_eq!(t.depth("sqs-slow").await.expect("depth"), 0, "deleted after success");
 }
 
+/// A registry of the queues this file declares (and every message), so that
+/// the time startup takes and the errors it lists do not depend on what else
+/// the test binary registers.
+fn own_queues() -> messaging::registry::Registry {
+    use messaging::__private::{inventory, MessageEntry, QueueEntry};
+    let queues: Vec<&'static QueueEntry> =
+        inventory::iter::<QueueEntry>.into_iter().filter(|q| (q.spec)().name.starts_with("sqs-")).collect();
+    let messages: Vec<&'static MessageEntry> = inventory::iter::<MessageEntry>.into_iter().collect();
+    messaging::registry::Registry::build(&queues, &messages, &[]).expect("a valid registry")
+}
+
 #[tokio::test]
 async fn startup_errors_are_clear_and_quick() {
-    // Unreachable endpoint.
+    // (Starting the server sets the credentials the SDK needs: without them
+    // the request below would fail on them, before reaching the network.)
+    let moto = fixtures::SqsServer::start();
+    // Unreachable endpoint: the queue and the request that failed are named.
     let started = Instant::now();
     let t = messaging::transport::connect("sqs://us-east-1?endpoint=http://127.0.0.1:1").await.expect("lazy connect");
-    let err = messaging::App::new(t).await.expect_err("unreachable").to_string();
-    assert!(err.contains("sqs-mail") || err.contains("sqs"), "{err}");
+    let err = messaging::App::with_registry(own_queues(), t).await.expect_err("unreachable").to_string();
+    assert!(err.contains("queue `sqs-mail`: sqs: looking up queue `sqs-mail-dlq` failed: dispatch failure"), "{err}");
+    assert!(err.contains("queue `sqs-slow`: sqs: looking up queue `sqs-slow` failed: dispatch failure"), "{err}");
     assert!(started.elapsed() < Duration::from_secs(30), "took {:?}", started.elapsed());
-    // Missing queues (no create_queues).
-    let moto = fixtures::SqsServer::start();
+    // Missing queues (no create_queues): each names the queue it lacks and the fix.
     let t = messaging::transport::connect(&moto.url(false)).await.expect("connect");
-    let err = messaging::App::new(t.clone()).await.expect_err("missing").to_string();
-    assert!(err.contains("does not exist; create it"), "{err}");
-    // Wrong kind: a standard queue where a FIFO one is declared, and no redrive policy.
+    let err = messaging::App::with_registry(own_queues(), t.clone()).await.expect_err("missing").to_string();
+    let fix = "does not exist; create it (and its redrive policy) with your infrastructure, \
+               or connect with `?create_queues=true` in development";
+    assert!(err.contains(&format!("queue `sqs-mail`: sqs: queue `sqs-mail-dlq` {fix}")), "{err}");
+    assert!(err.contains(&format!("queue `sqs-slow`: sqs: queue `sqs-slow` {fix}")), "{err}");
+    // Wrong kind: a standard queue where a FIFO one is declared.
     let admin = messaging::transport::connect(&moto.url(true)).await.expect("connect");
     let mut wrong = <Orders as Queue>::SPEC;
     wrong.name = "sqs-mail";
     wrong.fifo = false;
     wrong.dlq = None;
-    admin.declare(&wrong).await.expect("created as standard");
+    admin.declare(&wrong).await.expect("created as standard, without a redrive policy");
     let mut as_fifo = <Mail as Queue>::SPEC;
     as_fifo.fifo = true;
     as_fifo.dlq = None;
     let err = t.declare(&as_fifo).await.expect_err("kind").to_string();
-    assert!(err.contains("is a standard queue on SQS but is declared FIFO"), "{err}");
+    assert_eq!(err, "message rejected: queue `sqs-mail` is a standard queue on SQS but is declared FIFO");
+    // No redrive policy: the declared DLQ exists, the queue does not send to it.
+    admin.declare(&messaging::QueueSpec::standard("sqs-mail-dlq")).await.expect("the DLQ, created");
     let err = t.declare(&<Mail as Queue>::SPEC).await.expect_err("no redrive policy").to_string();
-    assert!(err.contains("has no redrive policy") || err.contains("does not exist"), "{err}");
+    assert_eq!(
+        err,
+        "message rejected: queue `sqs-mail` has no redrive policy, but `sqs-mail-dlq` is declared as its \
+         dead-letter queue; set RedrivePolicy deadLetterTargetArn to `sqs-mail-dlq`'s ARN"
+    );
     // A redrive policy that would dead-letter before the worker has spent
     // `max_receives` attempts: created for max_receives = 2 (so
     // maxReceiveCount = 4), declared with max_receives = 4.
@@ -267,8 +290,18 @@ async fn startup_errors_are_clear_and_quick() {
     t.declare(&short).await.expect("4 is above 2");
     short.max_receives = 4;
     let err = t.declare(&short).await.expect_err("4 is not above 4").to_string();
+    assert!(err.starts_with("message rejected: queue `sqs-short`: "), "{err}");
     assert!(err.contains("maxReceiveCount is 4, which must be above max_receives = 4"), "{err}");
     assert!(err.contains("Set maxReceiveCount to 8"), "{err}");
+    // A redrive policy to another queue than the declared DLQ.
+    short.max_receives = 2;
+    short.dlq = Some("sqs-mail-dlq");
+    let err = t.declare(&short).await.expect_err("another DLQ").to_string();
+    assert_eq!(
+        err,
+        "message rejected: queue `sqs-short` sends its dead letters to `sqs-short-dlq`, but `sqs-mail-dlq` is \
+         declared; fix the redrive policy or the `dlq` option"
+    );
 }
 
 #[tokio::test]
@@ -390,15 +423,17 @@ async fn fifo_order_holds_within_groups_and_groups_overlap() {
     // queue on every request, so its cost grows with depth.
     let steps: Vec<Step> =
         (0..PER_GROUP).flat_map(|seq| (0..GROUPS).map(move |g| Step { group: format!("g{g}"), seq })).collect();
+    let deadline = Instant::now() + Duration::from_secs(180);
     for chunk in steps.chunks(50) {
         while t.depth("sqs-steps.fifo").await.expect("depth") > 100 {
+            let handled = seen.order.lock().unwrap().len();
+            assert!(Instant::now() < deadline, "the queue stayed deep: handled only {handled}");
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         for result in p.send_batch::<Steps, _>(chunk).await {
             result.expect("sent");
         }
     }
-    let deadline = Instant::now() + Duration::from_secs(180);
     while seen.order.lock().unwrap().len() < (GROUPS * PER_GROUP) as usize {
         assert!(Instant::now() < deadline, "handled only {}", seen.order.lock().unwrap().len());
         tokio::time::sleep(Duration::from_millis(100)).await;

@@ -4,7 +4,7 @@
 //! once per message. The test binary runs itself as the consumer.
 #![cfg(all(feature = "sqs", feature = "sqlite", unix))]
 
-mod fixtures;
+use crate::fixtures;
 
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -52,7 +52,8 @@ fn sqs_consumer() {
 
 fn spawn(sqs: &str, db: &str) -> std::process::Child {
     Command::new(std::env::current_exe().expect("test binary"))
-        .args(["sqs_consumer", "--exact", "--ignored", "--nocapture", "--test-threads=1"])
+        .arg(fixtures::entry_point(module_path!(), "sqs_consumer"))
+        .args(["--exact", "--ignored", "--nocapture", "--test-threads=1"])
         .env("MESSAGING_TEST_URL", sqs)
         .env("MESSAGING_TEST_DB", db)
         .env("RUST_LOG", "error")
@@ -97,7 +98,7 @@ fn a_killed_sqs_consumer_repeats_nothing() {
     let at_kill = count("SELECT count(*) FROM effects");
     assert!(at_kill < MESSAGES, "killed before the end");
 
-    let status = spawn(&sqs, &file.url).wait().expect("second run");
+    let status = fixtures::wait_for(&mut spawn(&sqs, &file.url), Duration::from_secs(120), "the restarted consumer");
     assert!(status.success(), "the restarted consumer failed: {status:?}");
     assert_eq!(count("SELECT count(DISTINCT n) FROM effects"), MESSAGES, "nothing lost");
     assert_eq!(count("SELECT count(*) FROM effects"), MESSAGES, "no side effect twice (killed after {at_kill})");

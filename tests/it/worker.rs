@@ -2,7 +2,7 @@
 //! concurrency, FIFO order, retries, dead letters, heartbeat, panics,
 //! behaviours, idempotency and graceful shutdown.
 
-mod fixtures;
+use crate::fixtures;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -299,10 +299,23 @@ async fn a_handler_slower_than_the_visibility_timeout_is_not_redelivered() {
     // Two messages on a sequential queue: the second waits 2.5 s, received but
     // unstarted, and must not be redelivered meanwhile either.
     let ids = publish_jobs::<Slow>(&app, 2).await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while rec.calls.load(Ordering::SeqCst) == 0 {
+        assert!(std::time::Instant::now() < deadline, "the first handler did not start in 10 s");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // 1.5 s into the first handler, past both messages' visibility timeout:
+    // without the heartbeat both would be visible again, and another
+    // consumer would get them. (The worker itself would not show it: it
+    // holds both until their handlers have run.)
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    let again = app.transport().receive("slow", 10, Duration::from_millis(200)).await.unwrap();
+    assert!(again.is_empty(), "the heartbeat keeps both invisible, but {} came again", again.len());
     for id in &ids {
         app.handled(id).await.unwrap();
     }
-    assert_eq!(rec.calls.load(Ordering::SeqCst), 2, "heartbeat kept both invisible");
+    assert_eq!(rec.calls.load(Ordering::SeqCst), 2, "each handled once: {:?}", rec.seen());
+    assert_eq!(app.transport().depth("slow").await.unwrap(), 0, "both acknowledged");
     app.stop().await;
 }
 
@@ -382,12 +395,14 @@ async fn behaviours_wrap_single_and_multi_type_queues() {
     }
     let mut seen = log.lock().unwrap().clone();
     seen.sort();
+    // Handlers are named by their path (in this binary, under its crate's name).
+    let here = module_path!();
     assert_eq!(
         seen,
         [
-            "mixed test.job worker::mixed_job",
-            "mixed test.other worker::mixed_other",
-            "sequential test.job worker::sequential",
+            format!("mixed test.job {here}::mixed_job"),
+            format!("mixed test.other {here}::mixed_other"),
+            format!("sequential test.job {here}::sequential"),
         ]
     );
     app.stop().await;
@@ -628,7 +643,9 @@ async fn shutdown_finishes_the_running_handler_and_releases_the_rest() {
     let rec = Arc::new(Recorder::default());
     let app = start::<Draining>(&rec).await;
     let ids = publish_jobs::<Draining>(&app, 5).await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
     while rec.running.load(Ordering::SeqCst) == 0 {
+        assert!(std::time::Instant::now() < deadline, "no handler started in 10 s");
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     let transport = app.transport().clone();
@@ -734,7 +751,10 @@ async fn acknowledgements_are_batched() {
     for result in publisher.send_batch::<Acked, _>(&jobs).await {
         result.unwrap();
     }
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
     while transport.receipts.load(Ordering::SeqCst) < 2_000 {
+        let receipts = transport.receipts.load(Ordering::SeqCst);
+        assert!(std::time::Instant::now() < deadline, "only {receipts} of 2,000 messages acknowledged in 30 s");
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     running.stop().await;

@@ -5,7 +5,7 @@
 //! ignored `crash_worker` entry point).
 #![cfg(all(feature = "postgres", unix))]
 
-mod fixtures;
+use crate::fixtures;
 
 use std::process::{Command, Stdio};
 use std::sync::Arc;
@@ -52,7 +52,8 @@ fn crash_worker() {
 
 fn spawn_worker(url: &str) -> std::process::Child {
     Command::new(std::env::current_exe().expect("test binary"))
-        .args(["crash_worker", "--exact", "--ignored", "--nocapture", "--test-threads=1"])
+        .arg(fixtures::entry_point(module_path!(), "crash_worker"))
+        .args(["--exact", "--ignored", "--nocapture", "--test-threads=1"])
         .env("MESSAGING_TEST_URL", url)
         .env("RUST_LOG", "error")
         .stdout(Stdio::null())
@@ -81,27 +82,40 @@ fn a_killed_worker_loses_nothing_and_repeats_nothing() {
         pool
     });
 
-    // First run: killed once a third of the messages are done.
+    // First run: killed once a third of the messages are done, while it
+    // holds leased messages whose idempotent handlers have claimed them and
+    // not yet completed (their side effects are not committed).
+    let leased = "SELECT count(*) FROM messaging_messages WHERE status = 'processing'";
+    let held = "SELECT count(*) FROM messaging_idempotency WHERE processor_id IS NOT NULL AND completed_at IS NULL";
     let mut first = spawn_worker(&url);
     let deadline = Instant::now() + Duration::from_secs(60);
-    while runtime.block_on(count(&pool, "SELECT count(*) FROM effects")) < MESSAGES / 3 {
-        assert!(Instant::now() < deadline, "the worker made no progress");
+    loop {
+        let done = runtime.block_on(count(&pool, "SELECT count(*) FROM effects"));
+        if done >= MESSAGES / 3
+            && runtime.block_on(count(&pool, held)) > 0
+            && runtime.block_on(count(&pool, leased)) > 0
+        {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the worker made no progress: {done} side effects");
         assert!(first.try_wait().expect("poll").is_none(), "the worker exited before it was killed");
         std::thread::sleep(Duration::from_millis(10));
     }
     first.kill().expect("SIGKILL");
     first.wait().expect("reaped");
-    let in_flight = runtime.block_on(count(
-        &pool,
-        "SELECT count(*) FROM messaging_messages WHERE status IN ('processing', 'awaiting_release')",
-    ));
+    // What the killed process held stays held until its leases run out.
+    let in_flight = runtime.block_on(count(&pool, leased));
+    let claimed = runtime.block_on(count(&pool, held));
     let done_at_kill = runtime.block_on(count(&pool, "SELECT count(*) FROM effects"));
     assert!(done_at_kill < MESSAGES, "killed before the end");
-    eprintln!("killed after {done_at_kill} of {MESSAGES} side effects, {in_flight} messages in flight");
+    assert!(in_flight > 0, "messages were leased to the killed worker");
+    assert!(claimed > 0, "handlers of the killed worker held claims they had not completed");
+    eprintln!(
+        "killed after {done_at_kill} of {MESSAGES} side effects, {in_flight} messages leased, {claimed} claims held"
+    );
 
     // Second run: picks up everything, including what the killed process held.
-    let mut second = spawn_worker(&url);
-    let status = second.wait().expect("second run");
+    let status = fixtures::wait_for(&mut spawn_worker(&url), Duration::from_secs(120), "the restarted worker");
     assert!(status.success(), "the restarted worker failed: {status:?}");
 
     runtime.block_on(async {

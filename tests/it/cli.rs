@@ -2,7 +2,7 @@
 //! orders example: `run` (default, here draining), `validate`, `queues`,
 //! transport selection, and graceful exit on SIGTERM.
 
-mod fixtures;
+use crate::fixtures;
 
 use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
@@ -116,19 +116,42 @@ fn a_bad_transport_url_is_a_clear_error() {
 #[cfg(unix)]
 #[test]
 fn serve_mode_stops_gracefully_on_sigterm() {
+    use std::io::BufRead;
     let dir = WorkDir::new();
     let mut child =
-        orders_in(&dir).args(["run", "--serve"]).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
-    // Give it time to handle the demo orders, then ask it to stop.
-    std::thread::sleep(Duration::from_millis(1500));
+        orders_in(&dir).args(["run", "--serve"]).stdout(Stdio::piped()).stderr(Stdio::null()).spawn().unwrap();
+    let (lines, seen) = std::sync::mpsc::channel();
+    let stdout = std::io::BufReader::new(child.stdout.take().unwrap());
+    let reader = std::thread::spawn(move || {
+        let mut all = String::new();
+        for line in stdout.lines().map_while(Result::ok) {
+            all.push_str(&line);
+            all.push('\n');
+            let _ = lines.send(line);
+        }
+        all
+    });
+    // Wait until it has handled the demo orders...
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        match seen.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+            Ok(line) if line.contains("sent confirmation of order A3") => break,
+            Ok(_) => {}
+            Err(_) => {
+                let _ = child.kill();
+                panic!("the demo orders were not handled within 30 s");
+            }
+        }
+    }
+    // ...and see that it goes on serving rather than exiting when drained,
+    // then ask it to stop.
+    std::thread::sleep(Duration::from_millis(500));
     assert!(child.try_wait().unwrap().is_none(), "--serve keeps running after the demo");
     let status = Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap();
     assert!(status.success());
-    let started = Instant::now();
-    let out = child.wait_with_output().unwrap();
-    assert!(started.elapsed() < Duration::from_secs(10));
-    assert!(out.status.success(), "exit status {:?}", out.status);
-    assert!(stdout(&out).contains("handled order A3"));
+    let status = fixtures::wait_for(&mut child, Duration::from_secs(10), "the orders example after SIGTERM");
+    assert!(status.success(), "exit status {status:?}");
+    assert!(reader.join().unwrap().contains("handled order A3"));
 }
 
 /// A plain HTTP/1.1 GET: (status, body).
@@ -156,18 +179,25 @@ fn run_serves_health_readiness_and_metrics_and_logs_json() {
         .spawn()
         .unwrap();
     // Every log line is a JSON object; one of them says where the endpoint listens.
-    let mut lines = std::io::BufReader::new(child.stderr.take().unwrap()).lines();
-    let mut address = None;
-    for line in lines.by_ref() {
-        let line = line.unwrap();
+    let (lines, logged) = std::sync::mpsc::channel();
+    let stderr = std::io::BufReader::new(child.stderr.take().unwrap());
+    std::thread::spawn(move || {
+        for line in stderr.lines().map_while(Result::ok) {
+            let _ = lines.send(line);
+        }
+    });
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let address = loop {
+        let Ok(line) = logged.recv_timeout(deadline.saturating_duration_since(Instant::now())) else {
+            let _ = child.kill();
+            panic!("the endpoint's address was not logged within 30 s (or the process exited)");
+        };
         let entry: serde_json::Value =
             serde_json::from_str(&line).unwrap_or_else(|e| panic!("not a JSON log line ({e}): {line}"));
         if let Some(addr) = entry["fields"]["address"].as_str() {
-            address = Some(addr.to_owned());
-            break;
+            break addr.to_owned();
         }
-    }
-    let address = address.expect("the endpoint's address is logged");
+    };
     assert!(address.starts_with("127.0.0.1:"), "{address}");
     let (status, body) = http_get(&address, "/health");
     assert_eq!(status, 200, "{body}");
@@ -185,8 +215,8 @@ fn run_serves_health_readiness_and_metrics_and_logs_json() {
     }
     let status = Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap();
     assert!(status.success());
-    std::thread::spawn(move || lines.for_each(drop));
-    assert!(child.wait().unwrap().success());
+    let status = fixtures::wait_for(&mut child, Duration::from_secs(10), "the orders example after SIGTERM");
+    assert!(status.success(), "exit status {status:?}");
 }
 
 #[test]

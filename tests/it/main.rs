@@ -1,0 +1,32 @@
+//! The integration tests, in one binary: each module is what used to be a
+//! test binary of its own, and linking sqlx, the AWS SDK and OpenTelemetry
+//! once instead of ten times is most of the suite's build time.
+//!
+//! Everything registered with `#[messaging::queue]`, `#[messaging::message]`
+//! and `#[messaging::handler]` in any module is in this binary's registry, so
+//! queue and message names must be unique across the modules, and a test
+//! starts only its own queues (`only_queues`, `TestApp::builder().only`).
+//! `App::new` declares every queue of the binary on its transport.
+//!
+//! Kept in binaries of their own: `validation` (deliberately conflicting
+//! registrations), `telemetry` and `otlp` (each installs the process-global
+//! tracing subscriber and meter provider), `ui` (trybuild), `chaos` (run
+//! apart, one test at a time), and `sql_model` and `idempotency_sql`.
+//!
+//! The modules that run this binary as a child process (`sql_crash`,
+//! `sql_processes`, `sqs_crash`) name their ignored entry points with
+//! [`fixtures::entry_point`], which adds the module's path.
+
+#[path = "../fixtures/mod.rs"]
+mod fixtures;
+
+mod cli;
+mod envelope;
+mod publish;
+mod sql_claims;
+mod sql_crash;
+mod sql_errors;
+mod sql_processes;
+mod sqs;
+mod sqs_crash;
+mod worker;
