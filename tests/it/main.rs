@@ -11,10 +11,11 @@
 //! Kept in binaries of their own: `validation` (deliberately conflicting
 //! registrations), `telemetry` and `otlp` (each installs the process-global
 //! tracing subscriber and meter provider), `ui` (trybuild), `chaos` (run
-//! apart, one test at a time), and `sql_model` and `idempotency_sql`.
+//! apart, one test at a time). The model test and the idempotency-store
+//! tests live in the library crate (`transport/sql/tests/`).
 //!
 //! The modules that run this binary as a child process (`sql_crash`,
-//! `sql_processes`, `sqs_crash`) name their ignored entry points with
+//! `sql_processes`, `sqs_crash`, `sql_clock`) name their ignored entry points with
 //! [`fixtures::entry_point`], which adds the module's path.
 
 #[path = "../fixtures/mod.rs"]
@@ -24,6 +25,8 @@ mod cli;
 mod envelope;
 mod publish;
 mod sql_claims;
+#[cfg(all(feature = "postgres", target_os = "linux"))]
+mod sql_clock;
 mod sql_crash;
 mod sql_errors;
 mod sql_processes;

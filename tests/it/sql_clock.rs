@@ -6,9 +6,8 @@
 //! would leave it).
 //!
 //! SQLite has no such test: its processes share one machine and one clock.
-#![cfg(all(feature = "postgres", target_os = "linux"))]
 
-mod fixtures;
+use crate::fixtures;
 
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -79,7 +78,8 @@ fn clock_worker() {
 fn spawn_worker(url: &str, name: &str, ahead: Option<&str>) -> std::process::Child {
     let mut command = Command::new(std::env::current_exe().expect("test binary"));
     command
-        .args(["clock_worker", "--exact", "--ignored", "--nocapture", "--test-threads=1"])
+        .arg(fixtures::entry_point(module_path!(), "clock_worker"))
+        .args(["--exact", "--ignored", "--nocapture", "--test-threads=1"])
         .env("MESSAGING_TEST_URL", url)
         .env("MESSAGING_TEST_WORKER", name)
         .env("RUST_LOG", "error")
