@@ -80,7 +80,9 @@ async fn run_case<D: Dialect>(store: &SqlStore<D>, queue: &str, rules: QueueRule
                     priority: *priority,
                     process_at: delay.map(|d| now + d),
                     status: None,
-                    group: rules.fifo.then(|| format!("g{group}")),
+                    // On a FIFO queue group 0 stands for "no group": such rows form one
+                    // group of their own (the rule the state machine decides).
+                    group: (rules.fifo && *group > 0).then(|| format!("g{group}")),
                     attributes: String::new(),
                 };
                 let expected = model.enqueue(now, e.clone());
