@@ -132,8 +132,14 @@ pub trait Dialect: Driver + sealed::Sealed + Sized {
 }
 
 /// A failed statement, named.
+/// A failed statement, named, with the database's error code when it gave
+/// one (operators search for SQLSTATEs; `Dialect::missing_table` reads it).
 pub(crate) fn backend<D: Dialect>(what: &str, e: sqlx::Error) -> TransportError {
-    TransportError::Backend(format!("{}: {what} failed: {e}", D::SYSTEM))
+    let code = match &e {
+        sqlx::Error::Database(db) => db.code().map(|c| format!(" (code {c})")).unwrap_or_default(),
+        _ => String::new(),
+    };
+    TransportError::Backend(format!("{}: {what} failed: {e}{code}", D::SYSTEM))
 }
 
 /// A connection that writes: a transaction, or on PostgreSQL a plain

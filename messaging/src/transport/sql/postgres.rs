@@ -357,6 +357,7 @@ impl Dialect for Postgres {
     }
 
     fn missing_table(text: &str) -> bool {
-        text.contains("does not exist") && text.contains("relation")
+        // SQLSTATE 42P01 (undefined_table), whatever the server's language.
+        text.contains("(code 42P01)")
     }
 }
