@@ -136,17 +136,8 @@ fn consumers_with_skewed_clocks_handle_each_message_once() {
     }
     let mut workers = [first, spawn_worker(&url, "fast-clock", Some("+10s"))];
     for worker in &mut workers {
-        loop {
-            if let Some(status) = worker.try_wait().expect("poll") {
-                assert!(status.success(), "a consumer failed: {status:?}");
-                break;
-            }
-            if Instant::now() > deadline {
-                workers.iter_mut().for_each(|w| drop(w.kill()));
-                panic!("the consumers did not drain the queue within 90 s");
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        let status = fixtures::wait_for(worker, Duration::from_secs(90), "a consumer");
+        assert!(status.success(), "a consumer failed: {status:?}");
     }
 
     runtime.block_on(async {

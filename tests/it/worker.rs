@@ -299,11 +299,8 @@ async fn a_handler_slower_than_the_visibility_timeout_is_not_redelivered() {
     // Two messages on a sequential queue: the second waits 2.5 s, received but
     // unstarted, and must not be redelivered meanwhile either.
     let ids = publish_jobs::<Slow>(&app, 2).await;
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while rec.calls.load(Ordering::SeqCst) == 0 {
-        assert!(std::time::Instant::now() < deadline, "the first handler did not start in 10 s");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    let started = || rec.calls.load(Ordering::SeqCst) > 0;
+    fixtures::eventually(Duration::from_secs(10), started, || "the first handler did not start in 10 s".into()).await;
     // 1.5 s into the first handler, past both messages' visibility timeout:
     // without the heartbeat both would be visible again, and another
     // consumer would get them. (The worker itself would not show it: it
@@ -619,11 +616,8 @@ async fn a_fifo_message_past_its_attempts_without_a_dlq_goes_back_to_the_queue()
     app.publisher().send::<Nowhere, _>(&Step { group: "g".into(), seq: 0 }).await.unwrap();
     // Two attempts in process, then given back (no DLQ): it comes again as a
     // new receive rather than being held here for as long as it fails.
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while !rec.seen().iter().any(|l| l == "0@2") {
-        assert!(std::time::Instant::now() < deadline, "never received again: {:?}", rec.seen());
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let again = || rec.seen().iter().any(|l| l == "0@2");
+    fixtures::eventually(Duration::from_secs(10), again, || format!("never received again: {:?}", rec.seen())).await;
     assert_eq!(rec.seen()[..3], ["0@1", "0@1", "0@2"]);
     app.stop().await;
 }
@@ -643,11 +637,8 @@ async fn shutdown_finishes_the_running_handler_and_releases_the_rest() {
     let rec = Arc::new(Recorder::default());
     let app = start::<Draining>(&rec).await;
     let ids = publish_jobs::<Draining>(&app, 5).await;
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while rec.running.load(Ordering::SeqCst) == 0 {
-        assert!(std::time::Instant::now() < deadline, "no handler started in 10 s");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    let started = || rec.running.load(Ordering::SeqCst) > 0;
+    fixtures::eventually(Duration::from_secs(10), started, || "no handler started in 10 s".into()).await;
     let transport = app.transport().clone();
     app.stop().await;
     assert_eq!(rec.seen(), ["0"], "the in-flight handler finished");
@@ -751,12 +742,12 @@ async fn acknowledgements_are_batched() {
     for result in publisher.send_batch::<Acked, _>(&jobs).await {
         result.unwrap();
     }
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    while transport.receipts.load(Ordering::SeqCst) < 2_000 {
-        let receipts = transport.receipts.load(Ordering::SeqCst);
-        assert!(std::time::Instant::now() < deadline, "only {receipts} of 2,000 messages acknowledged in 30 s");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    let receipts = || transport.receipts.load(Ordering::SeqCst);
+    let all = || receipts() >= 2_000;
+    fixtures::eventually(Duration::from_secs(30), all, || {
+        format!("only {} of 2,000 messages acknowledged in 30 s", receipts())
+    })
+    .await;
     running.stop().await;
     let calls = transport.calls.load(Ordering::SeqCst);
     assert_eq!(transport.receipts.load(Ordering::SeqCst), 2_000, "every message acknowledged once");
