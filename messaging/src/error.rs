@@ -40,7 +40,7 @@ pub enum Error {
 }
 
 /// A failure reported by a transport backend.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 #[non_exhaustive]
 pub enum TransportError {
     /// The named queue is not known to the transport.

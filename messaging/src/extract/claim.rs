@@ -82,19 +82,13 @@ impl IdempotencyClaim {
     /// transaction for the completion to count; on error, roll back.
     #[cfg(any(feature = "postgres", feature = "sqlite"))]
     pub async fn complete_in<C: ClaimsConnection + ?Sized>(&self, conn: &mut C) -> Result<(), HandlerError> {
-        use crate::transport::sql::{statements, stmt};
+        use crate::transport::sql::{statements, Driver};
         let sql = self.state.sql.clone().unwrap_or_default();
         let now = crate::transport::sql::local_ms().saturating_add(sql.offset_ms);
         let tables = crate::transport::sql::Tables::in_schema(sql.schema.as_deref());
         let text = tables.sql(&[statements::CLAIM_COMPLETE]);
-        let done = stmt(&text)
-            .bind(self.state.message_id.as_str())
-            .bind(self.state.scope)
-            .bind(self.state.processor.as_str())
-            .bind(now)
-            .execute::<C::Database>(conn.connection())
-            .await
-            .map_err(HandlerError::transient)?;
+        let args = [self.message_id().into(), self.scope().into(), self.state.processor.as_str().into(), now.into()];
+        let done = C::Database::execute(conn.connection(), &text, &args).await.map_err(HandlerError::transient)?;
         self.finish(done)
     }
 

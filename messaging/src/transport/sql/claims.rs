@@ -39,7 +39,7 @@ const CLAIM_ATTEMPTS: usize = 3;
 /// provision it from the framework's migrations.
 #[derive(Debug)]
 pub struct SqlIdempotencyStore<D: Dialect> {
-    store: SqlStore<D>,
+    pub(super) store: SqlStore<D>,
 }
 
 impl<D: Dialect> Clone for SqlIdempotencyStore<D> {
@@ -71,28 +71,6 @@ impl<D: Dialect> SqlIdempotencyStore<D> {
     /// longer than messages can be redelivered.
     pub async fn purge(&self, older_than: Duration) -> Result<u64, TransportError> {
         self.purge_at(older_than, self.now()).await
-    }
-
-    /// The connection pool.
-    #[cfg(test)]
-    pub(crate) fn pool(&self) -> &Pool<D> {
-        &self.store.pool
-    }
-
-    /// Runs the framework's migrations (tests and the `migrate` command).
-    #[cfg(test)]
-    pub(crate) async fn migrate(&self) -> Result<(), TransportError> {
-        D::migrate(&self.store.pool).await
-    }
-
-    /// Closes the pool.
-    #[cfg(test)]
-    pub(crate) async fn close(&self) {
-        self.store.pool.close().await;
-    }
-
-    fn tables(&self) -> &Tables {
-        &self.store.tables
     }
 
     /// The shared clock, as a time.
@@ -229,7 +207,7 @@ impl<D: Dialect> IdempotencyStore for SqlIdempotencyStore<D> {
 
     fn sql_claims(&self) -> Option<SqlClaims> {
         Some(SqlClaims {
-            schema: self.tables().schema(),
+            schema: self.store.tables.schema(),
             offset_ms: D::now(&self.store.state) - super::clock::local_ms(),
         })
     }
@@ -254,7 +232,7 @@ fn duration_millis(d: Duration) -> i64 {
 /// Says which claim operation failed; a missing table says how to create it.
 fn named<D: Dialect>(op: &str, e: TransportError) -> TransportError {
     let text = e.to_string();
-    if D::missing_table(&text) {
+    if text.contains(D::MISSING_TABLE) {
         return TransportError::Backend(format!(
             "idempotency {op} on {} failed: the table `messaging_idempotency` is missing; \
              run the `migrate` command (or provision the table from the framework's {} migrations): {text}",

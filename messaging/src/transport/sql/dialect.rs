@@ -19,8 +19,8 @@ use sqlx::pool::PoolConnection;
 use sqlx::{Pool, Transaction};
 use tokio::sync::OwnedMutexGuard;
 
-use super::driver::{stmt, Driver, Value};
-use super::store::LeasedRow;
+use super::driver::{Driver, Value};
+use super::record::LeasedRow;
 use super::Tables;
 use crate::error::TransportError;
 use crate::transport::sql::machine::{Row, RowId};
@@ -52,6 +52,8 @@ pub trait Dialect: Driver + sealed::Sealed + Sized {
     const SCHEMA_COLUMNS: &'static str;
     /// Whether a single statement may run outside a transaction.
     const AUTOCOMMIT: bool;
+    /// What a failure's text holds when a table is missing.
+    const MISSING_TABLE: &'static str;
 
     /// What a store keeps beside its pool.
     type State: Clone + Debug + Send + Sync + 'static;
@@ -126,20 +128,29 @@ pub trait Dialect: Driver + sealed::Sealed + Sized {
 
     /// Signals from other processes: the names of queues another process enqueued to.
     fn changes(state: &Self::State) -> Option<tokio::sync::broadcast::Receiver<String>>;
-
-    /// Whether a failure's text says a table is missing.
-    fn missing_table(text: &str) -> bool;
 }
 
-/// A failed statement, named.
 /// A failed statement, named, with the database's error code when it gave
-/// one (operators search for SQLSTATEs; `Dialect::missing_table` reads it).
+/// one (operators search for SQLSTATEs; `Dialect::MISSING_TABLE` names one).
 pub(crate) fn backend<D: Dialect>(what: &str, e: sqlx::Error) -> TransportError {
     let code = match &e {
         sqlx::Error::Database(db) => db.code().map(|c| format!(" (code {c})")).unwrap_or_default(),
         _ => String::new(),
     };
     TransportError::Backend(format!("{}: {what} failed: {e}{code}", D::SYSTEM))
+}
+
+/// Stops a store's background task when the last clone of the store is
+/// dropped (the task waits on the other end).
+#[derive(Debug, Clone)]
+pub(crate) struct StopOnDrop(#[allow(dead_code)] std::sync::Arc<tokio::sync::oneshot::Sender<()>>);
+
+impl StopOnDrop {
+    /// A guard, and what the task waits on.
+    pub(crate) fn new() -> (StopOnDrop, tokio::sync::oneshot::Receiver<()>) {
+        let (stop, stopped) = tokio::sync::oneshot::channel();
+        (StopOnDrop(std::sync::Arc::new(stop)), stopped)
+    }
 }
 
 /// A connection that writes: a transaction, or on PostgreSQL a plain
@@ -208,21 +219,6 @@ impl<D: Dialect> Write<D> {
     }
 }
 
-/// The same failure for each of `n` items (a batch fails as a whole).
-pub(crate) fn each<T>(n: usize, e: &TransportError) -> Vec<Result<T, TransportError>> {
-    (0..n)
-        .map(|_| {
-            Err(match e {
-                TransportError::StaleReceipt => TransportError::StaleReceipt,
-                TransportError::Closed => TransportError::Closed,
-                TransportError::QueueNotFound(q) => TransportError::QueueNotFound(q.clone()),
-                TransportError::Rejected(r) => TransportError::Rejected(r.clone()),
-                other => TransportError::Backend(other.to_string()),
-            })
-        })
-        .collect()
-}
-
 /// Row ids as the integers the database stores.
 pub(crate) fn ids(ids: &[RowId]) -> impl Iterator<Item = i64> + '_ {
     ids.iter().map(|&id| id as i64)
@@ -263,7 +259,7 @@ impl<D: Dialect> SqlStore<D> {
     ) -> Result<Vec<D::Row>, TransportError> {
         let sql = self.tables.sql(parts);
         let mut conn = self.pool.acquire().await.map_err(fail::<D>(what))?;
-        stmt(&sql).binds(args).fetch_all::<D>(&mut conn).await.map_err(fail::<D>(what))
+        D::fetch_all(&mut conn, &sql, args).await.map_err(fail::<D>(what))
     }
 
     /// The rows of a statement run on `w`.
@@ -275,7 +271,7 @@ impl<D: Dialect> SqlStore<D> {
         args: &[Value<'_>],
     ) -> Result<Vec<D::Row>, TransportError> {
         let sql = self.tables.sql(parts);
-        stmt(&sql).binds(args).fetch_all::<D>(w.conn()).await.map_err(fail::<D>(what))
+        D::fetch_all(w.conn(), &sql, args).await.map_err(fail::<D>(what))
     }
 
     /// Runs a statement on `w`; the rows it changed.
@@ -287,7 +283,7 @@ impl<D: Dialect> SqlStore<D> {
         args: &[Value<'_>],
     ) -> Result<u64, TransportError> {
         let sql = self.tables.sql(parts);
-        stmt(&sql).binds(args).execute::<D>(w.conn()).await.map_err(fail::<D>(what))
+        D::execute(w.conn(), &sql, args).await.map_err(fail::<D>(what))
     }
 
     /// Runs one writing statement by itself; the rows it changed.
@@ -306,6 +302,12 @@ pub(crate) fn fail<D: Dialect>(what: &str) -> impl Fn(sqlx::Error) -> TransportE
 /// Column `i` of the first row as a BIGINT (none: no row, or NULL).
 pub(crate) fn int<D: Dialect>(rows: &[D::Row], i: usize, what: &str) -> Result<Option<i64>, TransportError> {
     Ok(rows.first().map(|r| D::int(r, i)).transpose().map_err(fail::<D>(what))?.flatten())
+}
+
+/// Leased rows, decoded and in the order they go out.
+pub(crate) fn leased<D: Dialect>(found: &[D::Row], fifo: bool) -> Result<Vec<LeasedRow>, TransportError> {
+    let records = found.iter().map(D::leased).collect::<Result<_, _>>().map_err(fail::<D>("lease"))?;
+    Ok(super::record::in_order(records, fifo))
 }
 
 /// Whole message rows.

@@ -3,13 +3,13 @@
 //! once, for every sqlx database whose types fit (PostgreSQL and SQLite), so
 //! that the store's code is written once and names no driver.
 //!
-//! Statements are built with [`stmt`] and bound with values of the few types
-//! the tables use ([`Value`]); both drivers accept `$N` placeholders.
+//! Statements are bound with values of the few types the tables use
+//! ([`Value`]); both drivers accept `$N` placeholders.
 
 use futures_util::future::BoxFuture;
 use sqlx::{ColumnIndex, Database, Decode, Encode, Executor, FromRow, IntoArguments, Row as _, Type};
 
-use super::record::{LeasedRecord, Record};
+use super::record::{LeasedRow, Record};
 
 /// A bound parameter.
 #[derive(Debug, Clone, Copy)]
@@ -50,62 +50,6 @@ values! {
     Option<&'q [u8]> => |v| Value::Bytes(v);
 }
 
-/// A statement and its parameters.
-#[derive(Debug)]
-pub(crate) struct Stmt<'q> {
-    sql: &'q str,
-    args: Vec<Value<'q>>,
-}
-
-/// A statement to bind and run.
-pub(crate) fn stmt(sql: &str) -> Stmt<'_> {
-    Stmt { sql, args: Vec::new() }
-}
-
-impl<'q> Stmt<'q> {
-    /// Binds the next parameter.
-    pub(crate) fn bind(mut self, value: impl Into<Value<'q>>) -> Self {
-        self.args.push(value.into());
-        self
-    }
-
-    /// Binds the next parameters.
-    pub(crate) fn binds(mut self, values: &[Value<'q>]) -> Self {
-        self.args.extend_from_slice(values);
-        self
-    }
-
-    /// Every row.
-    pub(crate) fn fetch_all<'e, D: Driver>(
-        self,
-        conn: &'e mut D::Connection,
-    ) -> BoxFuture<'e, Result<Vec<D::Row>, sqlx::Error>>
-    where
-        'q: 'e,
-    {
-        D::fetch_all(conn, self)
-    }
-
-    /// The first row, if any.
-    pub(crate) fn fetch_optional<'e, D: Driver>(
-        self,
-        conn: &'e mut D::Connection,
-    ) -> BoxFuture<'e, Result<Option<D::Row>, sqlx::Error>>
-    where
-        'q: 'e,
-    {
-        D::fetch_optional(conn, self)
-    }
-
-    /// Runs it; returns the number of rows affected.
-    pub(crate) fn execute<'e, D: Driver>(self, conn: &'e mut D::Connection) -> BoxFuture<'e, Result<u64, sqlx::Error>>
-    where
-        'q: 'e,
-    {
-        D::execute(conn, self)
-    }
-}
-
 /// The rows a statement changed (sqlx has no driver-neutral accessor).
 pub(crate) trait Affected {
     /// How many rows the statement changed.
@@ -126,22 +70,21 @@ impl Affected for sqlx::sqlite::SqliteQueryResult {
     }
 }
 
-/// Runs [`Stmt`]s and reads columns, for any database whose driver fits.
+/// Runs statements and reads columns, for any database whose driver fits.
 pub(crate) trait Driver: Database {
-    /// Every row of `s`.
-    fn fetch_all<'e, 'q: 'e>(
+    /// Every row of `sql` run with `args`.
+    fn fetch_all<'e>(
         conn: &'e mut Self::Connection,
-        s: Stmt<'q>,
+        sql: &'e str,
+        args: &'e [Value<'e>],
     ) -> BoxFuture<'e, Result<Vec<Self::Row>, sqlx::Error>>;
 
-    /// The first row of `s`.
-    fn fetch_optional<'e, 'q: 'e>(
+    /// Runs `sql` with `args`; the rows affected.
+    fn execute<'e>(
         conn: &'e mut Self::Connection,
-        s: Stmt<'q>,
-    ) -> BoxFuture<'e, Result<Option<Self::Row>, sqlx::Error>>;
-
-    /// Runs `s`; the rows affected.
-    fn execute<'e, 'q: 'e>(conn: &'e mut Self::Connection, s: Stmt<'q>) -> BoxFuture<'e, Result<u64, sqlx::Error>>;
+        sql: &'e str,
+        args: &'e [Value<'e>],
+    ) -> BoxFuture<'e, Result<u64, sqlx::Error>>;
 
     /// Column `i` as a BIGINT (or NULL).
     fn int(row: &Self::Row, i: usize) -> Result<Option<i64>, sqlx::Error>;
@@ -159,11 +102,11 @@ pub(crate) trait Driver: Database {
     fn record(row: &Self::Row) -> Result<Record, sqlx::Error>;
 
     /// A leased row.
-    fn leased(row: &Self::Row) -> Result<LeasedRecord, sqlx::Error>;
+    fn leased(row: &Self::Row) -> Result<LeasedRow, sqlx::Error>;
 }
 
-/// Builds the sqlx query of `s`.
-fn query<'q, DB>(s: Stmt<'q>) -> sqlx::query::Query<'q, DB, DB::Arguments<'q>>
+/// Builds the sqlx query of `sql` with `args`.
+fn query<'q, DB>(sql: &'q str, args: &'q [Value<'q>]) -> sqlx::query::Query<'q, DB, DB::Arguments<'q>>
 where
     DB: Database,
     Option<i64>: Encode<'q, DB> + Type<DB>,
@@ -172,17 +115,13 @@ where
     Option<&'q str>: Encode<'q, DB> + Type<DB>,
     Option<&'q [u8]>: Encode<'q, DB> + Type<DB>,
 {
-    let mut q = sqlx::query::<DB>(s.sql);
-    for value in s.args {
-        q = match value {
-            Value::Int(v) => q.bind(v),
-            Value::Int4(v) => q.bind(v),
-            Value::Bool(v) => q.bind(v),
-            Value::Text(v) => q.bind(v),
-            Value::Bytes(v) => q.bind(v),
-        };
-    }
-    q
+    args.iter().fold(sqlx::query::<DB>(sql), |q, &value| match value {
+        Value::Int(v) => q.bind(v),
+        Value::Int4(v) => q.bind(v),
+        Value::Bool(v) => q.bind(v),
+        Value::Text(v) => q.bind(v),
+        Value::Bytes(v) => q.bind(v),
+    })
 }
 
 impl<DB> Driver for DB
@@ -199,25 +138,23 @@ where
     for<'r> Option<String>: Decode<'r, DB> + Type<DB>,
     for<'r> Option<Vec<u8>>: Decode<'r, DB> + Type<DB>,
     for<'r> Record: FromRow<'r, DB::Row>,
-    for<'r> LeasedRecord: FromRow<'r, DB::Row>,
+    for<'r> LeasedRow: FromRow<'r, DB::Row>,
     usize: ColumnIndex<DB::Row>,
 {
-    fn fetch_all<'e, 'q: 'e>(
+    fn fetch_all<'e>(
         conn: &'e mut Self::Connection,
-        s: Stmt<'q>,
+        sql: &'e str,
+        args: &'e [Value<'e>],
     ) -> BoxFuture<'e, Result<Vec<Self::Row>, sqlx::Error>> {
-        conn.fetch_all(query::<DB>(s))
+        conn.fetch_all(query::<DB>(sql, args))
     }
 
-    fn fetch_optional<'e, 'q: 'e>(
+    fn execute<'e>(
         conn: &'e mut Self::Connection,
-        s: Stmt<'q>,
-    ) -> BoxFuture<'e, Result<Option<Self::Row>, sqlx::Error>> {
-        conn.fetch_optional(query::<DB>(s))
-    }
-
-    fn execute<'e, 'q: 'e>(conn: &'e mut Self::Connection, s: Stmt<'q>) -> BoxFuture<'e, Result<u64, sqlx::Error>> {
-        let run = conn.execute(query::<DB>(s));
+        sql: &'e str,
+        args: &'e [Value<'e>],
+    ) -> BoxFuture<'e, Result<u64, sqlx::Error>> {
+        let run = conn.execute(query::<DB>(sql, args));
         Box::pin(async move { run.await.map(|done| done.rows()) })
     }
 
@@ -241,7 +178,7 @@ where
         Record::from_row(row)
     }
 
-    fn leased(row: &Self::Row) -> Result<LeasedRecord, sqlx::Error> {
-        LeasedRecord::from_row(row)
+    fn leased(row: &Self::Row) -> Result<LeasedRow, sqlx::Error> {
+        LeasedRow::from_row(row)
     }
 }

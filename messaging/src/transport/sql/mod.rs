@@ -44,10 +44,11 @@ pub use claims::SqliteIdempotencyStore;
 pub(crate) use clock::local_ms;
 pub use dialect::Dialect;
 pub(crate) use dialect::SqlStore;
-pub(crate) use driver::stmt;
+pub(crate) use driver::Driver;
 pub(crate) use options::SqlOptions;
+pub(crate) use record::LeasedRow;
 pub(crate) use statements::Tables;
-pub(crate) use store::{LeasedRow, RowOp};
+pub(crate) use store::RowOp;
 
 use crate::boxed::BoxFuture;
 use crate::error::TransportError;
@@ -65,7 +66,7 @@ struct SqlQueue {
     local: Notify,
     /// Bumped by `interrupt_receives`: a waiting receive that sees it change returns.
     interrupts: std::sync::atomic::AtomicU64,
-    last_maintenance: Mutex<Option<std::time::Instant>>,
+    maintained: Throttle,
     /// Which partition the next lease of a standard queue takes.
     turn: std::sync::atomic::AtomicU32,
 }
@@ -74,11 +75,27 @@ struct SqlQueue {
 pub(crate) struct SqlTransport<D: Dialect> {
     store: Arc<SqlStore<D>>,
     options: SqlOptions,
-    last_claims_purge: Mutex<Option<std::time::Instant>>,
+    claims_purged: Throttle,
     queues: Arc<QueueMap>,
 }
 
 type QueueMap = RwLock<HashMap<String, Arc<SqlQueue>>>;
+
+/// Lets work run at most once per period.
+#[derive(Debug, Default)]
+struct Throttle(Mutex<Option<std::time::Instant>>);
+
+impl Throttle {
+    /// Whether `every` has passed since this last said yes (yes when `force`).
+    fn due(&self, every: Duration, force: bool) -> bool {
+        let mut last = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let due = force || last.is_none_or(|at| at.elapsed() >= every);
+        if due {
+            *last = Some(std::time::Instant::now());
+        }
+        due
+    }
+}
 
 impl<D: Dialect> std::fmt::Debug for SqlTransport<D> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -104,7 +121,7 @@ impl<D: Dialect> SqlTransport<D> {
         let transport = SqlTransport {
             store: Arc::new(store),
             options,
-            last_claims_purge: Mutex::new(None),
+            claims_purged: Throttle::default(),
             queues: Arc::default(),
         };
         transport.forward_changes();
@@ -113,7 +130,7 @@ impl<D: Dialect> SqlTransport<D> {
 
     /// Wakes local receivers when another process enqueues (PostgreSQL NOTIFY).
     fn forward_changes(&self) {
-        let Some(mut changes) = self.store.changes() else { return };
+        let Some(mut changes) = D::changes(&self.store.state) else { return };
         let weak = Arc::downgrade(&self.queues);
         tokio::spawn(async move {
             loop {
@@ -159,15 +176,7 @@ impl<D: Dialect> SqlTransport<D> {
 
     /// Runs housekeeping at most every 100 ms per queue (always when `force`).
     async fn maintain(&self, q: &SqlQueue, force: bool) -> Result<(), TransportError> {
-        let due = {
-            let mut last = q.last_maintenance.lock().unwrap_or_else(|p| p.into_inner());
-            let due = force || last.is_none_or(|at| at.elapsed() >= Duration::from_millis(100));
-            if due {
-                *last = Some(std::time::Instant::now());
-            }
-            due
-        };
-        if due {
+        if q.maintained.due(Duration::from_millis(100), force) {
             self.store.maintain(q.spec.name, self.store.now(), q.rules).await?;
             self.purge_claims().await;
         }
@@ -177,13 +186,8 @@ impl<D: Dialect> SqlTransport<D> {
     /// Deletes completed idempotency claims past their retention, at most once
     /// a minute (or once per retention period, when that is shorter).
     async fn purge_claims(&self) {
-        {
-            let mut last = self.last_claims_purge.lock().unwrap_or_else(|p| p.into_inner());
-            let every = self.options.claims_retention.min(Duration::from_secs(60));
-            if last.is_some_and(|at| at.elapsed() < every) {
-                return;
-            }
-            *last = Some(std::time::Instant::now());
+        if !self.claims_purged.due(self.options.claims_retention.min(Duration::from_secs(60)), false) {
+            return;
         }
         let before = self.store.now() - self.options.claims_retention.as_millis() as i64;
         match self.store.purge_claims(before).await {
@@ -199,10 +203,10 @@ impl<D: Dialect> SqlTransport<D> {
     /// re-check them: measured five times slower than one); an empty
     /// partition falls back to the whole queue.
     async fn lease(&self, q: &SqlQueue, n: usize, lease_ms: i64) -> Result<Vec<LeasedRow>, TransportError> {
-        let (name, fifo, of) = (q.spec.name, q.spec.fifo, self.store.concurrent_leases());
+        let (name, fifo, of) = (q.spec.name, q.spec.fifo, D::CONCURRENT_LEASES);
         if !fifo && of > 1 {
             let part = q.turn.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % of;
-            let rows = self.store.lease_partition(name, self.store.now(), n, lease_ms, part, of).await?;
+            let rows = D::lease(&self.store, name, self.store.now(), n, lease_ms, false, Some((part, of))).await?;
             if !rows.is_empty() {
                 return Ok(rows);
             }
@@ -293,7 +297,7 @@ fn dead_letter_of(row: Row) -> DeadLetter {
 
 impl<D: Dialect> Transport for SqlTransport<D> {
     fn system(&self) -> &'static str {
-        self.store.system()
+        D::SYSTEM
     }
 
     fn declare<'a>(&'a self, spec: &'a QueueSpec) -> BoxFuture<'a, Result<(), TransportError>> {
@@ -311,7 +315,7 @@ impl<D: Dialect> Transport for SqlTransport<D> {
                 rules,
                 local: Notify::new(),
                 interrupts: std::sync::atomic::AtomicU64::new(0),
-                last_maintenance: Mutex::new(None),
+                maintained: Throttle::default(),
                 turn: Default::default(),
             });
             self.queues.write().unwrap_or_else(|p| p.into_inner()).insert(spec.name.to_owned(), queue);
@@ -337,34 +341,29 @@ impl<D: Dialect> Transport for SqlTransport<D> {
                 Err(_) => return crate::transport::unknown_queue(queue, &messages),
             };
             let now = self.store.now();
-            let mut results: Vec<Option<Result<MessageId, TransportError>>> = Vec::with_capacity(messages.len());
-            let mut items = Vec::with_capacity(messages.len());
+            let (mut refused, mut items) = (Vec::with_capacity(messages.len()), Vec::new());
             for message in messages {
-                if q.spec.fifo && message.group_id.as_deref().is_none_or(str::is_empty) {
-                    results.push(Some(Err(TransportError::Rejected(format!(
-                        "FIFO queue `{queue}` needs a message group id"
-                    )))));
-                } else {
-                    results.push(None);
+                let grouped = !q.spec.fifo || message.group_id.as_deref().is_some_and(|g| !g.is_empty());
+                let reason = || TransportError::Rejected(format!("FIFO queue `{queue}` needs a message group id"));
+                refused.push((!grouped).then(reason));
+                if grouped {
                     items.push(self.enqueue_of(message, now));
                 }
             }
-            let stored = self.store.enqueue(queue, now, items, q.rules.idempotent).await;
-            let mut stored = stored.into_iter();
-            for slot in results.iter_mut().filter(|r| r.is_none()) {
-                *slot = Some(match stored.next() {
-                    Some(Ok(e)) => {
-                        if let EnqueueOutcome::Discarded(_) | EnqueueOutcome::Unchanged = e.outcome {
-                            tracing::debug!(queue, "enqueue discarded: the payload equals the stored version");
-                        }
-                        Ok(MessageId::from(e.message_id))
-                    }
-                    Some(Err(e)) => Err(e),
-                    None => Err(TransportError::Backend("the database returned too few results".into())),
-                });
-            }
+            let mut stored = self.store.enqueue(queue, now, items, q.rules.idempotent).await.into_iter();
             q.local.notify_waiters();
-            results.into_iter().map(|r| r.unwrap_or(Err(TransportError::Backend("unsent".into())))).collect()
+            let result = |refused: Option<TransportError>| match refused.map_or_else(|| stored.next(), |r| Some(Err(r)))
+            {
+                Some(Ok(e)) => {
+                    if let EnqueueOutcome::Discarded(_) | EnqueueOutcome::Unchanged = e.outcome {
+                        tracing::debug!(queue, "enqueue discarded: the payload equals the stored version");
+                    }
+                    Ok(MessageId::from(e.message_id))
+                }
+                Some(Err(e)) => Err(e),
+                None => Err(TransportError::Backend("the database returned too few results".into())),
+            };
+            refused.into_iter().map(result).collect()
         })
     }
 
@@ -431,7 +430,7 @@ impl<D: Dialect> Transport for SqlTransport<D> {
     }
 
     fn concurrent_receives(&self) -> usize {
-        self.store.concurrent_leases() as usize
+        D::CONCURRENT_LEASES as usize
     }
 
     fn max_batch(&self) -> usize {

@@ -12,11 +12,9 @@ use sqlx::{Pool, Postgres, Transaction};
 use tokio::sync::{broadcast, oneshot, OwnedMutexGuard};
 
 use super::clock::Clock;
-use super::dialect::SqlStore;
-use super::dialect::{backend, ids, Dialect, Write};
-use super::driver::{stmt, Driver};
+use super::dialect::{backend, fail, ids, leased, Dialect, SqlStore, StopOnDrop, Write};
+use super::record::LeasedRow;
 use super::statements::{self as sql, Tables};
-use super::store::LeasedRow;
 use crate::error::TransportError;
 use crate::transport::sql::machine::{Row, RowId};
 
@@ -32,14 +30,7 @@ pub(crate) type PostgresStore = SqlStore<Postgres>;
 pub struct PgState {
     changes: broadcast::Sender<String>,
     clock: Clock,
-    _tasks: std::sync::Arc<Tasks>,
-}
-
-/// Stops the store's background tasks (LISTEN, clock sampling) when the last
-/// clone of the store is dropped.
-#[derive(Debug)]
-struct Tasks {
-    _stop: oneshot::Sender<()>,
+    _tasks: StopOnDrop,
 }
 
 /// The URL without its password, for error messages.
@@ -64,9 +55,9 @@ async fn database_ms(pool: &PgPool) -> Result<i64, sqlx::Error> {
 /// Starts the background task of a store on `pool`.
 fn start(pool: &PgPool, clock: Clock) -> PgState {
     let changes = broadcast::channel(1024).0;
-    let (stop, stopped) = oneshot::channel();
+    let (stop, stopped) = StopOnDrop::new();
     tokio::spawn(background(pool.clone(), changes.clone(), clock.clone(), stopped));
-    PgState { changes, clock, _tasks: std::sync::Arc::new(Tasks { _stop: stop }) }
+    PgState { changes, clock, _tasks: stop }
 }
 
 /// Forwards NOTIFYs to `changes` and samples the clock, until `stop` fires.
@@ -139,24 +130,6 @@ const LEASE_IDS: &str = "UPDATE messaging_messages SET status = 'processing', \
         lease_token = (SELECT nextval('messaging_seq')), lease_expires = $2, attempts = attempts + 1 \
      WHERE id = ANY($1) AND status = 'pending' RETURNING ";
 
-/// Decodes leased rows and orders them (a RETURNING clause comes in no
-/// particular order): by priority then seq, or by seq alone for FIFO heads.
-fn leased(rows: &[sqlx::postgres::PgRow], fifo: bool) -> Result<Vec<LeasedRow>, TransportError> {
-    use sqlx::Row as _;
-    let read = |e| backend::<Postgres>("lease", e);
-    let mut out = Vec::with_capacity(rows.len());
-    for r in rows {
-        let order: (i32, i64) = (r.try_get("priority").map_err(read)?, r.try_get("seq").map_err(read)?);
-        out.push((Postgres::leased(r).map_err(read)?, order));
-    }
-    if fifo {
-        out.sort_by_key(|(_, (_, seq))| *seq);
-    } else {
-        out.sort_by(|(_, a), (_, b)| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
-    }
-    Ok(out.into_iter().map(|(l, _)| l.into()).collect())
-}
-
 // The dialect's items are the framework's own (the trait is sealed).
 #[allow(private_interfaces)]
 impl Dialect for Postgres {
@@ -167,6 +140,8 @@ impl Dialect for Postgres {
     const SCHEMA_COLUMNS: &'static str = "SELECT table_name::text, column_name::text FROM information_schema.columns \
         WHERE table_schema = current_schema() AND table_name LIKE 'messaging\\_%'";
     const AUTOCOMMIT: bool = true;
+    // SQLSTATE 42P01 (undefined_table), whatever the server's language.
+    const MISSING_TABLE: &'static str = "(code 42P01)";
 
     type State = PgState;
 
@@ -209,9 +184,8 @@ impl Dialect for Postgres {
 
     async fn next_seq(conn: &mut PgConnection, tables: &Tables) -> Result<u64, TransportError> {
         let sql = tables.sql(&["SELECT nextval('messaging_seq')"]);
-        let row = stmt(&sql).fetch_optional::<Self>(conn).await.map_err(|e| backend::<Self>("nextval", e))?;
-        let seq = row.map(|r| Self::int(&r, 0)).transpose().map_err(|e| backend::<Self>("nextval", e))?.flatten();
-        seq.map(|s| s as u64).ok_or_else(|| TransportError::Backend("postgresql: nextval returned nothing".into()))
+        let seq: i64 = sqlx::query_scalar(&sql).fetch_one(conn).await.map_err(fail::<Self>("nextval"))?;
+        Ok(seq as u64)
     }
 
     async fn insert_plain<'a>(
@@ -239,7 +213,7 @@ impl Dialect for Postgres {
             .bind(rows.iter().map(|r| r.status.as_str()).collect::<Vec<_>>())
             .fetch_all(&mut *conn)
             .await
-            .map_err(|e| backend::<Self>("enqueue", e))?;
+            .map_err(fail::<Self>("enqueue"))?;
         // RETURNING comes in no particular order: match by message id.
         let ids: std::collections::HashMap<&str, i64> = inserted.iter().map(|(id, m)| (m.as_str(), *id)).collect();
         rows.iter()
@@ -265,8 +239,8 @@ impl Dialect for Postgres {
             if let Some((part, of)) = partition {
                 query = query.bind(i64::from(part)).bind(i64::from(of));
             }
-            let rows = query.fetch_all(&store.pool).await.map_err(|e| backend::<Self>("lease", e))?;
-            return leased(&rows, false);
+            let rows = query.fetch_all(&store.pool).await.map_err(fail::<Self>("lease"))?;
+            return leased::<Self>(&rows, false);
         }
         // FIFO: leases of one queue take turns under an advisory lock, so
         // that two never pick the same group's head.
@@ -276,25 +250,24 @@ impl Dialect for Postgres {
                 .bind(queue)
                 .execute(&mut *w.conn())
                 .await
-                .map_err(|e| backend::<Self>("lease lock", e))?;
+                .map_err(fail::<Self>("lease lock"))?;
             let pick = store.tables.sql(&[sql::PICK_FIFO]);
             let heads: Vec<i64> = sqlx::query_scalar(&pick)
                 .bind(queue)
                 .bind(limit)
                 .fetch_all(&mut *w.conn())
                 .await
-                .map_err(|e| backend::<Self>("lease", e))?;
+                .map_err(fail::<Self>("lease"))?;
             let update = store.tables.sql(&[LEASE_IDS, sql::LEASED]);
             sqlx::query(&update)
                 .bind(&heads)
                 .bind(now + lease_ms)
                 .fetch_all(&mut *w.conn())
                 .await
-                .map_err(|e| backend::<Self>("lease", e))
+                .map_err(fail::<Self>("lease"))
         }
         .await;
-        let rows = w.finish(result).await?;
-        leased(&rows, true)
+        leased::<Self>(&w.finish(result).await?, true)
     }
 
     async fn complete_plain<'a>(
@@ -323,7 +296,7 @@ impl Dialect for Postgres {
             .bind(now)
             .fetch_all(&mut *conn)
             .await
-            .map_err(|e| backend::<Self>("completing messages", e))?;
+            .map_err(fail::<Self>("completing messages"))?;
         Ok(done.into_iter().map(|(id, token)| (id as RowId, token as u64)).collect())
     }
 
@@ -342,7 +315,7 @@ impl Dialect for Postgres {
             .bind(ids(rows).collect::<Vec<_>>())
             .execute(&mut *conn)
             .await
-            .map_err(|e| backend::<Self>("redrive", e))?;
+            .map_err(fail::<Self>("redrive"))?;
         Ok(moved.rows_affected() as usize)
     }
 
@@ -354,10 +327,5 @@ impl Dialect for Postgres {
 
     fn changes(state: &PgState) -> Option<broadcast::Receiver<String>> {
         Some(state.changes.subscribe())
-    }
-
-    fn missing_table(text: &str) -> bool {
-        // SQLSTATE 42P01 (undefined_table), whatever the server's language.
-        text.contains("(code 42P01)")
     }
 }

@@ -1,6 +1,5 @@
 //! A message row as stored, decoded the same way on every database.
 
-use super::store::LeasedRow;
 use crate::error::TransportError;
 use crate::transport::sql::machine::{Deferred, Row, RowId, Status};
 
@@ -33,17 +32,43 @@ pub(crate) struct Record {
     error: Option<String>,
 }
 
-/// The leased columns of a row (`statements::LEASED`).
-#[derive(Debug, sqlx::FromRow)]
-pub(crate) struct LeasedRecord {
-    id: i64,
-    lease_token: i64,
-    message_id: String,
-    payload: Vec<u8>,
-    attempts: i32,
-    group_id: Option<String>,
-    attributes: String,
-    sent_at: i64,
+/// A leased row (the columns of `statements::LEASED`), with what orders it.
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+pub(crate) struct LeasedRow {
+    /// The row.
+    #[sqlx(try_from = "i64")]
+    pub id: RowId,
+    /// The lease token every later call must present.
+    #[sqlx(rename = "lease_token", try_from = "i64")]
+    pub token: u64,
+    /// The version's id.
+    pub message_id: String,
+    /// The payload.
+    pub payload: Vec<u8>,
+    /// Attempts including this one.
+    #[sqlx(try_from = "i32")]
+    pub attempts: u32,
+    /// FIFO group.
+    #[sqlx(rename = "group_id")]
+    pub group: Option<String>,
+    /// Attributes as JSON text ('' for none).
+    pub attributes: String,
+    /// When this version was enqueued (ms).
+    pub sent_at: i64,
+    priority: i32,
+    seq: i64,
+}
+
+/// Leased rows in the order they go out (a RETURNING clause comes in no
+/// particular order): FIFO heads by enqueue order, others by priority then
+/// enqueue order.
+pub(crate) fn in_order(mut leased: Vec<LeasedRow>, fifo: bool) -> Vec<LeasedRow> {
+    if fifo {
+        leased.sort_by_key(|r| r.seq);
+    } else {
+        leased.sort_by_key(|r| (std::cmp::Reverse(r.priority), r.seq));
+    }
+    leased
 }
 
 fn status(text: &str) -> Result<Status, TransportError> {
@@ -87,20 +112,5 @@ impl TryFrom<Record> for Row {
             attributes: r.attributes,
             sent_at: r.sent_at,
         })
-    }
-}
-
-impl From<LeasedRecord> for LeasedRow {
-    fn from(r: LeasedRecord) -> LeasedRow {
-        LeasedRow {
-            id: r.id as RowId,
-            token: r.lease_token as u64,
-            message_id: r.message_id,
-            payload: r.payload,
-            attempts: r.attempts.max(0) as u32,
-            group: r.group_id,
-            attributes: r.attributes,
-            sent_at: r.sent_at,
-        }
     }
 }

@@ -3,44 +3,13 @@
 
 use crate::error::TransportError;
 
-/// The tables and columns the transport and the idempotency store use.
-pub(crate) const EXPECTED: &[(&str, &[&str])] = &[
-    ("messaging_queues", &["name", "fifo", "created_at"]),
-    (
-        "messaging_messages",
-        &[
-            "id",
-            "queue",
-            "identity",
-            "group_id",
-            "message_id",
-            "payload",
-            "attributes",
-            "priority",
-            "process_at",
-            "status",
-            "attempts",
-            "seq",
-            "lease_token",
-            "lease_expires",
-            "deferred_message_id",
-            "deferred_payload",
-            "deferred_attributes",
-            "deferred_priority",
-            "deferred_process_at",
-            "deferred_status",
-            "deferred_seq",
-            "deferred_sent_at",
-            "sent_at",
-            "processed_at",
-            "error",
-        ],
-    ),
-    ("messaging_previous", &["queue", "identity", "message_id", "payload", "processed_at"]),
-    (
-        "messaging_idempotency",
-        &["message_id", "scope", "processor_id", "lease_expires_at", "completed", "completed_at"],
-    ),
+/// The tables and columns the transport and the idempotency store use (the
+/// message columns as the statements list them).
+const EXPECTED: &[(&str, &str)] = &[
+    ("messaging_queues", "name, fifo, created_at"),
+    ("messaging_messages", concat!("queue, ", super::statements::columns!())),
+    ("messaging_previous", "queue, identity, message_id, payload, processed_at"),
+    ("messaging_idempotency", "message_id, scope, processor_id, lease_expires_at, completed, completed_at"),
 ];
 
 /// Compares the columns found per table with [`EXPECTED`].
@@ -52,7 +21,7 @@ pub(crate) fn compare(system: &str, found: &[(String, String)]) -> Result<(), Tr
             problems.push(format!("table `{table}` is missing"));
             continue;
         }
-        let missing: Vec<&str> = columns.iter().copied().filter(|c| !present.contains(c)).collect();
+        let missing: Vec<&str> = columns.split(", ").filter(|c| !present.contains(c)).collect();
         if !missing.is_empty() {
             problems.push(format!("table `{table}` lacks column(s) {}", missing.join(", ")));
         }

@@ -15,8 +15,9 @@ macro_rules! columns {
          deferred_process_at, deferred_status, deferred_seq, deferred_sent_at, sent_at, processed_at, error"
     };
 }
+pub(crate) use columns;
 
-/// The columns a lease returns (`record::LeasedRecord`), with priority and seq
+/// The columns a lease returns (`record::LeasedRow`), with priority and seq
 /// for ordering.
 pub(crate) const LEASED: &str =
     "id, lease_token, message_id, payload, attempts, group_id, attributes, sent_at, priority, seq";

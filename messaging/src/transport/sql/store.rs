@@ -1,28 +1,7 @@
-//! What the store's operations take and give: leased rows, enqueue results
-//! and the transitions of one leased row.
+//! What the store's operations take and give: enqueue results and the
+//! transitions of one leased row.
 
-use crate::transport::sql::machine::{EnqueueOutcome, Row, RowId};
-
-/// A leased row.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct LeasedRow {
-    /// The row.
-    pub id: RowId,
-    /// The lease token every later call must present.
-    pub token: u64,
-    /// The version's id.
-    pub message_id: String,
-    /// The payload.
-    pub payload: Vec<u8>,
-    /// Attempts including this one.
-    pub attempts: u32,
-    /// FIFO group.
-    pub group: Option<String>,
-    /// Attributes as JSON text ('' for none).
-    pub attributes: String,
-    /// When this version was enqueued (ms).
-    pub sent_at: i64,
-}
+use crate::transport::sql::machine::{EnqueueOutcome, Row};
 
 /// What an enqueue stored.
 #[derive(Debug, Clone, PartialEq, Eq)]

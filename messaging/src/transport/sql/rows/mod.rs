@@ -6,9 +6,10 @@
 
 mod write;
 
-use super::dialect::{each, fail, int, rows, Dialect, SqlStore, Write};
+use super::dialect::{fail, int, rows, Dialect, SqlStore, Write};
+use super::record::LeasedRow;
 use super::statements as sql;
-use super::store::{Enqueued, LeasedRow, RowOp};
+use super::store::{Enqueued, RowOp};
 use crate::error::TransportError;
 use crate::transport::sql::machine::{Enqueue, QueueRules, Row, RowId};
 
@@ -27,7 +28,7 @@ impl<D: Dialect> SqlStore<D> {
     }
 
     /// Checks the tables and columns (see [`super::schema`]).
-    async fn check(&self) -> Result<(), TransportError> {
+    pub(crate) async fn check(&self) -> Result<(), TransportError> {
         let what = "reading the schema";
         let rows = self.query(what, &[D::SCHEMA_COLUMNS], &[]).await?;
         let found = rows
@@ -117,11 +118,6 @@ impl<D: Dialect> SqlStore<D> {
 }
 
 impl<D: Dialect> SqlStore<D> {
-    /// The `messaging.system` name (`postgresql`, `sqlite`).
-    pub(crate) fn system(&self) -> &'static str {
-        D::SYSTEM
-    }
-
     /// Milliseconds since the Unix epoch by the clock every process of the
     /// database agrees on (PostgreSQL's; the machine's for SQLite).
     pub(crate) fn now(&self) -> i64 {
@@ -131,12 +127,6 @@ impl<D: Dialect> SqlStore<D> {
     /// Creates or upgrades the tables (the `migrate` command).
     pub(crate) async fn migrate(&self) -> Result<(), TransportError> {
         D::migrate(&self.pool).await
-    }
-
-    /// Checks that the tables exist with the expected columns.
-    #[cfg(test)]
-    pub(crate) async fn check_schema(&self) -> Result<(), TransportError> {
-        self.check().await
     }
 
     /// Enqueues messages; one result per input, in order.
@@ -162,7 +152,7 @@ impl<D: Dialect> SqlStore<D> {
         D::notify(&self.pool, queue).await;
         match results {
             Ok(stored) => stored.into_iter().map(Ok).collect(),
-            Err(e) => each(n, &e),
+            Err(e) => vec![Err(e); n], // a batch fails as a whole
         }
     }
 
@@ -181,28 +171,6 @@ impl<D: Dialect> SqlStore<D> {
         }
         D::lease(self, queue, now, n, lease_ms, fifo, None).await
     }
-
-    /// How many leases of one standard queue may run at once, each in its
-    /// own partition ([`SqlStore::lease_partition`]), without contending.
-    pub(crate) fn concurrent_leases(&self) -> u32 {
-        D::CONCURRENT_LEASES
-    }
-
-    /// Leases from one partition of a standard queue: the rows whose id is
-    /// `part` modulo `of`, in priority then enqueue order (the whole queue
-    /// where the database does not partition).
-    pub(crate) async fn lease_partition(
-        &self,
-        queue: &str,
-        now: i64,
-        n: usize,
-        lease_ms: i64,
-        part: u32,
-        of: u32,
-    ) -> Result<Vec<LeasedRow>, TransportError> {
-        D::lease(self, queue, now, n, lease_ms, false, Some((part, of.max(1)))).await
-    }
-
     /// Completes leased rows; one result per item (`StaleReceipt` for a lost lease).
     pub(crate) async fn complete(
         &self,
@@ -214,7 +182,7 @@ impl<D: Dialect> SqlStore<D> {
         if items.is_empty() {
             return Vec::new();
         }
-        self.complete_all(queue, now, &items, retention_ms).await.unwrap_or_else(|e| each(items.len(), &e))
+        self.complete_all(queue, now, &items, retention_ms).await.unwrap_or_else(|e| vec![Err(e); items.len()])
     }
 
     /// Applies a transition to one leased row.
@@ -274,11 +242,5 @@ impl<D: Dialect> SqlStore<D> {
     /// live beside the messages.
     pub(crate) fn idempotency_store(&self) -> std::sync::Arc<dyn crate::claims::IdempotencyStore> {
         std::sync::Arc::new(super::claims::SqlIdempotencyStore::<D>::on(self))
-    }
-
-    /// Queue names other processes enqueued to (PostgreSQL NOTIFY); `None`
-    /// when the database has no such signal.
-    pub(crate) fn changes(&self) -> Option<tokio::sync::broadcast::Receiver<String>> {
-        D::changes(&self.state)
     }
 }

@@ -8,11 +8,11 @@
 //! blocks writers nor waits for readers; commits still checkpoint themselves
 //! past [`AUTOCHECKPOINT_PAGES`], a safety net should the task fall behind.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use sqlx::SqlitePool;
-use tokio::sync::oneshot;
+
+use super::super::dialect::StopOnDrop;
 
 /// How often the task checkpoints.
 pub(super) const EVERY: Duration = Duration::from_millis(250);
@@ -21,18 +21,12 @@ pub(super) const EVERY: Duration = Duration::from_millis(250);
 /// 1,000; 20,000 pages are 80 MB at the default page size).
 pub(super) const AUTOCHECKPOINT_PAGES: &str = "20000";
 
-/// Stops the task when the last clone of the store is dropped.
-#[derive(Debug)]
-pub(super) struct Checkpointer {
-    _stop: oneshot::Sender<()>,
-}
-
 /// Starts checkpointing `pool` every [`EVERY`] until the returned handle
 /// (shared by the store's clones) is dropped; `None` outside a tokio runtime
 /// (commits then checkpoint themselves).
-pub(super) fn start(pool: SqlitePool) -> Option<Arc<Checkpointer>> {
+pub(super) fn start(pool: SqlitePool) -> Option<StopOnDrop> {
     let runtime = tokio::runtime::Handle::try_current().ok()?;
-    let (stop, mut stopped) = oneshot::channel::<()>();
+    let (stop, mut stopped) = StopOnDrop::new();
     runtime.spawn(async move {
         let mut tick = tokio::time::interval(EVERY);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
@@ -50,5 +44,5 @@ pub(super) fn start(pool: SqlitePool) -> Option<Arc<Checkpointer>> {
             }
         }
     });
-    Some(Arc::new(Checkpointer { _stop: stop }))
+    Some(stop)
 }

@@ -15,7 +15,7 @@
 //! process are woken by [`SqlTransport`], others poll. One machine, one
 //! clock: times are the machine's.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::path::Path;
 use std::str::FromStr;
 use std::sync::Arc;
@@ -25,11 +25,9 @@ use sqlx::sqlite::{SqliteConnectOptions, SqliteConnection, SqliteJournalMode, Sq
 use sqlx::{Pool, Sqlite, Transaction};
 use tokio::sync::{Mutex, OwnedMutexGuard};
 
-use super::dialect::{backend, Dialect};
-use super::dialect::{fail, SqlStore};
-use super::driver::{stmt, Driver};
+use super::dialect::{fail, leased, Dialect, SqlStore, StopOnDrop, Write};
+use super::record::LeasedRow;
 use super::statements::{self as sql, Tables};
-use super::store::LeasedRow;
 use crate::error::TransportError;
 use crate::transport::sql::machine::{Row, RowId};
 
@@ -60,7 +58,7 @@ pub struct LiteState {
     /// still wait through the busy timeout.
     writer: Arc<Mutex<()>>,
     /// Checkpoints the WAL in the background (file databases only).
-    _checkpointer: Option<Arc<checkpoint::Checkpointer>>,
+    _checkpointer: Option<StopOnDrop>,
 }
 
 /// Whether the options name an in-memory database (`sqlite::memory:`, `?mode=memory`).
@@ -85,50 +83,17 @@ fn json_ids(ids: impl Iterator<Item = i64>) -> String {
 /// Reserves `n` consecutive values of the counter; returns the first.
 async fn reserve(conn: &mut SqliteConnection, tables: &Tables, n: usize) -> Result<u64, TransportError> {
     let sql = tables.sql(&["UPDATE messaging_counters SET value = value + $1 WHERE name = 'seq' RETURNING value"]);
-    let last = stmt(&sql).bind(int(n)).fetch_optional::<Sqlite>(conn).await;
-    let last = last.and_then(|r| r.map(|r| Sqlite::int(&r, 0)).transpose());
-    match last.map_err(|e| backend::<Sqlite>("advancing the counter", e))?.flatten() {
-        Some(last) => Ok((last - int(n) + 1) as u64),
-        None => Err(TransportError::Backend(
-            "sqlite: the counter `seq` is missing from table `messaging_counters`; run the `migrate` command".into(),
-        )),
-    }
-}
-
-/// Leases the rows `ids` in one statement, with one new token for the lease;
-/// returns them in the order of `ids`.
-async fn lease_ids(
-    conn: &mut SqliteConnection,
-    tables: &Tables,
-    ids: &[i64],
-    now: i64,
-    lease_ms: i64,
-) -> Result<Vec<LeasedRow>, TransportError> {
-    if ids.is_empty() {
-        return Ok(Vec::new());
-    }
-    let token = reserve(conn, tables, 1).await?;
-    let update = tables.sql(&[
-        "UPDATE messaging_messages SET status = 'processing', lease_token = $1, lease_expires = $2, \
-         attempts = attempts + 1 WHERE id IN (SELECT value FROM json_each($3)) RETURNING ",
-        sql::LEASED,
-    ]);
-    let json = json_ids(ids.iter().copied());
-    let rows = stmt(&update)
-        .bind(token as i64)
-        .bind(now + lease_ms)
-        .bind(json.as_str())
-        .fetch_all::<Sqlite>(conn)
+    let last: Option<i64> = sqlx::query_scalar(&sql)
+        .bind(int(n))
+        .fetch_optional(conn)
         .await
-        .map_err(|e| backend::<Sqlite>("lease", e))?;
-    let position: std::collections::HashMap<i64, usize> = ids.iter().enumerate().map(|(i, &id)| (id, i)).collect();
-    let mut leased = rows
-        .iter()
-        .map(|r| Sqlite::leased(r).map(LeasedRow::from))
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| backend::<Sqlite>("lease", e))?;
-    leased.sort_by_key(|l| position.get(&(l.id as i64)).copied().unwrap_or(usize::MAX));
-    Ok(leased)
+        .map_err(fail::<Sqlite>("advancing the counter"))?;
+    let last = last.ok_or_else(|| {
+        TransportError::Backend(
+            "sqlite: the counter `seq` is missing from table `messaging_counters`; run the `migrate` command".into(),
+        )
+    })?;
+    Ok((last - int(n) + 1) as u64)
 }
 
 impl SqlStore<Sqlite> {
@@ -182,6 +147,7 @@ impl Dialect for Sqlite {
     const SCHEMA_COLUMNS: &'static str = "SELECT m.name, p.name FROM sqlite_master m JOIN pragma_table_info(m.name) p \
         WHERE m.type = 'table' AND m.name LIKE 'messaging\\_%' ESCAPE '\\'";
     const AUTOCOMMIT: bool = false;
+    const MISSING_TABLE: &'static str = "no such table";
 
     type State = LiteState;
 
@@ -249,7 +215,7 @@ impl Dialect for Sqlite {
             });
             insert.push(" RETURNING id, seq");
             let mut inserted: Vec<(i64, i64)> =
-                insert.build_query_as().fetch_all(&mut *conn).await.map_err(|e| backend::<Self>("enqueue", e))?;
+                insert.build_query_as().fetch_all(&mut *conn).await.map_err(fail::<Self>("enqueue"))?;
             inserted.sort_by_key(|&(_, seq)| seq);
             ids.extend(inserted.into_iter().map(|(id, _)| id as RowId));
         }
@@ -267,20 +233,34 @@ impl Dialect for Sqlite {
     ) -> Result<Vec<LeasedRow>, TransportError> {
         // Most idle polls find nothing: look before taking the write lock.
         let look = "SELECT EXISTS (SELECT 1 FROM messaging_messages WHERE queue = $1 AND status = 'pending')";
-        let found = store.query("lease", &[look], &[queue.into()]).await?;
-        if !found.first().map(|r| Self::flag(r, 0)).transpose().map_err(fail::<Self>("lease"))?.unwrap_or(false) {
+        let found = sqlx::query_scalar(&store.tables.sql(&[look])).bind(queue).fetch_one(&store.pool).await;
+        if !found.map_err(fail::<Self>("lease"))? {
             return Ok(Vec::new());
         }
-        let mut w = super::dialect::Write::begin(store).await?;
+        let mut w = Write::begin(store).await?;
         let result = async {
-            let pick = if fifo { sql::PICK_FIFO } else { sql::PICK_STANDARD };
-            let picked = store.query_in(&mut w, "lease", &[pick], &[queue.into(), int(n).into()]).await?;
-            let ids: Vec<i64> = picked
-                .iter()
-                .map(|r| Self::int(r, 0).map(Option::unwrap_or_default))
-                .collect::<Result<_, _>>()
+            let pick = store.tables.sql(&[if fifo { sql::PICK_FIFO } else { sql::PICK_STANDARD }]);
+            let ids: Result<Vec<i64>, _> =
+                sqlx::query_scalar(&pick).bind(queue).bind(int(n)).fetch_all(&mut *w.conn()).await;
+            let ids = ids.map_err(fail::<Self>("lease"))?;
+            if ids.is_empty() {
+                return Ok(Vec::new());
+            }
+            // One statement, one new token for the whole lease.
+            let token = reserve(w.conn(), &store.tables, 1).await?;
+            let update = store.tables.sql(&[
+                "UPDATE messaging_messages SET status = 'processing', lease_token = $1, lease_expires = $2, \
+                 attempts = attempts + 1 WHERE id IN (SELECT value FROM json_each($3)) RETURNING ",
+                sql::LEASED,
+            ]);
+            let rows = sqlx::query(&update)
+                .bind(token as i64)
+                .bind(now + lease_ms)
+                .bind(json_ids(ids.into_iter()))
+                .fetch_all(&mut *w.conn())
+                .await
                 .map_err(fail::<Self>("lease"))?;
-            lease_ids(w.conn(), &store.tables, &ids, now, lease_ms).await
+            leased::<Self>(&rows, fifo)
         }
         .await;
         w.finish(result).await
@@ -300,14 +280,9 @@ impl Dialect for Sqlite {
             .sql(&["SELECT id, lease_token FROM messaging_messages WHERE id IN (SELECT value FROM json_each($1)) \
              AND queue = $2 AND status = 'processing' AND identity IS NULL AND lease_expires > $3"]);
         let json = json_ids(items.iter().map(|&(id, _)| id as i64));
-        let held = stmt(&find).bind(json.as_str()).bind(queue).bind(now).fetch_all::<Self>(&mut *conn).await;
-        let held: std::collections::HashMap<i64, i64> = held
-            .and_then(|rows| {
-                rows.iter()
-                    .map(|r| Ok((Self::int(r, 0)?.unwrap_or_default(), Self::int(r, 1)?.unwrap_or_default())))
-                    .collect()
-            })
-            .map_err(|e| backend::<Self>("completing messages", e))?;
+        let held: Result<Vec<(i64, i64)>, _> =
+            sqlx::query_as(&find).bind(json).bind(queue).bind(now).fetch_all(&mut *conn).await;
+        let held: HashMap<i64, i64> = held.map_err(fail::<Self>("completing messages"))?.into_iter().collect();
         let done: HashSet<(RowId, u64)> =
             items.iter().filter(|&&(id, token)| held.get(&(id as i64)) == Some(&(token as i64))).copied().collect();
         if done.is_empty() {
@@ -319,12 +294,11 @@ impl Dialect for Sqlite {
             "UPDATE messaging_messages SET status = 'processed', processed_at = $2, lease_token = NULL, \
              lease_expires = NULL WHERE id IN (SELECT value FROM json_each($1))"
         }]);
-        let json = json_ids(done.iter().map(|&(id, _)| id as i64));
-        let mut s = stmt(&fast).bind(json.as_str());
+        let mut complete = sqlx::query(&fast).bind(json_ids(done.iter().map(|&(id, _)| id as i64)));
         if retention_ms > 0 {
-            s = s.bind(now);
+            complete = complete.bind(now);
         }
-        s.execute::<Self>(conn).await.map_err(|e| backend::<Self>("completing messages", e))?;
+        complete.execute(conn).await.map_err(fail::<Self>("completing messages"))?;
         Ok(done)
     }
 
@@ -339,8 +313,8 @@ impl Dialect for Sqlite {
              seq = $1 WHERE id = $2 AND queue = $3 AND status = 'error'"]);
         let mut moved = 0;
         for (seq, &id) in (first..).zip(ids) {
-            let done = stmt(&sql).bind(seq as i64).bind(id as i64).bind(queue).execute::<Self>(&mut *conn).await;
-            moved += done.map_err(|e| backend::<Self>("redrive", e))? as usize;
+            let done = sqlx::query(&sql).bind(seq as i64).bind(id as i64).bind(queue).execute(&mut *conn).await;
+            moved += done.map_err(fail::<Self>("redrive"))?.rows_affected() as usize;
         }
         Ok(moved)
     }
@@ -349,9 +323,5 @@ impl Dialect for Sqlite {
 
     fn changes(_: &LiteState) -> Option<tokio::sync::broadcast::Receiver<String>> {
         None
-    }
-
-    fn missing_table(text: &str) -> bool {
-        text.contains("no such table")
     }
 }

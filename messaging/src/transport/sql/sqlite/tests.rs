@@ -79,8 +79,7 @@ fn payloads(leased: &[LeasedRow]) -> Vec<String> {
 #[tokio::test]
 async fn migrates_checks_and_declares_queues() {
     let (store, db) = store().await;
-    assert_eq!(store.system(), "sqlite");
-    store.check_schema().await.expect("schema ok");
+    store.check().await.expect("schema ok");
     // Migrating again is a no-op.
     store.migrate().await.expect("migrate twice");
     store.declare("jobs", false, NOW).await.expect("declare standard");
@@ -100,7 +99,7 @@ async fn connect_runs_the_migrations_when_asked() {
     let transport = crate::transport::sql::connect::<Sqlite>(&format!("{}?migrate=true&poll=50ms", db.url()))
         .await
         .expect("connect");
-    transport.store.check_schema().await.expect("migrated");
+    transport.store.check().await.expect("migrated");
     transport.store.pool().close().await;
 }
 
@@ -108,10 +107,9 @@ async fn connect_runs_the_migrations_when_asked() {
 async fn a_missing_schema_asks_for_the_migrate_command() {
     let db = TempDb::new();
     let store = SqliteStore::connect(&db.url()).await.expect("connect creates the file");
-    for err in [
-        store.check_schema().await.expect_err("no tables"),
-        store.declare("jobs", false, NOW).await.expect_err("no tables"),
-    ] {
+    for err in
+        [store.check().await.expect_err("no tables"), store.declare("jobs", false, NOW).await.expect_err("no tables")]
+    {
         let text = err.to_string();
         assert!(text.contains("run the `migrate` command"), "{text}");
         assert!(text.contains("messaging_messages"), "{text}");

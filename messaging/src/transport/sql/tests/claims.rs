@@ -130,18 +130,18 @@ where
     let url = postgres_url();
     let admin = PostgresIdempotencyStore::connect(&url).await.unwrap();
     let schema = unique_name("idem");
-    sqlx::raw_sql(&format!("CREATE SCHEMA {schema}")).execute(admin.pool()).await.unwrap();
+    sqlx::raw_sql(&format!("CREATE SCHEMA {schema}")).execute(&admin.store.pool).await.unwrap();
     let separator = if url.contains('?') { '&' } else { '?' };
     let store = PostgresIdempotencyStore::connect(&format!("{url}{separator}options=-c%20search_path%3D{schema}"))
         .await
         .unwrap();
     if migrate {
-        store.migrate().await.unwrap();
+        store.store.migrate().await.unwrap();
     }
     let outcome = tokio::spawn(body(store.clone())).await;
-    store.close().await;
-    sqlx::raw_sql(&format!("DROP SCHEMA {schema} CASCADE")).execute(admin.pool()).await.unwrap();
-    admin.close().await;
+    store.store.pool.close().await;
+    sqlx::raw_sql(&format!("DROP SCHEMA {schema} CASCADE")).execute(&admin.store.pool).await.unwrap();
+    admin.store.pool.close().await;
     if let Err(e) = outcome {
         std::panic::resume_unwind(e.into_panic());
     }
@@ -157,10 +157,10 @@ where
     let path: PathBuf = std::env::temp_dir().join(format!("{}.sqlite3", unique_name("messaging_idem")));
     let store = SqliteIdempotencyStore::connect(&format!("sqlite://{}?mode=rwc", path.display())).await.unwrap();
     if migrate {
-        store.migrate().await.unwrap();
+        store.store.migrate().await.unwrap();
     }
     let outcome = tokio::spawn(body(store.clone())).await;
-    store.close().await;
+    store.store.pool.close().await;
     for suffix in ["", "-journal", "-wal", "-shm"] {
         let mut file = path.clone().into_os_string();
         file.push(suffix);
@@ -440,7 +440,7 @@ async fn sqlite_missing_table_is_reported() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sqlite_in_memory_database_is_one_connection() {
     let store = SqliteIdempotencyStore::connect("sqlite::memory:").await.unwrap();
-    store.migrate().await.unwrap();
+    store.store.migrate().await.unwrap();
     // Smoke test: concurrent operations all see the one migrated database.
     let tasks: Vec<_> = (0..8)
         .map(|i| {
@@ -453,5 +453,5 @@ async fn sqlite_in_memory_database_is_one_connection() {
         outcomes.push(task.await.unwrap());
     }
     assert_eq!(count(&outcomes, Claim::Claimed), 1, "{outcomes:?}");
-    store.close().await;
+    store.store.pool.close().await;
 }

@@ -367,7 +367,7 @@ fn postgres_partition_leases_split_the_queue_in_order() {
     runtime.block_on(async {
         let store = crate::transport::sql::postgres::PostgresStore::connect(&db.url).await.expect("connect");
         store.migrate().await.expect("migrate");
-        assert_eq!(store.concurrent_leases(), 2);
+        assert_eq!(<sqlx::Postgres as Dialect>::CONCURRENT_LEASES, 2);
         store.declare("parts", false, START).await.expect("declare");
         let items: Vec<Enqueue> = (0..40)
             .map(|n| Enqueue {
@@ -385,8 +385,8 @@ fn postgres_partition_leases_split_the_queue_in_order() {
             result.expect("enqueued");
         }
         let (even, odd) = tokio::join!(
-            store.lease_partition("parts", START, 100, 30_000, 0, 2),
-            store.lease_partition("parts", START, 100, 30_000, 1, 2),
+            sqlx::Postgres::lease(&store, "parts", START, 100, 30_000, false, Some((0, 2))),
+            sqlx::Postgres::lease(&store, "parts", START, 100, 30_000, false, Some((1, 2))),
         );
         let (even, odd) = (even.expect("lease"), odd.expect("lease"));
         assert_eq!(even.len() + odd.len(), 40, "together the partitions are the whole queue");
