@@ -27,13 +27,13 @@ mod enrich;
 pub mod envelope;
 pub mod error;
 pub mod extract;
-pub mod handler;
+mod handler;
 mod health;
 #[cfg(test)]
 mod layers;
 pub mod message;
 pub mod observe;
-pub mod pipeline;
+mod pipeline;
 pub mod publish;
 pub mod queue;
 pub mod registry;
