@@ -220,12 +220,15 @@ fn short_type_name<E>() -> &'static str {
     }
 }
 
-/// `?` on any error inside a handler turns it into a transient failure.
-/// (Like `anyhow::Error`, `HandlerError` itself does not implement
-/// `std::error::Error`, which is what makes this conversion possible.)
+/// `?` inside a handler turns any error into a transient failure: every
+/// `std::error::Error + Send + Sync`, `anyhow::Error`, `Box<dyn Error + Send +
+/// Sync>`, `String` and `&str` (whatever converts into a boxed error).
+/// ([`HandlerError::permanent`] stays explicit.) Like `anyhow::Error`,
+/// `HandlerError` itself does not implement `std::error::Error`, which is what
+/// makes this one blanket conversion possible.
 impl<E> From<E> for HandlerError
 where
-    E: std::error::Error + Send + Sync + 'static,
+    E: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
     fn from(error: E) -> Self {
         HandlerError::transient(error)
