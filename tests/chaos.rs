@@ -363,7 +363,7 @@ async fn fifo_poison(url: &str) {
     assert!(b < retry, "{url}: group b waited for group a's retry: {seen:?}");
     let letters = dead.peek("chaos-poison.fifo", 10).await.expect("peek");
     assert_eq!(letters.len(), 1, "{url}: only the head is a dead letter");
-    assert_eq!(letters[0].reason.as_deref(), Some("the head always fails"), "{url}");
+    assert_eq!(letters[0].reason.as_deref(), Some("the head always fails (after 2 attempts)"), "{url}");
     assert_eq!(transport.depth("chaos-poison.fifo").await.expect("depth"), 0, "{url}: the queue is drained");
 }
 

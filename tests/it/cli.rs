@@ -257,7 +257,11 @@ fn plant_dead_letter(dir: &WorkDir) {
         };
         t.send("orders.fifo", out).await.unwrap();
         let d = t.receive("orders.fifo", 1, std::time::Duration::from_secs(1)).await.unwrap().remove(0);
-        t.dead_letters().unwrap().dead_letter("orders.fifo", &d, "card declined".into()).await.unwrap();
+        t.dead_letters()
+            .unwrap()
+            .dead_letter("orders.fifo", &d, messaging::transport::FailedAttempt::new(1, "Declined", "card declined"))
+            .await
+            .unwrap();
     });
 }
 
@@ -270,7 +274,10 @@ fn dead_letters_from_the_command_line() {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let line: serde_json::Value = serde_json::from_str(stdout(&out).trim()).unwrap();
     assert_eq!(line["type"], "orders.placed");
-    assert_eq!(line["reason"], "card declined");
+    assert_eq!(line["reason"], "card declined (after 1 attempt)");
+    assert_eq!(line["history"][0]["type"], "Declined", "{line}");
+    assert_eq!(line["history"][0]["message"], "card declined", "{line}");
+    assert_eq!(line["history"][0]["attempt"], 1, "{line}");
     let out = run(orders_in(&dir).arg("queues"));
     assert!(stdout(&out).contains("1 in orders-dlq.fifo"), "{}", stdout(&out));
     // A type filter that matches nothing moves nothing.

@@ -29,6 +29,7 @@ mod sql_claims;
 mod sql_clock;
 mod sql_crash;
 mod sql_errors;
+mod sql_migrations;
 mod sql_processes;
 mod sqs;
 mod sqs_crash;

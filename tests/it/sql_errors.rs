@@ -124,3 +124,69 @@ async fn an_oversized_id_is_refused_before_sending() {
     assert!(err.to_string().contains("printable ASCII"), "{err}");
     assert_eq!(transport.depth("errors-jobs").await.expect("depth"), 0, "nothing was sent");
 }
+
+#[messaging::queue("errors-history", max_receives = 3)]
+struct Flaky;
+
+#[messaging::message(name = "test.errors.history", v = 1)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Attempted {
+    n: u32,
+}
+
+#[derive(Debug)]
+struct Boom(u32);
+
+impl std::fmt::Display for Boom {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "attempt {} failed", self.0)
+    }
+}
+
+impl std::error::Error for Boom {}
+
+#[messaging::handler(queue = Flaky, retry(base = "20ms", max = "40ms"))]
+async fn always_fails(_m: Attempted, ctx: MessageContext) -> Result<(), HandlerError> {
+    Err(HandlerError::transient(Boom(ctx.receive_count())))
+}
+
+#[tokio::test]
+async fn a_dead_letter_keeps_every_failed_attempt_and_the_last_error_as_its_reason() {
+    for url in ["sqlite", "postgres"] {
+        let (url, _guard): (String, Box<dyn std::any::Any>) = if url == "sqlite" {
+            let file = fixtures::SqliteFile::new();
+            (format!("{}&migrate=true&poll=50ms", file.url), Box::new(file))
+        } else {
+            let db = fixtures::Postgres::new().await;
+            (format!("{}&migrate=true&poll=50ms", db.url), Box::new(db))
+        };
+        let transport = messaging::transport::connect(&url).await.expect("connects");
+        let mut app = messaging::App::new(transport.clone()).await.expect("app");
+        app.only_queues(&["errors-history"]);
+        let running = app.start().expect("start");
+        let started = std::time::SystemTime::now();
+        let id = Publisher::new(transport.clone()).send::<Flaky, _>(&Attempted { n: 1 }).await.expect("sent");
+        let dead = transport.dead_letters().expect("dead letters");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let letter = loop {
+            if let Some(letter) = dead.peek("errors-history", 10).await.expect("peek").pop() {
+                break letter;
+            }
+            assert!(Instant::now() < deadline, "{url}: never dead-lettered");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        running.stop().await;
+        assert_eq!(letter.message_id, id);
+        assert_eq!(letter.reason.as_deref(), Some("attempt 3 failed (after 3 attempts)"), "{url}");
+        let attempts: Vec<(u32, &str, &str)> =
+            letter.history.iter().map(|a| (a.attempt, a.error_type.as_str(), a.message.as_str())).collect();
+        assert_eq!(
+            attempts,
+            [(1, "Boom", "attempt 1 failed"), (2, "Boom", "attempt 2 failed"), (3, "Boom", "attempt 3 failed")],
+            "{url}"
+        );
+        let since = started.duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64 - 1_000;
+        assert!(letter.history.iter().all(|a| a.at_ms >= since), "{url}: times are now-ish: {:?}", letter.history);
+        assert!(letter.history.windows(2).all(|w| w[0].at_ms <= w[1].at_ms), "{url}: in order");
+    }
+}

@@ -174,7 +174,7 @@ async fn a_poison_message_and_a_malformed_one_end_in_the_dead_letter_queue() {
     let mut reasons: Vec<String> = first.iter().map(|l| l.reason.clone().unwrap_or_default()).collect();
     reasons.sort();
     assert!(reasons[0].contains("malformed envelope"), "{reasons:?}");
-    assert_eq!(reasons[1], "smtp down", "{reasons:?}");
+    assert_eq!(reasons[1], "smtp down (after 2 attempts)", "the last error and the attempts: {reasons:?}");
     // Redrive only the malformed one (it has no envelope type).
     let only_malformed = RedriveOptions { max: None, filter: Some(Arc::new(|l| l.type_name().is_none())) };
     let outcome = dlq.redrive("sqs-mail", only_malformed).await.expect("redrive");
@@ -194,10 +194,14 @@ async fn redrive_to_a_fifo_queue_keeps_the_group() {
     let p = Publisher::new(t.clone());
     p.send::<Orders, _>(&Order { customer: "c7".into(), n: 1 }).await.expect("sent");
     let d = t.receive("sqs-orders.fifo", 1, Duration::from_secs(1)).await.expect("receive").remove(0);
-    t.dead_letters().expect("dlq").dead_letter("sqs-orders.fifo", &d, "permanent".into()).await.expect("moved");
+    t.dead_letters()
+        .expect("dlq")
+        .dead_letter("sqs-orders.fifo", &d, messaging::transport::FailedAttempt::new(1, "Error", "permanent"))
+        .await
+        .expect("moved");
     let letters = t.dead_letters().expect("dlq").peek("sqs-orders.fifo", 10).await.expect("peek");
     assert_eq!(letters.len(), 1);
-    assert_eq!(letters[0].reason.as_deref(), Some("permanent"));
+    assert_eq!(letters[0].reason.as_deref(), Some("permanent (after 1 attempt)"));
     assert_eq!(
         t.dead_letters()
             .expect("dlq")

@@ -191,7 +191,7 @@ async fn a_failing_fifo_head_is_dead_lettered_alone_and_its_group_goes_on() {
     let letters = app.transport().dead_letters().unwrap().peek("poisoned.fifo", 10).await.unwrap();
     assert_eq!(letters.len(), 1, "only the head is a dead letter");
     assert_eq!(letters[0].message_id, ids[0]);
-    assert_eq!(letters[0].reason.as_deref(), Some("the head always fails"));
+    assert_eq!(letters[0].reason.as_deref(), Some("the head always fails (after 2 attempts)"));
     app.stop().await;
 }
 
@@ -256,7 +256,13 @@ async fn after_max_receives_a_failing_message_is_dead_lettered_not_lost() {
     let letters = app.transport().dead_letters().unwrap().peek("hopeless", 10).await.unwrap();
     assert_eq!(letters.len(), 1);
     assert_eq!(letters[0].message_id, id);
-    assert_eq!(letters[0].reason.as_deref(), Some("always fails"), "the handler's error is the reason");
+    assert_eq!(
+        letters[0].reason.as_deref(),
+        Some("always fails (after 3 attempts)"),
+        "the handler's error is the reason"
+    );
+    let attempts: Vec<(u32, &str)> = letters[0].history.iter().map(|a| (a.attempt, a.error_type.as_str())).collect();
+    assert_eq!(attempts, [(1, "Failure"), (2, "Failure"), (3, "Failure")], "memory:// keeps the error history");
     assert_eq!(letters[0].receive_count, 3);
     app.stop().await;
 }
@@ -278,7 +284,7 @@ async fn a_permanent_failure_is_dead_lettered_at_once() {
     app.dead_lettered(&id).await.unwrap();
     assert_eq!(rec.calls.load(Ordering::SeqCst), 1);
     let letters = app.transport().dead_letters().unwrap().peek("poison", 10).await.unwrap();
-    assert_eq!(letters[0].reason.as_deref(), Some("cannot ever work"));
+    assert_eq!(letters[0].reason.as_deref(), Some("cannot ever work (after 1 attempt)"));
     app.stop().await;
 }
 

@@ -53,9 +53,16 @@ fn json_of(letter: &DeadLetter) -> serde_json::Value {
         "group_id": letter.group_id,
         "receive_count": letter.receive_count,
         "reason": letter.reason,
+        "history": letter.history,
         "attributes": &*letter.attributes,
         "body": String::from_utf8_lossy(&letter.body),
     })
+}
+
+/// A time in milliseconds since the Unix epoch, as RFC 3339 in UTC.
+fn rfc3339(ms: i64) -> String {
+    let at = std::time::UNIX_EPOCH + std::time::Duration::from_millis(u64::try_from(ms).unwrap_or(0));
+    humantime::format_rfc3339_millis(at).to_string()
 }
 
 /// Whether `queue` is declared FIFO: its dead letters are then read a group
@@ -107,6 +114,15 @@ pub(super) async fn run(app: &App, command: DlqCommand) -> Result<(), Error> {
                     letter.reason.as_deref().unwrap_or("-"),
                     if body.chars().count() > 120 { "…" } else { "" }
                 );
+                for attempt in &letter.history {
+                    println!(
+                        "    attempt {} at {}: {}: {}",
+                        attempt.attempt,
+                        rfc3339(attempt.at_ms),
+                        attempt.error_type,
+                        attempt.message
+                    );
+                }
             }
             if hidden > 0 {
                 println!("{note}");

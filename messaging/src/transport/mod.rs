@@ -82,6 +82,56 @@ pub struct Delivery {
     pub sent_at: SystemTime,
 }
 
+/// One failed attempt of a message, as its error history keeps it (database
+/// queues and `memory://` keep the last [`FailedAttempt::KEPT`]; on SQS the
+/// last one travels as the dead letter's reason). Serialized with the field
+/// names shown here: this is the `attempt` of the JSON that `dlq peek --json`
+/// prints.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct FailedAttempt {
+    /// Which receive of the message failed (1 for the first).
+    pub attempt: u32,
+    /// When, in milliseconds since the Unix epoch.
+    pub at_ms: i64,
+    /// The error's type ([`HandlerError::kind`](crate::HandlerError::kind)),
+    /// or what the transport saw (`LeaseExpired`).
+    #[serde(rename = "type")]
+    pub error_type: String,
+    /// The error's message, cut at [`FailedAttempt::MAX_MESSAGE`] characters.
+    pub message: String,
+}
+
+impl FailedAttempt {
+    /// How many failed attempts a message's history keeps (the last ones).
+    pub const KEPT: usize = 10;
+    /// The longest message kept, in characters.
+    pub const MAX_MESSAGE: usize = 1_000;
+
+    /// Attempt `attempt` failed now with an error of type `error_type`.
+    pub fn new(attempt: u32, error_type: &str, message: &str) -> FailedAttempt {
+        let at_ms = SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64);
+        let message = match message.char_indices().nth(Self::MAX_MESSAGE) {
+            Some((cut, _)) => format!("{}…", &message[..cut]),
+            None => message.to_owned(),
+        };
+        FailedAttempt { attempt, at_ms, error_type: error_type.to_owned(), message }
+    }
+
+    /// The reason a message is dead-lettered with after this attempt:
+    /// `"{message} (after N attempts)"`.
+    pub fn reason(&self) -> String {
+        let plural = if self.attempt == 1 { "" } else { "s" };
+        format!("{} (after {} attempt{plural})", self.message, self.attempt)
+    }
+
+    /// Appends `self` to `history`, keeping the last [`FailedAttempt::KEPT`].
+    pub(crate) fn push_onto(self, history: &mut Vec<FailedAttempt>) {
+        history.push(self);
+        let extra = history.len().saturating_sub(Self::KEPT);
+        history.drain(..extra);
+    }
+}
+
 /// A queue backend. Calls name the queue by its declared name.
 ///
 /// The worker relies on SQS-like semantics: a received message is invisible
@@ -124,6 +174,20 @@ pub trait Transport: Send + Sync + 'static {
         receipt: Receipt,
         delay: Duration,
     ) -> BoxFuture<'a, Result<(), TransportError>>;
+
+    /// Like [`Transport::nack`] after a failed attempt: also records
+    /// `failure` in the message's error history, where the backend keeps one
+    /// (the default only calls `nack`).
+    fn fail<'a>(
+        &'a self,
+        queue: &'a str,
+        receipt: Receipt,
+        delay: Duration,
+        failure: FailedAttempt,
+    ) -> BoxFuture<'a, Result<(), TransportError>> {
+        let _ = failure;
+        self.nack(queue, receipt, delay)
+    }
 
     /// Pushes the visibility timeout of an in-flight delivery out to `visibility` from now.
     fn extend<'a>(
@@ -205,6 +269,8 @@ pub struct DeadLetter {
     pub receive_count: u32,
     /// Why it was dead-lettered, when known.
     pub reason: Option<String>,
+    /// Its failed attempts, oldest first (empty where the backend keeps none).
+    pub history: Vec<FailedAttempt>,
 }
 
 impl DeadLetter {
@@ -249,13 +315,13 @@ pub struct RedriveOutcome {
 
 /// Dead-letter operations of a backend.
 pub trait DeadLetters: Send + Sync {
-    /// Moves an in-flight delivery of `queue` to its dead-letter queue now
-    /// (a permanent failure).
+    /// Moves an in-flight delivery of `queue` to its dead-letter queue now,
+    /// after `failure` (its reason: [`FailedAttempt::reason`]).
     fn dead_letter<'a>(
         &'a self,
         queue: &'a str,
         delivery: &'a Delivery,
-        reason: String,
+        failure: FailedAttempt,
     ) -> BoxFuture<'a, Result<(), TransportError>>;
 
     /// Shows up to `max` dead letters of `queue` without removing them.

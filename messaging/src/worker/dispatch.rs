@@ -15,7 +15,7 @@ use crate::error::HandlerError;
 use crate::handler::RetryPolicy;
 use crate::observe::{DispatchEvent, Outcome};
 use crate::telemetry;
-use crate::transport::Delivery;
+use crate::transport::{Delivery, FailedAttempt};
 use tracing::Instrument as _;
 
 /// The shortest wait before trying a message whose claim is held elsewhere
@@ -109,7 +109,9 @@ impl Worker {
                         "permanent failure, dead-lettering: {error}");
                 });
                 self.settle(batch, i);
-                let step = self.dead_letter(delivery, &error).await;
+                let step = self
+                    .dead_letter(delivery, failed_attempt(delivery.receive_count.saturating_add(tries), &error))
+                    .await;
                 self.report(delivery, Outcome::DeadLettered { error: error.to_string() });
                 step
             }
@@ -159,7 +161,7 @@ impl Worker {
         async move {
             if exhausted {
                 self.settle(batch, i);
-                self.dead_letter(delivery, error).await
+                self.dead_letter(delivery, failed_attempt(attempt, error)).await
             } else if spec.fifo && !spent {
                 Step::Again { after: delay, counted: true }
             } else {
@@ -168,9 +170,18 @@ impl Worker {
                 // long as it fails: SQS keeps a message invisible 12 hours
                 // at most.)
                 self.settle(batch, i);
-                self.release(delivery, delay).await;
+                self.retry(delivery, delay, failed_attempt(attempt, error)).await;
                 Step::Released
             }
+        }
+    }
+
+    /// Makes a settled delivery visible again after `delay`, recording `failure`.
+    async fn retry(&self, delivery: &Delivery, delay: Duration, failure: FailedAttempt) {
+        let queue = self.routes.spec().name;
+        if let Err(e) = self.transport.fail(queue, delivery.receipt.clone(), delay, failure).await {
+            tracing::warn!(queue, message.id = %delivery.message_id,
+                "could not schedule the retry ({e}); the message comes back when its visibility times out");
         }
     }
 
@@ -182,13 +193,13 @@ impl Worker {
         }
     }
 
-    /// Moves a settled delivery to the dead-letter queue with `error` as its
-    /// reason; when that is not possible, retries it after the longest
+    /// Moves a settled delivery to the dead-letter queue after `failure`
+    /// (its reason: the error and the receives); when that is not possible, retries it after the longest
     /// backoff (and says so).
-    async fn dead_letter(&self, delivery: &Delivery, error: &HandlerError) -> Step {
+    async fn dead_letter(&self, delivery: &Delivery, failure: FailedAttempt) -> Step {
         let spec = self.routes.spec();
         let moved = match self.transport.dead_letters() {
-            Some(dlq) => dlq.dead_letter(spec.name, delivery, error.to_string()).await,
+            Some(dlq) => dlq.dead_letter(spec.name, delivery, failure).await,
             None => Err(crate::error::TransportError::Rejected("the transport has no dead letters".into())),
         };
         match moved {
@@ -214,6 +225,11 @@ impl Worker {
             });
         }
     }
+}
+
+/// Attempt `attempt` failed with `error`, for the message's history.
+fn failed_attempt(attempt: u32, error: &HandlerError) -> FailedAttempt {
+    FailedAttempt::new(attempt, error.kind(), &error.to_string())
 }
 
 #[derive(Debug, thiserror::Error)]

@@ -8,7 +8,7 @@ use super::state::QueueState;
 use super::MemoryTransport;
 use crate::boxed::BoxFuture;
 use crate::error::TransportError;
-use crate::transport::{DeadLetter, DeadLetters, Delivery, Outgoing, RedriveOptions, RedriveOutcome};
+use crate::transport::{DeadLetter, DeadLetters, Delivery, FailedAttempt, Outgoing, RedriveOptions, RedriveOutcome};
 
 impl MemoryTransport {
     fn dlq_name(&self, queue: &str) -> Result<&'static str, TransportError> {
@@ -25,13 +25,14 @@ impl DeadLetters for MemoryTransport {
         &'a self,
         queue: &'a str,
         delivery: &'a Delivery,
-        reason: String,
+        failure: FailedAttempt,
     ) -> BoxFuture<'a, Result<(), TransportError>> {
         Box::pin(async move {
             let dlq = self.queue(self.dlq_name(queue)?)?;
             let source = self.queue(queue)?;
             let mut stored = source.lock().take_in_flight(&delivery.receipt)?;
-            stored.reason = Some(reason);
+            stored.reason = Some(failure.reason());
+            failure.push_onto(&mut stored.history);
             dlq.lock().insert(stored, QueueState::visible());
             source.notify.notify_waiters();
             Ok(())
@@ -53,6 +54,7 @@ impl DeadLetters for MemoryTransport {
                     attributes: m.attributes.clone(),
                     receive_count: m.receive_count,
                     reason: m.reason.clone(),
+                    history: m.history.clone(),
                 })
                 .collect())
         })
@@ -83,6 +85,7 @@ impl DeadLetters for MemoryTransport {
                         attributes: m.attributes.clone(),
                         receive_count: m.receive_count,
                         reason: m.reason.clone(),
+                        history: m.history.clone(),
                     };
                     if options.filter.as_ref().is_none_or(|f| f(&letter)) {
                         outcome.moved += 1;

@@ -226,6 +226,25 @@ impl Transport for MemoryTransport {
         })
     }
 
+    fn fail<'a>(
+        &'a self,
+        queue: &'a str,
+        receipt: Receipt,
+        delay: Duration,
+        failure: crate::transport::FailedAttempt,
+    ) -> BoxFuture<'a, Result<(), TransportError>> {
+        Box::pin(async move {
+            let q = self.queue(queue)?;
+            {
+                let mut state = q.lock();
+                state.record(&receipt, failure)?;
+                state.nack(&receipt, delay, Instant::now())?;
+            }
+            q.notify.notify_waiters();
+            Ok(())
+        })
+    }
+
     fn extend<'a>(
         &'a self,
         queue: &'a str,

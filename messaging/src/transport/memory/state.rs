@@ -42,6 +42,8 @@ pub(super) struct Stored {
     pub(super) sent_at: SystemTime,
     pub(super) receive_count: u32,
     pub(super) reason: Option<String>,
+    /// Failed attempts, oldest first (the last `FailedAttempt::KEPT`).
+    pub(super) history: Vec<crate::transport::FailedAttempt>,
     status: Status,
     /// Bumped on every status change; timer entries with another epoch are stale.
     epoch: u64,
@@ -172,6 +174,7 @@ impl QueueState {
                 sent_at: SystemTime::now(),
                 receive_count: 0,
                 reason: None,
+                history: Vec::new(),
                 status: Status::Visible,
                 epoch: 0,
                 seq: 0,
@@ -364,7 +367,10 @@ impl QueueState {
         }
         if self.spec.dlq.is_some() && msg.receive_count >= self.spec.redrive_after() {
             if let Some(mut stored) = self.remove(key) {
-                stored.reason = Some(format!("received {} times without success", stored.receive_count));
+                stored.reason = Some(match stored.history.last() {
+                    Some(last) => format!("{} (after {} attempts)", last.message, stored.receive_count),
+                    None => format!("received {} times without success", stored.receive_count),
+                });
                 out.expired.push(stored);
             }
             return false;
@@ -429,6 +435,19 @@ impl QueueState {
     pub(super) fn take_in_flight(&mut self, receipt: &Receipt) -> Result<Stored, TransportError> {
         self.check(receipt)?;
         self.remove(receipt.key).ok_or(TransportError::StaleReceipt)
+    }
+
+    /// Adds a failed attempt to an in-flight message's history.
+    pub(super) fn record(
+        &mut self,
+        receipt: &Receipt,
+        failure: crate::transport::FailedAttempt,
+    ) -> Result<(), TransportError> {
+        self.check(receipt)?;
+        if let Some(m) = self.get_mut(receipt.key) {
+            failure.push_onto(&mut m.history);
+        }
+        Ok(())
     }
 
     /// Makes an in-flight message visible again after `delay`.

@@ -200,11 +200,11 @@ async fn redrive_is_fifo_correct_and_filters() {
     for (text, group) in [("keep", "g1"), ("move", "g2")] {
         t.send("q.fifo", grouped(text, group)).await.unwrap();
         let d = t.receive("q.fifo", 1, Duration::ZERO).await.unwrap().remove(0);
-        dl.dead_letter("q.fifo", &d, "permanent".into()).await.unwrap();
+        dl.dead_letter("q.fifo", &d, crate::transport::FailedAttempt::new(1, "Error", "permanent")).await.unwrap();
     }
     let letters = dl.peek("q.fifo", 10).await.unwrap();
     assert_eq!(letters.len(), 2);
-    assert_eq!(letters[0].reason.as_deref(), Some("permanent"));
+    assert_eq!(letters[0].reason.as_deref(), Some("permanent (after 1 attempt)"));
     let only_move = RedriveOptions {
         max: None,
         filter: Some(std::sync::Arc::new(|l: &crate::transport::DeadLetter| &*l.body == b"move")),

@@ -52,6 +52,9 @@ pub trait Dialect: Driver + sealed::Sealed + Sized {
     const SCHEMA_COLUMNS: &'static str;
     /// Whether a single statement may run outside a transaction.
     const AUTOCOMMIT: bool;
+    /// Makes concurrent migrators take turns, inside the migration's
+    /// transaction (SQLite's `BEGIN IMMEDIATE` does already).
+    const MIGRATION_LOCK: &'static str;
     /// What a failure's text holds when a table is missing.
     const MISSING_TABLE: &'static str;
 
@@ -65,8 +68,8 @@ pub trait Dialect: Driver + sealed::Sealed + Sized {
     /// work that `connect` would start beyond what correctness needs).
     fn adopt(pool: &Pool<Self>) -> Self::State;
 
-    /// Runs the framework's migrations.
-    fn migrate(pool: &Pool<Self>) -> impl Future<Output = Result<(), TransportError>> + Send;
+    /// The framework's migrations (run by `super::migrate`).
+    fn migrations() -> &'static sqlx::migrate::Migrator;
 
     /// Milliseconds since the Unix epoch by the clock every process of the
     /// database agrees on.

@@ -86,6 +86,9 @@ pub(crate) trait Driver: Database {
         args: &'e [Value<'e>],
     ) -> BoxFuture<'e, Result<u64, sqlx::Error>>;
 
+    /// Runs a script of several statements, without parameters.
+    fn execute_script<'e>(conn: &'e mut Self::Connection, sql: &'e str) -> BoxFuture<'e, Result<(), sqlx::Error>>;
+
     /// Column `i` as a BIGINT (or NULL).
     fn int(row: &Self::Row, i: usize) -> Result<Option<i64>, sqlx::Error>;
 
@@ -156,6 +159,11 @@ where
     ) -> BoxFuture<'e, Result<u64, sqlx::Error>> {
         let run = conn.execute(query::<DB>(sql, args));
         Box::pin(async move { run.await.map(|done| done.rows()) })
+    }
+
+    fn execute_script<'e>(conn: &'e mut Self::Connection, sql: &'e str) -> BoxFuture<'e, Result<(), sqlx::Error>> {
+        let run = conn.execute(sqlx::raw_sql(sql));
+        Box::pin(async move { run.await.map(drop) })
     }
 
     fn int(row: &Self::Row, i: usize) -> Result<Option<i64>, sqlx::Error> {

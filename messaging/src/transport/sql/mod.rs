@@ -17,6 +17,7 @@ mod clock;
 mod dialect;
 mod driver;
 pub(crate) mod machine;
+mod migrate;
 mod options;
 #[cfg(feature = "postgres")]
 pub(crate) mod postgres;
@@ -55,8 +56,8 @@ use crate::error::TransportError;
 use crate::queue::QueueSpec;
 use crate::transport::sql::machine::{Enqueue, EnqueueOutcome, QueueRules, Row};
 use crate::transport::{
-    Attributes, DeadLetter, DeadLetters, Delivery, MessageId, Outgoing, Receipt, RedriveOptions, RedriveOutcome,
-    Transport,
+    Attributes, DeadLetter, DeadLetters, Delivery, FailedAttempt, MessageId, Outgoing, Receipt, RedriveOptions,
+    RedriveOutcome, Transport,
 };
 
 /// A queue known to the transport.
@@ -110,7 +111,7 @@ pub(crate) async fn connect<D: Dialect>(url: &str) -> Result<SqlTransport<D>, cr
     let (options, url) = SqlOptions::parse(url)?;
     let store = SqlStore::<D>::connect(&url).await?;
     if options.migrate {
-        D::migrate(store.pool()).await?;
+        store.migrate().await?;
     }
     Ok(SqlTransport::new(store, options))
 }
@@ -214,6 +215,32 @@ impl<D: Dialect> SqlTransport<D> {
         self.store.lease(name, self.store.now(), n, lease_ms, fifo).await
     }
 
+    /// Gives a lease back: at once without charging the attempt, or after
+    /// `delay` as a failed attempt (recorded in the row's history; a `nack`
+    /// with a delay and no failure records that).
+    async fn give_back(
+        &self,
+        queue: &str,
+        receipt: Receipt,
+        delay: Duration,
+        failure: Option<FailedAttempt>,
+    ) -> Result<(), TransportError> {
+        let q = self.queue(queue)?;
+        let now = self.store.now();
+        let op = match (delay.is_zero(), failure) {
+            (true, None) => RowOp::Release,
+            (_, failure) => RowOp::Fail {
+                retry_at: now + delay.as_millis() as i64,
+                failure: failure
+                    .unwrap_or_else(|| FailedAttempt::new(0, "Nack", &format!("given back for a retry in {delay:?}"))),
+                max_attempts: q.rules.max_attempts,
+            },
+        };
+        self.store.apply(queue, now, receipt.key, receipt.token, op).await?;
+        q.local.notify_waiters();
+        Ok(())
+    }
+
     async fn receive_from(&self, name: &str, max: usize, wait: Duration) -> Result<Vec<Delivery>, TransportError> {
         let q = self.queue(name)?;
         let deadline = tokio::time::Instant::now() + wait;
@@ -292,6 +319,7 @@ fn dead_letter_of(row: Row) -> DeadLetter {
         attributes: Arc::new(decode_attributes(&row.attributes)),
         receive_count: row.attempts,
         reason: row.error,
+        history: row.history,
     }
 }
 
@@ -399,22 +427,17 @@ impl<D: Dialect> Transport for SqlTransport<D> {
         receipt: Receipt,
         delay: Duration,
     ) -> BoxFuture<'a, Result<(), TransportError>> {
-        Box::pin(async move {
-            let q = self.queue(queue)?;
-            let now = self.store.now();
-            let op = if delay.is_zero() {
-                RowOp::Release
-            } else {
-                RowOp::Fail {
-                    retry_at: now + delay.as_millis() as i64,
-                    error: "handler failed; retrying".to_owned(),
-                    max_attempts: q.rules.max_attempts,
-                }
-            };
-            self.store.apply(queue, now, receipt.key, receipt.token, op).await?;
-            q.local.notify_waiters();
-            Ok(())
-        })
+        Box::pin(self.give_back(queue, receipt, delay, None))
+    }
+
+    fn fail<'a>(
+        &'a self,
+        queue: &'a str,
+        receipt: Receipt,
+        delay: Duration,
+        failure: FailedAttempt,
+    ) -> BoxFuture<'a, Result<(), TransportError>> {
+        Box::pin(self.give_back(queue, receipt, delay, Some(failure)))
     }
 
     fn extend<'a>(
@@ -477,10 +500,10 @@ impl<D: Dialect> DeadLetters for SqlTransport<D> {
         &'a self,
         queue: &'a str,
         delivery: &'a Delivery,
-        reason: String,
+        failure: FailedAttempt,
     ) -> BoxFuture<'a, Result<(), TransportError>> {
         Box::pin(async move {
-            let op = RowOp::DeadLetter { error: reason };
+            let op = RowOp::DeadLetter { failure };
             let receipt = &delivery.receipt;
             self.store.apply(queue, self.store.now(), receipt.key, receipt.token, op).await
         })

@@ -141,6 +141,7 @@ impl Dialect for Postgres {
         WHERE table_schema = current_schema() AND table_name LIKE 'messaging\\_%'";
     const AUTOCOMMIT: bool = true;
     // SQLSTATE 42P01 (undefined_table), whatever the server's language.
+    const MIGRATION_LOCK: &'static str = "SELECT pg_advisory_xact_lock(hashtext('messaging:migrate'))";
     const MISSING_TABLE: &'static str = "(code 42P01)";
 
     type State = PgState;
@@ -163,11 +164,9 @@ impl Dialect for Postgres {
         start(pool, Clock::default())
     }
 
-    async fn migrate(pool: &Pool<Self>) -> Result<(), TransportError> {
-        sqlx::migrate!("./migrations/postgres")
-            .run(pool)
-            .await
-            .map_err(|e| TransportError::Backend(format!("postgresql: migration failed: {e}")))
+    fn migrations() -> &'static sqlx::migrate::Migrator {
+        static MIGRATIONS: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/postgres");
+        &MIGRATIONS
     }
 
     fn now(state: &PgState) -> i64 {

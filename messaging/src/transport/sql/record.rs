@@ -30,6 +30,7 @@ pub(crate) struct Record {
     sent_at: i64,
     processed_at: Option<i64>,
     error: Option<String>,
+    errors: String,
 }
 
 /// A leased row (the columns of `statements::LEASED`), with what orders it.
@@ -109,6 +110,9 @@ impl TryFrom<Record> for Row {
             deferred,
             processed_at: r.processed_at,
             error: r.error,
+            // A history that does not parse is shown empty rather than
+            // stopping the message.
+            history: serde_json::from_str(&r.errors).unwrap_or_default(),
             attributes: r.attributes,
             sent_at: r.sent_at,
         })

@@ -12,7 +12,7 @@ macro_rules! columns {
     () => {
         "id, identity, group_id, message_id, payload, attributes, priority, process_at, status, attempts, seq, \
          lease_token, lease_expires, deferred_message_id, deferred_payload, deferred_attributes, deferred_priority, \
-         deferred_process_at, deferred_status, deferred_seq, deferred_sent_at, sent_at, processed_at, error"
+         deferred_process_at, deferred_status, deferred_seq, deferred_sent_at, sent_at, processed_at, error, errors"
     };
 }
 pub(crate) use columns;
@@ -74,7 +74,7 @@ pub(crate) const STORE_ROW: &str = "UPDATE messaging_messages SET identity = $2,
     payload = $5, attributes = $6, priority = $7, process_at = $8, status = $9, attempts = $10, seq = $11, \
     lease_token = $12, lease_expires = $13, deferred_message_id = $14, deferred_payload = $15, \
     deferred_attributes = $16, deferred_priority = $17, deferred_process_at = $18, deferred_status = $19, \
-    deferred_seq = $20, deferred_sent_at = $21, sent_at = $22, processed_at = $23, error = $24 WHERE id = $1";
+    deferred_seq = $20, deferred_sent_at = $21, sent_at = $22, processed_at = $23, error = $24, errors = $25 WHERE id = $1";
 
 pub(crate) const DELETE_ROW: &str = "DELETE FROM messaging_messages WHERE id = $1";
 

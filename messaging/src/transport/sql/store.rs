@@ -2,6 +2,7 @@
 //! transitions of one leased row.
 
 use crate::transport::sql::machine::{EnqueueOutcome, Row};
+use crate::transport::FailedAttempt;
 
 /// What an enqueue stored.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -20,7 +21,7 @@ pub(crate) enum RowOp {
         /// When to try again (ms).
         retry_at: i64,
         /// Why it failed.
-        error: String,
+        failure: FailedAttempt,
         /// The queue's attempt limit.
         max_attempts: u32,
     },
@@ -29,7 +30,7 @@ pub(crate) enum RowOp {
     /// A permanent failure: Error at once.
     DeadLetter {
         /// Why.
-        error: String,
+        failure: FailedAttempt,
     },
     /// Push the lease's expiry out.
     Extend {
@@ -47,9 +48,9 @@ impl RowOp {
         token: u64,
     ) -> Result<(), crate::transport::sql::machine::LeaseLost> {
         match self {
-            RowOp::Fail { retry_at, error, max_attempts } => row.fail(now, token, *retry_at, error, *max_attempts),
+            RowOp::Fail { retry_at, failure, max_attempts } => row.fail(now, token, *retry_at, failure, *max_attempts),
             RowOp::Release => row.release(now, token),
-            RowOp::DeadLetter { error } => row.dead_letter(now, token, error),
+            RowOp::DeadLetter { failure } => row.dead_letter(now, token, failure),
             RowOp::Extend { lease_ms } => row.extend(now, token, *lease_ms),
         }
     }

@@ -18,7 +18,9 @@ use aws_sdk_sqs::types::MessageSystemAttributeName;
 use super::{delivery_of, handle, sdk, SqsQueue, SqsTransport, MAX_BATCH};
 use crate::boxed::BoxFuture;
 use crate::error::TransportError;
-use crate::transport::{DeadLetter, DeadLetters, Delivery, MessageId, Outgoing, RedriveOptions, RedriveOutcome};
+use crate::transport::{
+    DeadLetter, DeadLetters, Delivery, FailedAttempt, MessageId, Outgoing, RedriveOptions, RedriveOutcome,
+};
 
 /// How long messages stay reserved while a peek or redrive looks at them.
 const RESERVE: Duration = Duration::from_secs(30);
@@ -294,6 +296,7 @@ fn letter_of(d: &Delivery) -> DeadLetter {
         attributes: Arc::clone(&d.attributes),
         receive_count: d.receive_count,
         reason: d.attributes.get(REASON).cloned(),
+        history: Vec::new(),
     }
 }
 
@@ -302,9 +305,10 @@ impl DeadLetters for SqsTransport {
         &'a self,
         queue: &'a str,
         delivery: &'a Delivery,
-        reason: String,
+        failure: FailedAttempt,
     ) -> BoxFuture<'a, Result<(), TransportError>> {
         Box::pin(async move {
+            let reason = failure.reason();
             let (q, dlq_url) = self.dlq(queue)?;
             let mut attributes = (*delivery.attributes).clone();
             attributes.remove(REASON);

@@ -4,6 +4,11 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 use super::Status;
+use crate::transport::FailedAttempt;
+
+/// The error of an attempt whose lease expired.
+pub(crate) const LEASE_EXPIRED: &str =
+    "the lease expired before the message was settled (the process stopped, or the handler outlived the visibility timeout)";
 
 /// A row's id (insertion order within the table).
 pub(crate) type RowId = u64;
@@ -103,8 +108,11 @@ pub struct Row {
     pub deferred: Option<Deferred>,
     /// When it was processed (ms), for retention.
     pub processed_at: Option<i64>,
-    /// The last failure.
+    /// The last failure (a dead letter's reason).
     pub error: Option<String>,
+    /// The current version's failed attempts, oldest first (the last
+    /// [`FailedAttempt::KEPT`]).
+    pub history: Vec<FailedAttempt>,
     /// The current version's attributes.
     pub attributes: String,
     /// When the current version was enqueued (ms).
@@ -204,6 +212,7 @@ impl Row {
             deferred: None,
             processed_at: None,
             error: None,
+            history: Vec::new(),
             attributes: e.attributes,
             sent_at: now,
         }
@@ -245,6 +254,7 @@ impl Row {
         self.seq = seq;
         self.processed_at = None;
         self.error = None;
+        self.history.clear();
         self.attributes = e.attributes;
         self.sent_at = now;
         if e.group.is_some() {
@@ -301,6 +311,7 @@ impl Row {
                 self.seq = d.seq;
                 self.attempts = 0;
                 self.error = None;
+                self.history.clear();
                 self.attributes = d.attributes;
                 self.sent_at = d.sent_at;
             }
@@ -324,13 +335,21 @@ impl Row {
         Ok(Completed { delete, previous })
     }
 
+    /// Records a failed attempt of the current version (its number: the
+    /// attempts so far; its time: `now`); the reason a dead letter shows.
+    fn record(&mut self, now: i64, error_type: &str, message: &str) {
+        let failure = FailedAttempt { at_ms: now, ..FailedAttempt::new(self.attempts, error_type, message) };
+        self.error = Some(failure.reason());
+        failure.push_onto(&mut self.history);
+    }
+
     /// A failed attempt: Sleeping until `retry_at` while attempts remain, else Error.
     pub fn fail(
         &mut self,
         now: i64,
         token: u64,
         retry_at: i64,
-        error: &str,
+        failure: &FailedAttempt,
         max_attempts: u32,
     ) -> Result<(), LeaseLost> {
         self.check(now, token)?;
@@ -339,7 +358,7 @@ impl Row {
             return Ok(());
         }
         self.clear_lease();
-        self.error = Some(error.to_owned());
+        self.record(now, &failure.error_type, &failure.message);
         if self.attempts < max_attempts {
             self.process_at = Some(retry_at);
             self.status = landing(Some(retry_at), now);
@@ -350,14 +369,14 @@ impl Row {
     }
 
     /// A permanent failure: Error at once (unless a newer version waits).
-    pub fn dead_letter(&mut self, now: i64, token: u64, error: &str) -> Result<(), LeaseLost> {
+    pub fn dead_letter(&mut self, now: i64, token: u64, failure: &FailedAttempt) -> Result<(), LeaseLost> {
         self.check(now, token)?;
         if self.status == Status::AwaitingRelease {
             self.apply_deferred(now);
             return Ok(());
         }
         self.clear_lease();
-        self.error = Some(error.to_owned());
+        self.record(now, &failure.error_type, &failure.message);
         self.status = Status::Error;
         Ok(())
     }
@@ -394,7 +413,7 @@ impl Row {
             return;
         }
         self.clear_lease();
-        self.error = Some("lease expired (processor abandoned the message)".to_owned());
+        self.record(now, "LeaseExpired", LEASE_EXPIRED);
         self.status =
             if rules.retry_abandoned && self.attempts < rules.max_attempts { Status::Pending } else { Status::Error };
     }
@@ -552,12 +571,12 @@ impl IdentityQueue {
         error: &str,
     ) -> Result<(), LeaseLost> {
         let max = self.rules.max_attempts;
-        self.row_mut(id)?.fail(now, token, retry_at, error, max)
+        self.row_mut(id)?.fail(now, token, retry_at, &FailedAttempt::new(0, "Error", error), max)
     }
 
     /// A permanent failure: Error at once (unless a newer version waits).
     pub(crate) fn dead_letter(&mut self, now: i64, id: RowId, token: u64, error: &str) -> Result<(), LeaseLost> {
-        self.row_mut(id)?.dead_letter(now, token, error)
+        self.row_mut(id)?.dead_letter(now, token, &FailedAttempt::new(0, "Error", error))
     }
 
     /// Gives the lease back without charging the attempt (shutdown).

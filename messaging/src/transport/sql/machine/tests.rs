@@ -190,7 +190,14 @@ fn fail_backs_off_then_dead_letters() {
     assert_eq!(l.attempts, 2);
     q.fail(101, id, l.token, 200, "second").unwrap();
     assert_eq!(status(&q, id), Status::Error);
-    assert_eq!(q.row(id).unwrap().error.as_deref(), Some("second"));
+    assert_eq!(q.row(id).unwrap().error.as_deref(), Some("second (after 2 attempts)"));
+    let history: Vec<(u32, i64, String)> =
+        q.row(id).unwrap().history.iter().map(|a| (a.attempt, a.at_ms, a.message.clone())).collect();
+    assert_eq!(
+        history,
+        [(1, 1, "first".to_owned()), (2, 101, "second".to_owned())],
+        "each failure, when, and which attempt"
+    );
     assert!(q.redrive(id));
     assert_eq!((status(&q, id), q.row(id).unwrap().attempts), (Status::Pending, 0));
 }

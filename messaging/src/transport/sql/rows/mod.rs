@@ -126,7 +126,7 @@ impl<D: Dialect> SqlStore<D> {
 
     /// Creates or upgrades the tables (the `migrate` command).
     pub(crate) async fn migrate(&self) -> Result<(), TransportError> {
-        D::migrate(&self.pool).await
+        super::migrate::run(self).await
     }
 
     /// Enqueues messages; one result per input, in order.

@@ -144,6 +144,11 @@ impl<D: Dialect> SqlStore<D> {
     /// Stores every column of `row` (which exists).
     pub(super) async fn store_row(&self, w: &mut Write<D>, row: &Row) -> Result<(), TransportError> {
         let d = row.deferred.as_ref();
+        let history = if row.history.is_empty() {
+            String::new()
+        } else {
+            serde_json::to_string(&row.history).unwrap_or_default()
+        };
         let args = [
             (row.id as i64).into(),
             row.identity.as_deref().into(),
@@ -169,6 +174,7 @@ impl<D: Dialect> SqlStore<D> {
             row.sent_at.into(),
             row.processed_at.into(),
             row.error.as_deref().into(),
+            history.as_str().into(),
         ];
         self.exec_in(w, "storing a message", &[sql::STORE_ROW], &args).await.map(drop)
     }

@@ -147,6 +147,7 @@ impl Dialect for Sqlite {
     const SCHEMA_COLUMNS: &'static str = "SELECT m.name, p.name FROM sqlite_master m JOIN pragma_table_info(m.name) p \
         WHERE m.type = 'table' AND m.name LIKE 'messaging\\_%' ESCAPE '\\'";
     const AUTOCOMMIT: bool = false;
+    const MIGRATION_LOCK: &'static str = "SELECT 1";
     const MISSING_TABLE: &'static str = "no such table";
 
     type State = LiteState;
@@ -159,11 +160,9 @@ impl Dialect for Sqlite {
         LiteState { writer: Default::default(), _checkpointer: None }
     }
 
-    async fn migrate(pool: &Pool<Self>) -> Result<(), TransportError> {
-        sqlx::migrate!("./migrations/sqlite")
-            .run(pool)
-            .await
-            .map_err(|e| TransportError::Backend(format!("sqlite: migration failed: {e}")))
+    fn migrations() -> &'static sqlx::migrate::Migrator {
+        static MIGRATIONS: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/sqlite");
+        &MIGRATIONS
     }
 
     fn now(_: &LiteState) -> i64 {

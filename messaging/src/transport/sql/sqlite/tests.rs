@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use super::*;
 use crate::transport::sql::machine::{Enqueue, EnqueueOutcome, QueueRules, Status};
 use crate::transport::sql::store::{Enqueued, RowOp};
+use crate::transport::FailedAttempt;
 
 const NOW: i64 = 1_800_000_000_000;
 const LEASE: i64 = 1_000;
@@ -229,13 +230,20 @@ async fn failure_sleeps_until_the_retry_time() {
     let rules = QueueRules { max_attempts: 2, ..QueueRules::default() };
     enqueue(&store, "jobs", NOW, msg(None, "x")).await;
     let l = store.lease("jobs", NOW, 1, LEASE, false).await.expect("lease").remove(0);
-    let fail = |retry_at| RowOp::Fail { retry_at, error: "boom".into(), max_attempts: rules.max_attempts };
+    let fail = |retry_at| RowOp::Fail {
+        retry_at,
+        failure: FailedAttempt::new(1, "Error", "boom"),
+        max_attempts: rules.max_attempts,
+    };
     store.apply("jobs", NOW + 10, l.id, l.token, fail(NOW + 500)).await.expect("fail");
     // The stale token is rejected afterwards.
     let stale = store.apply("jobs", NOW + 11, l.id, l.token, RowOp::Release).await;
     assert!(matches!(stale, Err(TransportError::StaleReceipt)), "{stale:?}");
     let r = row(&store, "jobs", l.id).await;
-    assert_eq!((r.status, r.process_at, r.error.as_deref()), (Status::Sleeping, Some(NOW + 500), Some("boom")));
+    assert_eq!(
+        (r.status, r.process_at, r.error.as_deref()),
+        (Status::Sleeping, Some(NOW + 500), Some("boom (after 1 attempt)"))
+    );
     assert_eq!(store.next_due("jobs").await.expect("next due"), Some(NOW + 500));
     store.maintain("jobs", NOW + 499, rules).await.expect("maintain");
     assert!(store.lease("jobs", NOW + 499, 1, LEASE, false).await.expect("lease").is_empty());
@@ -262,10 +270,14 @@ async fn release_extend_and_dead_letter() {
     let r = row(&store, "jobs", l.id).await;
     assert_eq!((r.status, r.attempts, r.lease_token), (Status::Pending, 0, None));
     let l = store.lease("jobs", NOW + 1_600, 1, LEASE, false).await.expect("lease").remove(0);
-    let dead = RowOp::DeadLetter { error: "bad input".into() };
+    let dead = RowOp::DeadLetter { failure: FailedAttempt::new(1, "Error", "bad input") };
     store.apply("jobs", NOW + 1_700, l.id, l.token, dead).await.expect("dead letter");
     let r = row(&store, "jobs", l.id).await;
-    assert_eq!((r.status, r.error.as_deref()), (Status::Error, Some("bad input")));
+    assert_eq!(
+        (r.status, r.error.as_deref()),
+        (Status::Error, Some("bad input (after 1 attempt)")),
+        "a release charged no receive"
+    );
     // A row of another queue is not reachable through this one.
     let other = store.apply("other", NOW, l.id, l.token, RowOp::Release).await;
     assert!(matches!(other, Err(TransportError::StaleReceipt)));
@@ -430,14 +442,14 @@ async fn dead_letters_are_listed_counted_and_redriven() {
     }
     let leased = store.lease("jobs", NOW, 10, LEASE, false).await.expect("lease");
     for l in &leased[..2] {
-        let op = RowOp::DeadLetter { error: format!("bad {}", l.id) };
+        let op = RowOp::DeadLetter { failure: FailedAttempt::new(1, "Error", &format!("bad {}", l.id)) };
         store.apply("jobs", NOW + 1, l.id, l.token, op).await.expect("dead letter");
     }
     assert_eq!(store.error_depth("jobs").await.expect("error depth"), 2);
     assert_eq!(store.depth("jobs").await.expect("depth"), 1);
     let errors = store.dead_letters("jobs", 10).await.expect("errors");
     assert_eq!(errors.iter().map(|r| r.payload.clone()).collect::<Vec<_>>(), [b"a".to_vec(), b"b".to_vec()]);
-    assert_eq!(errors[0].error, Some(format!("bad {}", leased[0].id)));
+    assert_eq!(errors[0].error, Some(format!("bad {} (after 1 attempt)", leased[0].id)));
     assert_eq!(store.dead_letters("jobs", 1).await.expect("errors").len(), 1);
     assert_eq!(store.dead_letters("other", usize::MAX).await.expect("errors").len(), 0);
 

@@ -10,6 +10,7 @@ use std::collections::HashMap;
 
 use crate::transport::sql::machine::{Enqueue, EnqueueOutcome, IdentityQueue, QueueRules, Row, RowId, Status};
 use crate::transport::sql::{Dialect, RowOp, SqlStore};
+use crate::transport::FailedAttempt;
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
 
@@ -175,11 +176,13 @@ async fn run_case<D: Dialect>(store: &SqlStore<D>, queue: &str, rules: QueueRule
                         let op = match cmd {
                             Cmd::Fail { backoff, .. } => RowOp::Fail {
                                 retry_at: now + backoff,
-                                error: "failed".into(),
+                                failure: FailedAttempt::new(0, "Error", "failed"),
                                 max_attempts: rules.max_attempts,
                             },
                             Cmd::Release { .. } => RowOp::Release,
-                            Cmd::DeadLetter { .. } => RowOp::DeadLetter { error: "permanent".into() },
+                            Cmd::DeadLetter { .. } => {
+                                RowOp::DeadLetter { failure: FailedAttempt::new(0, "Error", "permanent") }
+                            }
                             _ => RowOp::Extend { lease_ms: LEASE_MS },
                         };
                         let e = match &op {
