@@ -41,25 +41,36 @@ async fn ours_the_old_way(database: &str) -> Migrator {
     Migrator::new(dir.as_path()).await.expect("the framework's migration files")
 }
 
-/// Runs `check` on a fresh PostgreSQL schema and a fresh SQLite file.
+/// Runs `check` on a fresh PostgreSQL schema and a fresh SQLite file. Each
+/// run of a migrator gets a pool of its own, closed after it: sqlx's
+/// migrator keeps its session lock on PostgreSQL when a migration fails (as
+/// the app's refusal below does), and a closed connection lets it go.
 macro_rules! on_both {
     ($check:ident) => {{
         let db = fixtures::Postgres::new().await;
-        let pool = messaging::sqlx::PgPool::connect(&db.url).await.expect("connect");
-        $check(&db.url, "postgres", |m: Migrator| {
-            let pool = pool.clone();
-            async move { m.run(&pool).await.map_err(|e| e.to_string()) }
+        let url = db.url.clone();
+        $check(&db.url, "postgres", move |m: Migrator| {
+            let url = url.clone();
+            async move {
+                let pool = messaging::sqlx::PgPool::connect(&url).await.expect("connect");
+                let ran = m.run(&pool).await.map_err(|e| e.to_string());
+                pool.close().await;
+                ran
+            }
         })
         .await;
-        pool.close().await;
         let file = fixtures::SqliteFile::new();
-        let pool = messaging::sqlx::SqlitePool::connect(&file.url).await.expect("open");
-        $check(&file.url, "sqlite", |m: Migrator| {
-            let pool = pool.clone();
-            async move { m.run(&pool).await.map_err(|e| e.to_string()) }
+        let url = file.url.clone();
+        $check(&file.url, "sqlite", move |m: Migrator| {
+            let url = url.clone();
+            async move {
+                let pool = messaging::sqlx::SqlitePool::connect(&url).await.expect("open");
+                let ran = m.run(&pool).await.map_err(|e| e.to_string());
+                pool.close().await;
+                ran
+            }
         })
         .await;
-        pool.close().await;
     }};
 }
 
