@@ -336,9 +336,12 @@ impl Row {
     }
 
     /// Records a failed attempt of the current version (its number: the
-    /// attempts so far; its time: `now`); the reason a dead letter shows.
-    fn record(&mut self, now: i64, error_type: &str, message: &str) {
-        let failure = FailedAttempt { at_ms: now, ..FailedAttempt::new(self.attempts, error_type, message) };
+    /// caller's, or the leases so far when that is more, since a FIFO message
+    /// may be tried again within one lease; its time: `now`); the reason a
+    /// dead letter shows.
+    fn record(&mut self, now: i64, attempt: u32, error_type: &str, message: &str) {
+        let attempt = attempt.max(self.attempts);
+        let failure = FailedAttempt { at_ms: now, ..FailedAttempt::new(attempt, error_type, message) };
         self.error = Some(failure.reason());
         failure.push_onto(&mut self.history);
     }
@@ -358,7 +361,7 @@ impl Row {
             return Ok(());
         }
         self.clear_lease();
-        self.record(now, &failure.error_type, &failure.message);
+        self.record(now, failure.attempt, &failure.error_type, &failure.message);
         if self.attempts < max_attempts {
             self.process_at = Some(retry_at);
             self.status = landing(Some(retry_at), now);
@@ -376,7 +379,7 @@ impl Row {
             return Ok(());
         }
         self.clear_lease();
-        self.record(now, &failure.error_type, &failure.message);
+        self.record(now, failure.attempt, &failure.error_type, &failure.message);
         self.status = Status::Error;
         Ok(())
     }
@@ -413,7 +416,7 @@ impl Row {
             return;
         }
         self.clear_lease();
-        self.record(now, "LeaseExpired", LEASE_EXPIRED);
+        self.record(now, 0, "LeaseExpired", LEASE_EXPIRED);
         self.status =
             if rules.retry_abandoned && self.attempts < rules.max_attempts { Status::Pending } else { Status::Error };
     }

@@ -296,3 +296,17 @@ fn fifo_groups_lease_one_at_a_time_in_order() {
     q.complete(51, a1, token).unwrap();
     assert_eq!(q.lease(52, 10, LEASE).remove(0).id, a2);
 }
+
+#[test]
+fn a_failure_counts_the_attempts_made_within_one_lease() {
+    // A FIFO head is tried again in process without a new lease: the worker's
+    // attempt number is the one recorded, and the reason says it.
+    let mut q = queue(QueueRules { max_attempts: 2, ..QueueRules::default() });
+    let id = q.enqueue(0, msg(None, "x")).row().expect("a row");
+    let l = q.lease(0, 1, LEASE).remove(0);
+    let failure = crate::transport::FailedAttempt::new(2, "Error", "still failing");
+    let mut row = q.row(id).unwrap().clone();
+    row.dead_letter(1, l.token, &failure).unwrap();
+    assert_eq!(row.error.as_deref(), Some("still failing (after 2 attempts)"));
+    assert_eq!(row.history.iter().map(|a| a.attempt).collect::<Vec<_>>(), [2]);
+}
