@@ -294,6 +294,53 @@ fn dead_letters_from_the_command_line() {
     assert!(stderr.contains("error: `nope` is not a declared queue; declared: emails, orders.fifo"), "{stderr}");
 }
 
+#[cfg(feature = "sqlite")]
+#[test]
+fn dead_letters_are_counted_deleted_and_purged_from_the_command_line() {
+    let dir = WorkDir::new();
+    for _ in 0..4 {
+        plant_dead_letter(&dir);
+    }
+    let dlq = |args: &[&str]| {
+        let out = run(orders_in(&dir).arg("dlq").args(args));
+        (out.status.code(), stdout(&out), String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+    // --max 1 moves one and says how many are left.
+    let (code, out, err) = dlq(&["redrive", "orders.fifo", "--max", "1"]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(out.contains("redrove 1 message(s) of `orders.fifo`; 0 skipped by the filter; 3 left"), "{out}");
+    // An unknown type is an error naming the registered ones, not a silent no-op.
+    let (code, _, err) = dlq(&["redrive", "orders.fifo", "--type", "nosuch"]);
+    assert_eq!(code, Some(1));
+    assert!(err.contains("`nosuch` is not a registered message type; registered: "), "{err}");
+    assert!(err.contains("orders.placed"), "{err}");
+    // A dry run counts and changes nothing.
+    let (_, out, _) = dlq(&["redrive", "orders.fifo", "--dry-run"]);
+    assert!(out.contains("would redrive 3 message(s)"), "{out}");
+    let (_, out, _) = dlq(&["purge", "orders.fifo", "--dry-run"]);
+    assert!(out.contains("would delete 3 dead letter(s)"), "{out}");
+    assert!(out.contains("nothing was deleted"), "{out}");
+    // Delete one by id.
+    let (_, peeked, _) = dlq(&["peek", "orders.fifo", "--json"]);
+    let first: serde_json::Value = serde_json::from_str(peeked.lines().next().expect("a letter")).unwrap();
+    let id = first["message_id"].as_str().expect("an id").to_owned();
+    let (code, out, err) = dlq(&["delete", "orders.fifo", &id, "not-a-letter"]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(out.contains("deleted 1 of 2 dead letter(s)"), "{out}");
+    // Purge asks for --yes; letters failed just now are not older than a day.
+    let (code, _, err) = dlq(&["purge", "orders.fifo"]);
+    assert_eq!(code, Some(1));
+    assert!(err.contains("for good: add --yes") && err.contains("(2 now)"), "{err}");
+    let (_, out, _) = dlq(&["purge", "orders.fifo", "--older-than", "1d", "--yes"]);
+    assert!(out.contains("deleted 0 dead letter(s) of `orders.fifo`; 2 skipped by the filter; 2 left"), "{out}");
+    let (_, out, _) = dlq(&["purge", "orders.fifo", "--type", "orders.placed", "--yes"]);
+    assert!(out.contains("deleted 2 dead letter(s) of `orders.fifo`; 0 skipped by the filter; 0 left"), "{out}");
+    let out = run(orders_in(&dir).arg("queues"));
+    let line = stdout(&out).lines().find(|l| l.starts_with("orders.fifo")).map(str::to_owned).unwrap_or_default();
+    let depth: Vec<&str> = line.split_whitespace().collect();
+    assert_eq!((depth.get(2), depth.get(5)), (Some(&"1"), Some(&"0")), "the redriven one is back, none dead: {line}");
+}
+
 #[test]
 fn health_has_an_exit_code_for_orchestrators() {
     let dir = WorkDir::new();

@@ -190,3 +190,59 @@ async fn a_dead_letter_keeps_every_failed_attempt_and_the_last_error_as_its_reas
         assert!(letter.history.windows(2).all(|w| w[0].at_ms <= w[1].at_ms), "{url}: in order");
     }
 }
+
+#[tokio::test]
+async fn dead_letters_are_paged_through_with_exact_counts() {
+    use messaging::transport::{FailedAttempt, RedriveOptions};
+    for url in ["sqlite", "postgres"] {
+        let (url, _guard): (String, Box<dyn std::any::Any>) = if url == "sqlite" {
+            let file = fixtures::SqliteFile::new();
+            (format!("{}&migrate=true", file.url), Box::new(file))
+        } else {
+            let db = fixtures::Postgres::new().await;
+            (format!("{}&migrate=true", db.url), Box::new(db))
+        };
+        let transport = messaging::transport::connect(&url).await.expect("connects");
+        let spec = messaging::QueueSpec::standard("errors-paged");
+        transport.declare(&spec).await.expect("declare");
+        // 1,100 dead letters (more than two pages), even and odd by attribute.
+        let letters: Vec<Outgoing> = (0..1_100)
+            .map(|i| Outgoing {
+                body: format!("{i}").into_bytes().into(),
+                attributes: [("kind".to_owned(), if i % 2 == 0 { "even" } else { "odd" }.to_owned())].into(),
+                ..Outgoing::default()
+            })
+            .collect();
+        for r in transport.send_batch("errors-paged", letters).await {
+            r.expect("sent");
+        }
+        let dead = transport.dead_letters().expect("dead letters");
+        let mut ids = Vec::new();
+        while ids.len() < 1_100 {
+            for d in transport.receive("errors-paged", 300, Duration::from_millis(100)).await.expect("receive") {
+                dead.dead_letter("errors-paged", &d, FailedAttempt::new(1, "Error", "bad")).await.expect("dead");
+                ids.push(d.message_id);
+            }
+        }
+        let kind = |k: &'static str| -> messaging::transport::DeadLetterFilter {
+            std::sync::Arc::new(move |l| l.attributes.get("kind").map(String::as_str) == Some(k))
+        };
+        let even = RedriveOptions { max: Some(520), filter: Some(kind("even")), dry_run: true };
+        let outcome = dead.redrive("errors-paged", even.clone()).await.expect("dry run");
+        assert_eq!((outcome.moved, outcome.skipped), (520, 519), "{url}: the 520th even letter is the 1,039th");
+        assert_eq!(dead.depth("errors-paged").await.expect("depth"), 1_100, "{url}: a dry run moves nothing");
+        let outcome = dead.redrive("errors-paged", RedriveOptions { dry_run: false, ..even }).await.expect("redrive");
+        assert_eq!((outcome.moved, outcome.skipped), (520, 519), "{url}");
+        assert_eq!(dead.depth("errors-paged").await.expect("depth"), 580, "{url}");
+        assert_eq!(transport.depth("errors-paged").await.expect("depth"), 520, "{url}: back in the queue");
+        let all = dead.purge("errors-paged", RedriveOptions { dry_run: true, ..RedriveOptions::default() });
+        assert_eq!(all.await.expect("dry purge").deleted, 580, "{url}");
+        let odd = RedriveOptions { filter: Some(kind("odd")), ..RedriveOptions::default() };
+        let outcome = dead.purge("errors-paged", odd).await.expect("purge");
+        assert_eq!((outcome.deleted, outcome.skipped), (550, 30), "{url}");
+        let last_even = ids[1_098].clone();
+        assert_eq!(dead.delete("errors-paged", std::slice::from_ref(&last_even)).await.expect("delete"), 1, "{url}");
+        assert_eq!(dead.delete("errors-paged", &[last_even]).await.expect("delete"), 0, "{url}: gone already");
+        assert_eq!(dead.depth("errors-paged").await.expect("depth"), 29, "{url}");
+    }
+}

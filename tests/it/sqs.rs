@@ -176,7 +176,8 @@ async fn a_poison_message_and_a_malformed_one_end_in_the_dead_letter_queue() {
     assert!(reasons[0].contains("malformed envelope"), "{reasons:?}");
     assert_eq!(reasons[1], "smtp down (after 2 attempts)", "the last error and the attempts: {reasons:?}");
     // Redrive only the malformed one (it has no envelope type).
-    let only_malformed = RedriveOptions { max: None, filter: Some(Arc::new(|l| l.type_name().is_none())) };
+    let only_malformed =
+        RedriveOptions { filter: Some(Arc::new(|l| l.type_name().is_none())), ..RedriveOptions::default() };
     let outcome = dlq.redrive("sqs-mail", only_malformed).await.expect("redrive");
     assert_eq!((outcome.moved, outcome.skipped), (1, 1));
     assert_eq!(dlq.depth("sqs-mail").await.expect("depth"), 1);
@@ -537,8 +538,8 @@ async fn a_fifo_redrive_with_a_filter_leaves_a_group_from_its_first_refused_lett
     plant(&moto, "sqs-orders-dlq.fifo", &letters).await;
     let dlq = t.dead_letters().expect("dead letters");
     let only_orders = RedriveOptions {
-        max: None,
         filter: Some(Arc::new(|l: &messaging::transport::DeadLetter| l.type_name().as_deref() == Some("sqs.order"))),
+        ..RedriveOptions::default()
     };
     let outcome = dlq.redrive("sqs-orders.fifo", only_orders).await.expect("redrive");
     // Orders 3 and 4 of group a stay behind the mail: moving them would put

@@ -1,5 +1,5 @@
-//! `dlq peek` and `dlq redrive`: dead letters from the command line, on any
-//! transport with the dead-letter capability.
+//! `dlq peek`, `redrive`, `delete` and `purge`: dead letters from the command
+//! line, on any transport with the dead-letter capability.
 
 use std::sync::Arc;
 
@@ -7,7 +7,7 @@ use clap::Subcommand;
 
 use crate::app::App;
 use crate::error::Error;
-use crate::transport::{DeadLetter, DeadLetterFilter, DeadLetters, RedriveOptions};
+use crate::transport::{DeadLetter, DeadLetterFilter, DeadLetters, MessageId, RedriveOptions};
 
 /// Dead-letter commands.
 #[derive(Debug, Subcommand)]
@@ -33,7 +33,77 @@ pub(super) enum DlqCommand {
         /// Only messages of this envelope type name.
         #[arg(long = "type")]
         type_name: Option<String>,
+        /// Count what would move; move nothing.
+        #[arg(long)]
+        dry_run: bool,
     },
+    /// Delete dead letters of QUEUE by message id, for good.
+    Delete {
+        /// The source queue.
+        queue: String,
+        /// The message ids (as `dlq peek` shows them).
+        #[arg(required = true)]
+        ids: Vec<String>,
+    },
+    /// Delete dead letters of QUEUE for good: all, or those of a type or older than an age.
+    Purge {
+        /// The source queue.
+        queue: String,
+        /// Only messages of this envelope type name.
+        #[arg(long = "type")]
+        type_name: Option<String>,
+        /// Only letters whose last failure is older than this (`7d`, `12h`).
+        #[arg(long, value_parser = crate::duration::parse_duration)]
+        older_than: Option<std::time::Duration>,
+        /// Count what would be deleted; delete nothing.
+        #[arg(long)]
+        dry_run: bool,
+        /// Delete without asking (required unless --dry-run).
+        #[arg(long)]
+        yes: bool,
+    },
+}
+
+/// The registered message type names, sorted.
+fn type_names() -> Vec<&'static str> {
+    let mut names: Vec<&'static str> =
+        inventory::iter::<crate::registry::MessageEntry>.into_iter().filter_map(|m| m.name).collect();
+    names.sort_unstable();
+    names.dedup();
+    names
+}
+
+/// A filter on the envelope's type name, which must be a registered one.
+fn type_filter(type_name: Option<&str>) -> Result<Option<DeadLetterFilter>, Error> {
+    let Some(wanted) = type_name else { return Ok(None) };
+    if !type_names().contains(&wanted) {
+        return Err(Error::Command(format!(
+            "`{wanted}` is not a registered message type; registered: {}",
+            type_names().join(", ")
+        )));
+    }
+    let wanted = wanted.to_owned();
+    Ok(Some(Arc::new(move |l: &DeadLetter| l.type_name().as_deref() == Some(wanted.as_str()))))
+}
+
+/// A progress bar of `len` steps with its rate and the time left.
+fn progress(len: u64, message: String) -> indicatif::ProgressBar {
+    let bar = indicatif::ProgressBar::new(len);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template("{msg} [{bar:30}] {pos}/{len} {per_sec} eta {eta}")
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    bar.set_message(message);
+    bar
+}
+
+/// A filter that also moves `bar` by each letter it looks at.
+fn counting(filter: Option<DeadLetterFilter>, bar: &indicatif::ProgressBar) -> DeadLetterFilter {
+    let bar = bar.clone();
+    Arc::new(move |l: &DeadLetter| {
+        bar.inc(1);
+        filter.as_ref().is_none_or(|f| f(l))
+    })
 }
 
 fn capability<'a>(app: &'a App, queue: &str) -> Result<&'a dyn DeadLetters, Error> {
@@ -129,35 +199,27 @@ pub(super) async fn run(app: &App, command: DlqCommand) -> Result<(), Error> {
             }
             Ok(())
         }
-        DlqCommand::Redrive { queue, max, type_name } => {
+        DlqCommand::Redrive { queue, max, type_name, dry_run } => {
             let dlq = capability(app, &queue)?;
+            let filter = type_filter(type_name.as_deref())?;
             let total = dlq.depth(&queue).await?;
-            let limit = max.map_or(total, |m| (m as u64).min(total));
-            let bar = indicatif::ProgressBar::new(limit);
-            bar.set_style(
-                indicatif::ProgressStyle::with_template("{msg} [{bar:30}] {pos}/{len}")
-                    .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
-            );
-            bar.set_message(format!("redriving `{queue}`"));
-            // One run, not one per bar step: a run sees each letter once, where
-            // runs of a few letters each would receive the letters they leave
-            // over and over. The bar moves as the filter chooses letters.
-            let chosen = bar.clone();
-            let wanted = type_name.clone();
-            let filter: DeadLetterFilter = Arc::new(move |l: &DeadLetter| {
-                let yes = wanted.as_deref().is_none_or(|w| l.type_name().as_deref() == Some(w));
-                if yes {
-                    chosen.inc(1);
-                }
-                yes
-            });
-            let outcome = dlq.redrive(&queue, RedriveOptions { max, filter: Some(filter) }).await;
+            let bar = progress(total, format!("redriving `{queue}`"));
+            let options = RedriveOptions { max, filter: Some(counting(filter, &bar)), dry_run };
+            let outcome = dlq.redrive(&queue, options).await;
             bar.finish_and_clear();
             let outcome = outcome?;
-            println!(
-                "redrove {} message(s) of `{queue}`; {} left in its dead letters by the filter",
-                outcome.moved, outcome.skipped
-            );
+            let left = dlq.depth(&queue).await.map_or_else(|_| "?".to_owned(), |n| n.to_string());
+            if dry_run {
+                println!(
+                    "would redrive {} message(s) of `{queue}` ({} skipped by the filter); nothing was moved",
+                    outcome.moved, outcome.skipped
+                );
+            } else {
+                println!(
+                    "redrove {} message(s) of `{queue}`; {} skipped by the filter; {left} left in its dead letters",
+                    outcome.moved, outcome.skipped
+                );
+            }
             // On a FIFO dead-letter queue of SQS a letter the filter leaves
             // keeps the rest of its group with it (SQS hands out a group's
             // letters only in order, and moving them would put them ahead of
@@ -170,6 +232,59 @@ pub(super) async fn run(app: &App, command: DlqCommand) -> Result<(), Error> {
                 println!(
                     "on a FIFO dead-letter queue a letter that does not match the filter blocks the letters behind it \
                      in its group, matching or not: {left} letter(s) are left in the dead letters of `{queue}`"
+                );
+            }
+            Ok(())
+        }
+        DlqCommand::Delete { queue, ids } => {
+            let dlq = capability(app, &queue)?;
+            let ids: Vec<MessageId> = ids.into_iter().map(MessageId::from).collect();
+            let deleted = dlq.delete(&queue, &ids).await?;
+            println!("deleted {deleted} of {} dead letter(s) of `{queue}`", ids.len());
+            if deleted < ids.len() {
+                println!("the others are not dead letters of `{queue}` (see `dlq peek {queue}`)");
+            }
+            Ok(())
+        }
+        DlqCommand::Purge { queue, type_name, older_than, dry_run, yes } => {
+            let dlq = capability(app, &queue)?;
+            let by_type = type_filter(type_name.as_deref())?;
+            let cutoff = older_than.map(|age| {
+                let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+                now.saturating_sub(age).as_millis() as i64
+            });
+            // A letter's age is the time of its last failure; one without an
+            // error history (SQS) has no age and is never "older".
+            let filter: Option<DeadLetterFilter> = match (by_type, cutoff) {
+                (None, None) => None,
+                (by_type, cutoff) => Some(Arc::new(move |l: &DeadLetter| {
+                    by_type.as_ref().is_none_or(|f| f(l))
+                        && cutoff.is_none_or(|c| l.history.last().is_some_and(|a| a.at_ms < c))
+                })),
+            };
+            if !dry_run && !yes {
+                let total = dlq.depth(&queue).await?;
+                return Err(Error::Command(format!(
+                    "`dlq purge` deletes dead letters of `{queue}` ({total} now) for good: add --yes, \
+                     or --dry-run to count what it would delete"
+                )));
+            }
+            let total = dlq.depth(&queue).await?;
+            let bar = progress(total, format!("purging `{queue}`"));
+            let options = RedriveOptions { max: None, filter: Some(counting(filter, &bar)), dry_run };
+            let outcome = dlq.purge(&queue, options).await;
+            bar.finish_and_clear();
+            let outcome = outcome?;
+            let left = dlq.depth(&queue).await.map_or_else(|_| "?".to_owned(), |n| n.to_string());
+            if dry_run {
+                println!(
+                    "would delete {} dead letter(s) of `{queue}` ({} skipped by the filter); nothing was deleted",
+                    outcome.deleted, outcome.skipped
+                );
+            } else {
+                println!(
+                    "deleted {} dead letter(s) of `{queue}`; {} skipped by the filter; {left} left",
+                    outcome.deleted, outcome.skipped
                 );
             }
             Ok(())

@@ -286,13 +286,15 @@ impl DeadLetter {
 /// A predicate choosing dead letters.
 pub type DeadLetterFilter = Arc<dyn Fn(&DeadLetter) -> bool + Send + Sync>;
 
-/// What to redrive from a dead-letter queue back to its source queue.
+/// Which dead letters a redrive (or a purge) takes, oldest first.
 #[derive(Clone, Default)]
 pub struct RedriveOptions {
     /// At most this many messages (all when `None`).
     pub max: Option<usize>,
     /// Only messages for which this returns true; the others stay.
     pub filter: Option<DeadLetterFilter>,
+    /// Count what would be taken without changing anything.
+    pub dry_run: bool,
 }
 
 impl std::fmt::Debug for RedriveOptions {
@@ -300,6 +302,7 @@ impl std::fmt::Debug for RedriveOptions {
         f.debug_struct("RedriveOptions")
             .field("max", &self.max)
             .field("filter", &self.filter.as_ref().map(|_| ".."))
+            .field("dry_run", &self.dry_run)
             .finish()
     }
 }
@@ -307,10 +310,24 @@ impl std::fmt::Debug for RedriveOptions {
 /// The result of a redrive.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct RedriveOutcome {
-    /// Messages moved back to the source queue.
+    /// Messages moved back to the source queue (on a dry run: that would be).
     pub moved: usize,
     /// Messages left in the dead-letter queue by the filter.
     pub skipped: usize,
+}
+
+/// The result of a purge.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PurgeOutcome {
+    /// Dead letters deleted (on a dry run: that would be).
+    pub deleted: usize,
+    /// Dead letters left by the filter.
+    pub skipped: usize,
+}
+
+/// The error of a dead-letter operation a transport does not offer.
+fn unsupported(what: &str, queue: &str) -> TransportError {
+    TransportError::Rejected(format!("{what} the dead letters of `{queue}` is not supported by this transport"))
 }
 
 /// Dead-letter operations of a backend.
@@ -336,6 +353,25 @@ pub trait DeadLetters: Send + Sync {
 
     /// Number of dead letters of `queue`.
     fn depth<'a>(&'a self, queue: &'a str) -> BoxFuture<'a, Result<u64, TransportError>>;
+
+    /// Deletes the dead letters of `queue` with these ids, for good; how
+    /// many there were. (Database queues and `memory://`.)
+    fn delete<'a>(&'a self, queue: &'a str, ids: &'a [MessageId]) -> BoxFuture<'a, Result<usize, TransportError>> {
+        let _ = ids;
+        Box::pin(async move { Err(unsupported("deleting", queue)) })
+    }
+
+    /// Deletes the dead letters of `queue` that `options` choose, for good
+    /// (all of them by default; a dry run counts them). (Database queues and
+    /// `memory://`.)
+    fn purge<'a>(
+        &'a self,
+        queue: &'a str,
+        options: RedriveOptions,
+    ) -> BoxFuture<'a, Result<PurgeOutcome, TransportError>> {
+        let _ = options;
+        Box::pin(async move { Err(unsupported("purging", queue)) })
+    }
 }
 
 /// Whether SQS carries `c` in a message body or attribute value: tab, line

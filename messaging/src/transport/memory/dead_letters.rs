@@ -4,11 +4,13 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::state::QueueState;
+use super::state::{QueueState, Stored};
 use super::MemoryTransport;
 use crate::boxed::BoxFuture;
 use crate::error::TransportError;
-use crate::transport::{DeadLetter, DeadLetters, Delivery, FailedAttempt, Outgoing, RedriveOptions, RedriveOutcome};
+use crate::transport::{
+    DeadLetter, DeadLetters, Delivery, FailedAttempt, MessageId, Outgoing, PurgeOutcome, RedriveOptions, RedriveOutcome,
+};
 
 impl MemoryTransport {
     fn dlq_name(&self, queue: &str) -> Result<&'static str, TransportError> {
@@ -43,20 +45,7 @@ impl DeadLetters for MemoryTransport {
         Box::pin(async move {
             let dlq = self.queue(self.dlq_name(queue)?)?;
             let state = dlq.lock();
-            Ok(state
-                .iter_ordered()
-                .into_iter()
-                .take(max)
-                .map(|(_, m)| DeadLetter {
-                    message_id: m.id.clone(),
-                    body: m.body.clone(),
-                    group_id: m.group.clone(),
-                    attributes: m.attributes.clone(),
-                    receive_count: m.receive_count,
-                    reason: m.reason.clone(),
-                    history: m.history.clone(),
-                })
-                .collect())
+            Ok(state.iter_ordered().into_iter().take(max).map(|(_, m)| letter_of(m)).collect())
         })
     }
 
@@ -68,34 +57,12 @@ impl DeadLetters for MemoryTransport {
         Box::pin(async move {
             let dlq = self.queue(self.dlq_name(queue)?)?;
             let source = self.queue(queue)?;
-            let mut outcome = RedriveOutcome::default();
-            let max = options.max.unwrap_or(usize::MAX);
             let mut dlq_state = dlq.lock();
-            let chosen: Vec<u64> = dlq_state
-                .iter_ordered()
-                .into_iter()
-                .filter_map(|(key, m)| {
-                    if outcome.moved >= max {
-                        return None;
-                    }
-                    let letter = DeadLetter {
-                        message_id: m.id.clone(),
-                        body: m.body.clone(),
-                        group_id: m.group.clone(),
-                        attributes: m.attributes.clone(),
-                        receive_count: m.receive_count,
-                        reason: m.reason.clone(),
-                        history: m.history.clone(),
-                    };
-                    if options.filter.as_ref().is_none_or(|f| f(&letter)) {
-                        outcome.moved += 1;
-                        Some(key)
-                    } else {
-                        outcome.skipped += 1;
-                        None
-                    }
-                })
-                .collect();
+            let (chosen, skipped) = choose(&dlq_state, &options);
+            let outcome = RedriveOutcome { moved: chosen.len(), skipped };
+            if options.dry_run {
+                return Ok(outcome);
+            }
             let mut source_state = source.lock();
             let default_group = source_state.spec.default_group;
             let fifo = source_state.spec.fifo;
@@ -126,4 +93,62 @@ impl DeadLetters for MemoryTransport {
     fn depth<'a>(&'a self, queue: &'a str) -> BoxFuture<'a, Result<u64, TransportError>> {
         Box::pin(async move { Ok(self.queue(self.dlq_name(queue)?)?.lock().len() as u64) })
     }
+
+    fn delete<'a>(&'a self, queue: &'a str, ids: &'a [MessageId]) -> BoxFuture<'a, Result<usize, TransportError>> {
+        Box::pin(async move {
+            let dlq = self.queue(self.dlq_name(queue)?)?;
+            let mut state = dlq.lock();
+            let keys: Vec<u64> =
+                state.iter_ordered().into_iter().filter(|(_, m)| ids.contains(&m.id)).map(|(key, _)| key).collect();
+            Ok(keys.into_iter().filter(|&key| state.remove(key).is_some()).count())
+        })
+    }
+
+    fn purge<'a>(
+        &'a self,
+        queue: &'a str,
+        options: RedriveOptions,
+    ) -> BoxFuture<'a, Result<PurgeOutcome, TransportError>> {
+        Box::pin(async move {
+            let dlq = self.queue(self.dlq_name(queue)?)?;
+            let mut state = dlq.lock();
+            let (chosen, skipped) = choose(&state, &options);
+            if options.dry_run {
+                return Ok(PurgeOutcome { deleted: chosen.len(), skipped });
+            }
+            let deleted = chosen.into_iter().filter(|&key| state.remove(key).is_some()).count();
+            Ok(PurgeOutcome { deleted, skipped })
+        })
+    }
+}
+
+/// A stored message as a dead letter.
+fn letter_of(m: &Stored) -> DeadLetter {
+    DeadLetter {
+        message_id: m.id.clone(),
+        body: m.body.clone(),
+        group_id: m.group.clone(),
+        attributes: m.attributes.clone(),
+        receive_count: m.receive_count,
+        reason: m.reason.clone(),
+        history: m.history.clone(),
+    }
+}
+
+/// The keys of the dead letters `options` choose, oldest first, and how many
+/// the filter skipped.
+fn choose(state: &QueueState, options: &RedriveOptions) -> (Vec<u64>, usize) {
+    let max = options.max.unwrap_or(usize::MAX);
+    let (mut chosen, mut skipped) = (Vec::new(), 0);
+    for (key, m) in state.iter_ordered() {
+        if chosen.len() >= max {
+            break;
+        }
+        if options.filter.as_ref().is_none_or(|f| f(&letter_of(m))) {
+            chosen.push(key);
+        } else {
+            skipped += 1;
+        }
+    }
+    (chosen, skipped)
 }

@@ -206,8 +206,8 @@ async fn redrive_is_fifo_correct_and_filters() {
     assert_eq!(letters.len(), 2);
     assert_eq!(letters[0].reason.as_deref(), Some("permanent (after 1 attempt)"));
     let only_move = RedriveOptions {
-        max: None,
         filter: Some(std::sync::Arc::new(|l: &crate::transport::DeadLetter| &*l.body == b"move")),
+        ..RedriveOptions::default()
     };
     let outcome = dl.redrive("q.fifo", only_move).await.unwrap();
     assert_eq!((outcome.moved, outcome.skipped), (1, 1));
@@ -225,4 +225,33 @@ async fn unknown_queues_and_kind_conflicts_are_errors() {
     t.declare(&QueueSpec::standard("q")).await.unwrap();
     let as_fifo = QueueSpec { fifo: true, ..QueueSpec::standard("q") };
     assert!(t.declare(&as_fifo).await.is_err());
+}
+
+#[tokio::test(start_paused = true)]
+async fn dead_letters_are_counted_deleted_and_purged() {
+    use crate::transport::{FailedAttempt, MessageId, RedriveOptions};
+    let t = setup(fifo("q.fifo")).await;
+    let dl = t.dead_letters().unwrap();
+    let mut ids = Vec::new();
+    for text in ["a", "b", "c", "d"] {
+        t.send("q.fifo", grouped(text, text)).await.unwrap();
+        let d = t.receive("q.fifo", 1, Duration::ZERO).await.unwrap().remove(0);
+        ids.push(d.message_id.clone());
+        dl.dead_letter("q.fifo", &d, FailedAttempt::new(2, "Error", "bad")).await.unwrap();
+    }
+    assert_eq!(dl.peek("q.fifo", 1).await.unwrap()[0].history[0].attempt, 2, "the history is kept");
+    let dry = RedriveOptions { max: Some(3), dry_run: true, ..RedriveOptions::default() };
+    assert_eq!(dl.redrive("q.fifo", dry).await.unwrap().moved, 3);
+    assert_eq!(dl.depth("q.fifo").await.unwrap(), 4, "a dry run moves nothing");
+    assert_eq!(dl.delete("q.fifo", &[ids[0].clone(), MessageId::from("nope".to_owned())]).await.unwrap(), 1);
+    let not_b = RedriveOptions {
+        filter: Some(std::sync::Arc::new(|l: &crate::transport::DeadLetter| &*l.body != b"b")),
+        ..RedriveOptions::default()
+    };
+    let counted = dl.purge("q.fifo", RedriveOptions { dry_run: true, ..not_b.clone() }).await.unwrap();
+    assert_eq!((counted.deleted, counted.skipped), (2, 1));
+    assert_eq!(dl.depth("q.fifo").await.unwrap(), 3);
+    let purged = dl.purge("q.fifo", not_b).await.unwrap();
+    assert_eq!((purged.deleted, purged.skipped), (2, 1));
+    assert_eq!(&*dl.peek("q.fifo", 10).await.unwrap()[0].body, b"b");
 }

@@ -56,8 +56,8 @@ use crate::error::TransportError;
 use crate::queue::QueueSpec;
 use crate::transport::sql::machine::{Enqueue, EnqueueOutcome, QueueRules, Row};
 use crate::transport::{
-    Attributes, DeadLetter, DeadLetters, Delivery, FailedAttempt, MessageId, Outgoing, Receipt, RedriveOptions,
-    RedriveOutcome, Transport,
+    Attributes, DeadLetter, DeadLetters, Delivery, FailedAttempt, MessageId, Outgoing, PurgeOutcome, Receipt,
+    RedriveOptions, RedriveOutcome, Transport,
 };
 
 /// A queue known to the transport.
@@ -275,6 +275,61 @@ impl<D: Dialect> SqlTransport<D> {
                 _ = tokio::time::sleep_until(wake) => force = true,
             }
         }
+    }
+}
+
+/// What a walk over the dead letters does with the ones it chooses.
+#[derive(Debug, Clone, Copy)]
+enum Act {
+    Redrive,
+    Delete,
+}
+
+/// Dead letters read per page by a redrive or a purge. Paging by enqueue
+/// position makes a walk over n letters O(n): each page is one index range
+/// read, where reading every letter again per step made 20,000 take minutes.
+const DEAD_LETTER_PAGE: usize = 500;
+
+impl<D: Dialect> SqlTransport<D> {
+    /// Walks the dead letters of `queue` a page at a time, oldest first,
+    /// taking those `options` choose (at most `max`, passing the filter) and
+    /// redriving or deleting each page's in one transaction (a dry run only
+    /// counts them); returns (taken, skipped by the filter).
+    async fn walk_dead_letters(
+        &self,
+        queue: &str,
+        options: &RedriveOptions,
+        act: Act,
+    ) -> Result<(usize, usize), TransportError> {
+        let max = options.max.unwrap_or(usize::MAX);
+        let (mut taken, mut skipped, mut after) = (0, 0, i64::MIN);
+        while taken < max {
+            let page = self.store.dead_letters_after(queue, after, DEAD_LETTER_PAGE).await?;
+            let full = page.len() == DEAD_LETTER_PAGE;
+            let Some(last) = page.last() else { break };
+            after = last.seq as i64;
+            let mut chosen = Vec::new();
+            for row in page {
+                if taken + chosen.len() >= max {
+                    break;
+                }
+                let id = row.id;
+                if options.filter.as_ref().is_none_or(|f| f(&dead_letter_of(row))) {
+                    chosen.push(id);
+                } else {
+                    skipped += 1;
+                }
+            }
+            taken += match act {
+                _ if options.dry_run => chosen.len(),
+                Act::Redrive => self.store.redrive(queue, chosen).await?,
+                Act::Delete => self.store.delete_dead(queue, &chosen, &[]).await?,
+            };
+            if !full {
+                break;
+            }
+        }
+        Ok((taken, skipped))
     }
 }
 
@@ -521,26 +576,29 @@ impl<D: Dialect> DeadLetters for SqlTransport<D> {
         options: RedriveOptions,
     ) -> BoxFuture<'a, Result<RedriveOutcome, TransportError>> {
         Box::pin(async move {
-            let max = options.max.unwrap_or(usize::MAX);
-            let mut outcome = RedriveOutcome::default();
-            let mut chosen = Vec::new();
-            for row in self.store.dead_letters(queue, usize::MAX).await? {
-                if chosen.len() >= max {
-                    break;
-                }
-                let id = row.id;
-                let letter = dead_letter_of(row);
-                if options.filter.as_ref().is_none_or(|f| f(&letter)) {
-                    chosen.push(id);
-                } else {
-                    outcome.skipped += 1;
-                }
-            }
-            outcome.moved = self.store.redrive(queue, chosen).await?;
+            let (moved, skipped) = self.walk_dead_letters(queue, &options, Act::Redrive).await?;
             if let Ok(q) = self.queue(queue) {
                 q.local.notify_waiters();
             }
-            Ok(outcome)
+            Ok(RedriveOutcome { moved, skipped })
+        })
+    }
+
+    fn delete<'a>(&'a self, queue: &'a str, ids: &'a [MessageId]) -> BoxFuture<'a, Result<usize, TransportError>> {
+        Box::pin(async move {
+            let ids: Vec<&str> = ids.iter().map(MessageId::as_str).collect();
+            self.store.delete_dead(queue, &[], &ids).await
+        })
+    }
+
+    fn purge<'a>(
+        &'a self,
+        queue: &'a str,
+        options: RedriveOptions,
+    ) -> BoxFuture<'a, Result<PurgeOutcome, TransportError>> {
+        Box::pin(async move {
+            let (deleted, skipped) = self.walk_dead_letters(queue, &options, Act::Delete).await?;
+            Ok(PurgeOutcome { deleted, skipped })
         })
     }
 

@@ -119,6 +119,18 @@ pub(crate) const ERRORS: &str = concat!(
     columns!(),
     " FROM messaging_messages WHERE queue = $1 AND status = 'error' ORDER BY seq LIMIT $2"
 );
+/// Dead letters after enqueue position `$3`, in enqueue order: the pages of a
+/// redrive or a purge (the index on (queue, seq) of rows in error serves it).
+pub(crate) const ERRORS_AFTER: &str = concat!(
+    "SELECT ",
+    columns!(),
+    " FROM messaging_messages WHERE queue = $1 AND status = 'error' AND seq > $3 ORDER BY seq LIMIT $2"
+);
+/// Deletes one dead letter by row id (`$1`) of queue `$2`.
+pub(crate) const DELETE_DEAD: &str = "DELETE FROM messaging_messages WHERE id = $1 AND queue = $2 AND status = 'error'";
+/// Deletes one dead letter by message id (`$1`) of queue `$2`.
+pub(crate) const DELETE_DEAD_BY_MESSAGE_ID: &str =
+    "DELETE FROM messaging_messages WHERE message_id = $1 AND queue = $2 AND status = 'error'";
 #[cfg(test)]
 pub(crate) const ROWS: &str = concat!("SELECT ", columns!(), " FROM messaging_messages WHERE queue = $1 ORDER BY id");
 

@@ -376,6 +376,13 @@ impl DeadLetters for SqsTransport {
         options: RedriveOptions,
     ) -> BoxFuture<'a, Result<RedriveOutcome, TransportError>> {
         Box::pin(async move {
+            if options.dry_run {
+                // Counting would receive every letter (and hide them while
+                // it does); `depth` gives the total without a filter.
+                return Err(TransportError::Rejected(format!(
+                    "a dry run of a redrive of `{queue}` is not supported on SQS; `dlq peek` shows the letters"
+                )));
+            }
             let (q, dlq_url) = self.dlq(queue)?;
             let mut run = Run::default();
             let result = self.redrive_rounds(&q, &dlq_url, &options, &mut run).await;

@@ -209,6 +209,46 @@ impl<D: Dialect> SqlStore<D> {
         self.records(sql::ERRORS, queue, Some(max)).await
     }
 
+    /// Up to `max` dead letters after enqueue position `after`, oldest first.
+    pub(crate) async fn dead_letters_after(
+        &self,
+        queue: &str,
+        after: i64,
+        max: usize,
+    ) -> Result<Vec<Row>, TransportError> {
+        let args = [queue.into(), i64::try_from(max).unwrap_or(i64::MAX).into(), after.into()];
+        rows::<D>(&self.query("reading dead letters", &[sql::ERRORS_AFTER], &args).await?)
+    }
+
+    /// Deletes dead letters, by row id or by message id, in one transaction;
+    /// how many there were.
+    pub(crate) async fn delete_dead(
+        &self,
+        queue: &str,
+        rows: &[RowId],
+        messages: &[&str],
+    ) -> Result<usize, TransportError> {
+        if rows.is_empty() && messages.is_empty() {
+            return Ok(0);
+        }
+        let mut w = Write::begin(self).await?;
+        let done = async {
+            let mut deleted = 0;
+            for &id in rows {
+                let args = [(id as i64).into(), queue.into()];
+                deleted += self.exec_in(&mut w, "deleting a dead letter", &[sql::DELETE_DEAD], &args).await?;
+            }
+            for &id in messages {
+                let args = [id.into(), queue.into()];
+                deleted +=
+                    self.exec_in(&mut w, "deleting a dead letter", &[sql::DELETE_DEAD_BY_MESSAGE_ID], &args).await?;
+            }
+            Ok(deleted as usize)
+        }
+        .await;
+        w.finish(done).await
+    }
+
     /// Rows waiting or in progress (not Error, not Processed).
     pub(crate) async fn depth(&self, queue: &str) -> Result<u64, TransportError> {
         self.count(sql::DEPTH, queue, "depth").await
