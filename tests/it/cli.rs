@@ -278,6 +278,24 @@ fn dead_letters_from_the_command_line() {
     assert_eq!(line["history"][0]["type"], "Declined", "{line}");
     assert_eq!(line["history"][0]["message"], "card declined", "{line}");
     assert_eq!(line["history"][0]["attempt"], 1, "{line}");
+    // `show` finds it under its source queue, with its history and decoded body.
+    let id = line["message_id"].as_str().expect("an id").to_owned();
+    let out = run(orders_in(&dir).args(["show", "orders.fifo", &id, "--json"]));
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let shown: serde_json::Value = serde_json::from_str(stdout(&out).trim()).unwrap();
+    assert_eq!(shown["status"], "dead_letter", "{shown}");
+    assert_eq!(shown["history"][0]["type"], "Declined", "{shown}");
+    assert_eq!(shown["body"]["data"]["order_id"], "Z9", "{shown}");
+    let out = run(orders_in(&dir).args(["show", "orders.fifo", &id]));
+    assert!(stdout(&out).contains("reason    card declined (after 1 attempt)"), "{}", stdout(&out));
+    assert!(stdout(&out).contains(": Declined: card declined"), "{}", stdout(&out));
+    let out = run(orders_in(&dir).args(["show", "orders.fifo", "no-such-id"]));
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no message `no-such-id` in `orders.fifo`"));
+    // A dead-letter queue's name is answered with its queue's.
+    let out = run(orders_in(&dir).args(["dlq", "peek", "orders-dlq.fifo"]));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("`orders-dlq.fifo` is the dead-letter queue of `orders.fifo`"), "{stderr}");
     let out = run(orders_in(&dir).arg("queues"));
     assert!(stdout(&out).contains("1 in orders-dlq.fifo"), "{}", stdout(&out));
     // A type filter that matches nothing moves nothing.

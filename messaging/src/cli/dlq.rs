@@ -107,10 +107,7 @@ fn counting(filter: Option<DeadLetterFilter>, bar: &indicatif::ProgressBar) -> D
 }
 
 fn capability<'a>(app: &'a App, queue: &str) -> Result<&'a dyn DeadLetters, Error> {
-    if !app.registry().queues().iter().any(|q| q.name == queue) {
-        let known: Vec<&str> = app.registry().queues().iter().map(|q| q.name).collect();
-        return Err(Error::Command(format!("`{queue}` is not a declared queue; declared: {}", known.join(", "))));
-    }
+    super::declared(app, queue)?;
     app.setup_transport()
         .dead_letters()
         .ok_or_else(|| Error::Command(format!("the {} transport has no dead letters", app.setup_transport().system())))
@@ -127,12 +124,6 @@ fn json_of(letter: &DeadLetter) -> serde_json::Value {
         "attributes": &*letter.attributes,
         "body": String::from_utf8_lossy(&letter.body),
     })
-}
-
-/// A time in milliseconds since the Unix epoch, as RFC 3339 in UTC.
-fn rfc3339(ms: i64) -> String {
-    let at = std::time::UNIX_EPOCH + std::time::Duration::from_millis(u64::try_from(ms).unwrap_or(0));
-    humantime::format_rfc3339_millis(at).to_string()
 }
 
 /// Whether `queue` is declared FIFO: its dead letters are then read a group
@@ -188,7 +179,7 @@ pub(super) async fn run(app: &App, command: DlqCommand) -> Result<(), Error> {
                     println!(
                         "    attempt {} at {}: {}: {}",
                         attempt.attempt,
-                        rfc3339(attempt.at_ms),
+                        super::show::rfc3339(attempt.at_ms),
                         attempt.error_type,
                         attempt.message
                     );

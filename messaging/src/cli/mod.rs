@@ -3,6 +3,7 @@
 
 mod dlq;
 mod publish;
+mod show;
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -19,6 +20,23 @@ pub type SetupResult = Result<(), Box<dyn std::error::Error + Send + Sync>>;
 
 /// The hook `#[messaging::main]` makes of the body of the user's `main`.
 pub type SetupHook = for<'a> fn(&'a mut Setup) -> BoxFuture<'a, SetupResult>;
+
+/// Checks that `queue` is a declared queue; a dead-letter queue's name is
+/// answered with the queue it belongs to, since commands take the source queue.
+fn declared(app: &App, queue: &str) -> Result<(), Error> {
+    let queues = app.registry().queues();
+    if queues.iter().any(|q| q.name == queue) {
+        return Ok(());
+    }
+    if let Some(source) = queues.iter().find(|q| q.dlq == Some(queue)) {
+        return Err(Error::Command(format!(
+            "`{queue}` is the dead-letter queue of `{}`: name the queue itself (its dead letters are read through it)",
+            source.name
+        )));
+    }
+    let known: Vec<&str> = queues.iter().map(|q| q.name).collect();
+    Err(Error::Command(format!("`{queue}` is not a declared queue; declared: {}", known.join(", "))))
+}
 
 #[derive(Debug, Parser)]
 #[command(about = "A message-driven service built with `messaging`", version)]
@@ -49,6 +67,8 @@ enum Command {
     /// Publish one message: its JSON data is read as the registered type and
     /// sent in the versioned envelope.
     Publish(publish::PublishArgs),
+    /// Show one message: its status, attempts with their errors, and its body.
+    Show(show::ShowArgs),
 }
 
 #[derive(Debug, Default, clap::Args)]
@@ -118,6 +138,7 @@ async fn execute(cli: Cli, hook: SetupHook) -> Result<(), Error> {
         Command::Dlq(dlq) => dlq::run(&app, dlq).await,
         Command::Health => health(&app).await,
         Command::Publish(args) => publish::run(&mut app, args).await,
+        Command::Show(args) => show::run(&app, args).await,
         Command::Queues => {
             print_queues(&app).await;
             Ok(())

@@ -48,10 +48,14 @@ fn parse_attribute(text: &str) -> Result<(String, String), String> {
 
 /// Publishes one message; prints its id.
 pub(super) async fn run(app: &mut App, args: PublishArgs) -> Result<(), Error> {
-    let spec = app.registry().queues().iter().find(|q| q.name == args.queue).cloned().ok_or_else(|| {
-        let known: Vec<&str> = app.registry().queues().iter().map(|q| q.name).collect();
-        Error::Command(format!("`{}` is not a declared queue; declared: {}", args.queue, known.join(", ")))
-    })?;
+    super::declared(app, &args.queue)?;
+    let spec = app
+        .registry()
+        .queues()
+        .iter()
+        .find(|q| q.name == args.queue)
+        .cloned()
+        .ok_or_else(|| Error::Command(format!("`{}` is not a declared queue", args.queue)))?;
     let entry = message_entry(&args.type_name, args.message_version)?;
     let data = if args.data == "-" {
         let mut text = String::new();

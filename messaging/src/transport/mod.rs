@@ -132,6 +132,45 @@ impl FailedAttempt {
     }
 }
 
+/// One message as `app show` reports it: where it stands, its attempts and
+/// their errors. Serialized with the field names shown here (the body apart:
+/// the command line decodes it).
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct MessageReport {
+    /// The queue it is in (a dead letter: its source queue).
+    pub queue: String,
+    /// The transport's message id.
+    #[serde(serialize_with = "as_str")]
+    pub message_id: MessageId,
+    /// Where it stands: `pending`, `sleeping`, `processing`,
+    /// `awaiting_release`, `dead_letter`, `processed` on the database queues;
+    /// `visible`, `delayed`, `in_flight`, `dead_letter` on `memory://`.
+    pub status: String,
+    /// Attempts of this version so far.
+    pub attempts: u32,
+    /// Its identity (`#[message(id = ..)]`), if any.
+    pub identity: Option<String>,
+    /// Its FIFO group, if any.
+    pub group_id: Option<String>,
+    /// When it was sent, in milliseconds since the Unix epoch.
+    pub sent_at_ms: i64,
+    /// Not handed out before this time (a delay or a retry's backoff).
+    pub process_at_ms: Option<i64>,
+    /// The reason of its last failure (a dead letter's reason).
+    pub reason: Option<String>,
+    /// Its failed attempts, oldest first.
+    pub history: Vec<FailedAttempt>,
+    /// Its attributes.
+    pub attributes: Attributes,
+    /// The body as published.
+    #[serde(skip)]
+    pub body: Bytes,
+}
+
+fn as_str<S: serde::Serializer>(id: &MessageId, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(id.as_str())
+}
+
 /// A queue backend. Calls name the queue by its declared name.
 ///
 /// The worker relies on SQS-like semantics: a received message is invisible
@@ -245,6 +284,22 @@ pub trait Transport: Send + Sync + 'static {
     /// database), used by default for `idempotent = ".."` handlers.
     fn idempotency_store(&self) -> Option<Arc<dyn crate::claims::IdempotencyStore>> {
         None
+    }
+
+    /// The message `id` of `queue` (or of its dead letters), if the backend
+    /// can look one up (database queues and `memory://`).
+    fn inspect<'a>(
+        &'a self,
+        queue: &'a str,
+        id: &'a MessageId,
+    ) -> BoxFuture<'a, Result<Option<MessageReport>, TransportError>> {
+        let _ = id;
+        Box::pin(async move {
+            Err(TransportError::Rejected(format!(
+                "looking up one message of `{queue}` is not supported by the {} transport",
+                self.system()
+            )))
+        })
     }
 
     /// Creates or upgrades the backend's tables (the `migrate` command);

@@ -245,6 +245,24 @@ impl Transport for MemoryTransport {
         })
     }
 
+    fn inspect<'a>(
+        &'a self,
+        queue: &'a str,
+        id: &'a MessageId,
+    ) -> BoxFuture<'a, Result<Option<crate::transport::MessageReport>, TransportError>> {
+        Box::pin(async move {
+            let q = self.queue(queue)?;
+            let dlq = q.lock().spec.dlq;
+            if let Some(found) = q.lock().iter_ordered().into_iter().find(|(_, m)| &m.id == id) {
+                return Ok(Some(found.1.report(queue, None)));
+            }
+            let Some(dlq) = dlq.and_then(|name| self.queue(name).ok()) else { return Ok(None) };
+            let state = dlq.lock();
+            let found = state.iter_ordered().into_iter().find(|(_, m)| &m.id == id);
+            Ok(found.map(|(_, m)| m.report(queue, Some("dead_letter"))))
+        })
+    }
+
     fn extend<'a>(
         &'a self,
         queue: &'a str,

@@ -51,6 +51,33 @@ pub(super) struct Stored {
     seq: u64,
 }
 
+impl Stored {
+    /// The message as `app show` reports it, in `queue` with `status` when
+    /// given (a dead letter's), else its own.
+    pub(super) fn report(&self, queue: &str, status: Option<&str>) -> crate::transport::MessageReport {
+        let ms = |t: SystemTime| t.duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64);
+        let own = match self.status {
+            Status::Visible => "visible",
+            Status::Hidden(_) => "delayed",
+            Status::InFlight { .. } => "in_flight",
+        };
+        crate::transport::MessageReport {
+            queue: queue.to_owned(),
+            message_id: self.id.clone(),
+            status: status.unwrap_or(own).to_owned(),
+            attempts: self.receive_count,
+            identity: None,
+            group_id: self.group.clone(),
+            sent_at_ms: ms(self.sent_at),
+            process_at_ms: None,
+            reason: self.reason.clone(),
+            history: self.history.clone(),
+            attributes: (*self.attributes).clone(),
+            body: self.body.clone(),
+        }
+    }
+}
+
 /// Attributes behind an `Arc`, sharing one allocation for the common empty case.
 fn shared_attributes(attributes: Attributes) -> Arc<Attributes> {
     static EMPTY: std::sync::OnceLock<Arc<Attributes>> = std::sync::OnceLock::new();

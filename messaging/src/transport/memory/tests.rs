@@ -255,3 +255,19 @@ async fn dead_letters_are_counted_deleted_and_purged() {
     assert_eq!((purged.deleted, purged.skipped), (2, 1));
     assert_eq!(&*dl.peek("q.fifo", 10).await.unwrap()[0].body, b"b");
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_message_is_found_in_its_queue_or_its_dead_letters() {
+    use crate::transport::{FailedAttempt, MessageId};
+    let t = setup(fifo("q.fifo")).await;
+    let waiting = t.send("q.fifo", grouped("waiting", "g1")).await.unwrap();
+    t.send("q.fifo", grouped("dead", "g2")).await.unwrap();
+    let d = t.receive("q.fifo", 10, Duration::ZERO).await.unwrap().into_iter().find(|d| &*d.body == b"dead").unwrap();
+    t.dead_letters().unwrap().dead_letter("q.fifo", &d, FailedAttempt::new(1, "Boom", "no")).await.unwrap();
+    let dead = t.inspect("q.fifo", &d.message_id).await.unwrap().expect("found in the dead letters");
+    assert_eq!((dead.status.as_str(), dead.reason.as_deref()), ("dead_letter", Some("no (after 1 attempt)")));
+    assert_eq!(dead.history[0].error_type, "Boom");
+    let shown = t.inspect("q.fifo", &waiting).await.unwrap().expect("found in the queue");
+    assert_eq!((shown.status.as_str(), &*shown.body), ("in_flight", &b"waiting"[..]));
+    assert!(t.inspect("q.fifo", &MessageId::from("nope")).await.unwrap().is_none());
+}

@@ -56,8 +56,8 @@ use crate::error::TransportError;
 use crate::queue::QueueSpec;
 use crate::transport::sql::machine::{Enqueue, EnqueueOutcome, QueueRules, Row};
 use crate::transport::{
-    Attributes, DeadLetter, DeadLetters, Delivery, FailedAttempt, MessageId, Outgoing, PurgeOutcome, Receipt,
-    RedriveOptions, RedriveOutcome, Transport,
+    Attributes, DeadLetter, DeadLetters, Delivery, FailedAttempt, MessageId, MessageReport, Outgoing, PurgeOutcome,
+    Receipt, RedriveOptions, RedriveOutcome, Transport,
 };
 
 /// A queue known to the transport.
@@ -366,6 +366,27 @@ fn delivery(row: LeasedRow) -> Delivery {
     }
 }
 
+fn report_of(queue: &str, row: Row) -> MessageReport {
+    let status = match row.status {
+        crate::transport::sql::machine::Status::Error => "dead_letter",
+        other => other.as_str(),
+    };
+    MessageReport {
+        queue: queue.to_owned(),
+        message_id: MessageId::from(row.message_id),
+        status: status.to_owned(),
+        attempts: row.attempts,
+        identity: row.identity,
+        group_id: row.group,
+        sent_at_ms: row.sent_at,
+        process_at_ms: row.process_at,
+        reason: row.error,
+        history: row.history,
+        attributes: decode_attributes(&row.attributes),
+        body: row.payload.into(),
+    }
+}
+
 fn dead_letter_of(row: Row) -> DeadLetter {
     DeadLetter {
         message_id: MessageId::from(row.message_id),
@@ -543,6 +564,16 @@ impl<D: Dialect> Transport for SqlTransport<D> {
 
     fn migrate(&self) -> BoxFuture<'_, Result<(), TransportError>> {
         Box::pin(self.store.migrate())
+    }
+
+    fn inspect<'a>(
+        &'a self,
+        queue: &'a str,
+        id: &'a MessageId,
+    ) -> BoxFuture<'a, Result<Option<MessageReport>, TransportError>> {
+        Box::pin(
+            async move { Ok(self.store.by_message_id(queue, id.as_str()).await?.map(|row| report_of(queue, row))) },
+        )
     }
 
     fn idempotency_store(&self) -> Option<Arc<dyn crate::claims::IdempotencyStore>> {

@@ -126,6 +126,13 @@ pub(crate) const ERRORS_AFTER: &str = concat!(
     columns!(),
     " FROM messaging_messages WHERE queue = $1 AND status = 'error' AND seq > $3 ORDER BY seq LIMIT $2"
 );
+/// A message by its id (`$2`) in queue `$1`, its current or its waiting
+/// version (no index: an operator's lookup reads the queue's rows).
+pub(crate) const BY_MESSAGE_ID: &str = concat!(
+    "SELECT ",
+    columns!(),
+    " FROM messaging_messages WHERE queue = $1 AND (message_id = $2 OR deferred_message_id = $2)"
+);
 /// Deletes one dead letter by row id (`$1`) of queue `$2`.
 pub(crate) const DELETE_DEAD: &str = "DELETE FROM messaging_messages WHERE id = $1 AND queue = $2 AND status = 'error'";
 /// Deletes one dead letter by message id (`$1`) of queue `$2`.

@@ -209,6 +209,12 @@ impl<D: Dialect> SqlStore<D> {
         self.records(sql::ERRORS, queue, Some(max)).await
     }
 
+    /// The row holding message `id` (as its current or its waiting version).
+    pub(crate) async fn by_message_id(&self, queue: &str, id: &str) -> Result<Option<Row>, TransportError> {
+        Ok(rows::<D>(&self.query("looking up a message", &[sql::BY_MESSAGE_ID], &[queue.into(), id.into()]).await?)?
+            .pop())
+    }
+
     /// Up to `max` dead letters after enqueue position `after`, oldest first.
     pub(crate) async fn dead_letters_after(
         &self,

@@ -1,0 +1,73 @@
+//! `show QUEUE ID`: one message, where it stands, its attempts and their
+//! errors, and its decoded body.
+
+use crate::app::App;
+use crate::error::Error;
+use crate::transport::{MessageId, MessageReport};
+
+/// Arguments of `show`.
+#[derive(Debug, clap::Args)]
+pub(super) struct ShowArgs {
+    /// The queue (a dead letter is found under its source queue).
+    queue: String,
+    /// The message id (as `dlq peek` and the logs show it).
+    id: String,
+    /// One JSON object instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+/// A time in milliseconds since the Unix epoch, as RFC 3339 in UTC.
+pub(super) fn rfc3339(ms: i64) -> String {
+    let at = std::time::UNIX_EPOCH + std::time::Duration::from_millis(u64::try_from(ms).unwrap_or(0));
+    humantime::format_rfc3339_millis(at).to_string()
+}
+
+/// The body as JSON when it is JSON, else as text.
+fn body_of(report: &MessageReport) -> serde_json::Value {
+    serde_json::from_slice(&report.body)
+        .unwrap_or_else(|_| serde_json::Value::String(String::from_utf8_lossy(&report.body).into_owned()))
+}
+
+pub(super) async fn run(app: &App, args: ShowArgs) -> Result<(), Error> {
+    let ShowArgs { queue, id, json } = args;
+    super::declared(app, &queue)?;
+    let found = app.setup_transport().inspect(&queue, &MessageId::from(id.as_str())).await?;
+    let Some(report) = found else {
+        return Err(Error::Command(format!(
+            "no message `{id}` in `{queue}` or its dead letters (processed messages are kept only with `retention=`)"
+        )));
+    };
+    let body = body_of(&report);
+    if json {
+        let mut value = serde_json::to_value(&report).map_err(|e| Error::Command(e.to_string()))?;
+        value["body"] = body;
+        println!("{value}");
+        return Ok(());
+    }
+    println!("message   {}", report.message_id);
+    println!("queue     {}", report.queue);
+    println!("status    {}", report.status);
+    println!("attempts  {}", report.attempts);
+    if let Some(identity) = &report.identity {
+        println!("identity  {identity}");
+    }
+    if let Some(group) = &report.group_id {
+        println!("group     {group}");
+    }
+    println!("sent      {}", rfc3339(report.sent_at_ms));
+    if let Some(at) = report.process_at_ms {
+        println!("due       {}", rfc3339(at));
+    }
+    if let Some(reason) = &report.reason {
+        println!("reason    {reason}");
+    }
+    for a in &report.history {
+        println!("attempt {} at {}: {}: {}", a.attempt, rfc3339(a.at_ms), a.error_type, a.message);
+    }
+    for (key, value) in &report.attributes {
+        println!("attribute {key} = {value}");
+    }
+    println!("{}", serde_json::to_string_pretty(&body).unwrap_or_default());
+    Ok(())
+}
