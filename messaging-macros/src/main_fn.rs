@@ -107,7 +107,14 @@ fn generate(func: ItemFn) -> TokenStream {
                 ::std::boxed::Box::pin(async move { #body })
             }
 
-            ::messaging::__private::run_main(__messaging_hook)
+            ::messaging::__private::run_app(
+                __messaging_hook,
+                match ::core::option_env!("CARGO_BIN_NAME") {
+                    ::core::option::Option::Some(name) => name,
+                    ::core::option::Option::None => ::core::env!("CARGO_PKG_NAME"),
+                },
+                ::core::env!("CARGO_PKG_VERSION"),
+            )
         }
     }
 }

@@ -8,7 +8,7 @@ pub use std::time::Duration;
 
 pub use crate::app::Setup;
 pub use crate::boxed::BoxFuture;
-pub use crate::cli::{run_main, SetupHook, SetupResult};
+pub use crate::cli::{run_app, run_main, SetupHook, SetupResult};
 pub use crate::context::MessageContext;
 pub use crate::envelope::Encoded;
 pub use crate::error::HandlerError;

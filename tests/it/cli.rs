@@ -68,7 +68,8 @@ fn stdout(out: &Output) -> String {
 #[test]
 fn run_handles_the_demo_orders_and_exits() {
     let dir = WorkDir::new();
-    let out = run(&mut orders_in(&dir));
+    // The default log filter (no RUST_LOG).
+    let out = run(orders_in(&dir).env_remove("RUST_LOG"));
     let text = stdout(&out);
     assert!(out.status.success(), "{text}\n{}", String::from_utf8_lossy(&out.stderr));
     for line in [
@@ -79,6 +80,12 @@ fn run_handles_the_demo_orders_and_exits() {
     ] {
         assert!(text.contains(line), "missing `{line}` in:\n{text}");
     }
+    // Logs to a pipe are plain text, and carry the app's and the framework's
+    // INFO lines, not the dependencies'.
+    let logs = String::from_utf8_lossy(&out.stderr);
+    assert!(!logs.contains('\x1b'), "no colour codes off a terminal: {logs}");
+    assert!(logs.contains(" INFO messaging"), "{logs}");
+    assert!(!logs.contains(" INFO sqlx") && !logs.contains(" INFO opentelemetry"), "{logs}");
     assert!(dir.0.join("messaging.db").exists(), "the embedded default is a SQLite file");
     // The queues are empty afterwards, on disk.
     let out = run(orders_in(&dir).arg("queues"));
@@ -90,6 +97,9 @@ fn run_handles_the_demo_orders_and_exits() {
 #[test]
 fn validate_and_queues() {
     let dir = WorkDir::new();
+    // The app's own name and version, not the framework's.
+    let out = run(orders_in(&dir).arg("--version"));
+    assert_eq!(stdout(&out).trim(), format!("orders {}", env!("CARGO_PKG_VERSION")));
     let out = run(orders_in(&dir).arg("validate"));
     assert!(out.status.success());
     assert!(stdout(&out).starts_with("ok: 2 queue(s), 2 handler(s) on sqlite"), "{}", stdout(&out));

@@ -102,7 +102,22 @@ fn parse_http_addr(text: &str) -> Result<std::net::SocketAddr, String> {
 
 /// The body of the `main` that `#[messaging::main]` generates.
 pub fn run_main(hook: SetupHook) -> ExitCode {
-    let cli = Cli::parse();
+    run_parsed(Cli::parse(), hook)
+}
+
+/// [`run_main`] under the application's own name and version, for
+/// `--version` and the help: what `#[messaging::main]` calls, with the
+/// binary's name and its crate's version.
+pub fn run_app(hook: SetupHook, name: &'static str, version: &'static str) -> ExitCode {
+    use clap::{CommandFactory, FromArgMatches};
+    let matches = Cli::command().name(name).version(version).get_matches();
+    match Cli::from_arg_matches(&matches) {
+        Ok(cli) => run_parsed(cli, hook),
+        Err(e) => e.exit(),
+    }
+}
+
+fn run_parsed(cli: Cli, hook: SetupHook) -> ExitCode {
     let serves_metrics = matches!(&cli.command, Some(Command::Run(RunArgs { http: Some(_), .. })));
     let _telemetry = crate::telemetry::init(crate::telemetry::TelemetryConfig::from_env().prometheus(serves_metrics));
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {

@@ -88,7 +88,9 @@ impl Drop for TelemetryGuard {
 
 /// Installs logging and OpenTelemetry for the whole process:
 ///
-/// * logs to stderr, filtered by `RUST_LOG` (default `info`), as text or JSON;
+/// * logs to stderr, filtered by `RUST_LOG` (default: `info` for the
+///   application and the framework, `warn` for the dependencies), as text
+///   (coloured only on a terminal) or JSON;
 /// * with the `otlp` feature and `OTEL_EXPORTER_OTLP_ENDPOINT` set: spans
 ///   (the framework's `DEBUG` spans of target `messaging`, and every span at
 ///   `INFO` and above, whatever `RUST_LOG` says) and metrics exported
@@ -101,9 +103,9 @@ impl Drop for TelemetryGuard {
 pub fn init(config: TelemetryConfig) -> TelemetryGuard {
     let resource = resource();
     let mut guard = TelemetryGuard::default();
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(DEFAULT_FILTER));
     let fmt = match config.log_format {
-        LogFormat::Text => tracing_subscriber::fmt::layer().with_writer(std::io::stderr).boxed(),
+        LogFormat::Text => tracing_subscriber::fmt::layer().with_writer(std::io::stderr).with_ansi(colours()).boxed(),
         LogFormat::Json => tracing_subscriber::fmt::layer().json().with_writer(std::io::stderr).boxed(),
     };
     let tracer = otlp::tracer_provider(&resource);
@@ -145,8 +147,22 @@ pub fn init(config: TelemetryConfig) -> TelemetryGuard {
 /// (default `info`), and nothing else. Does nothing if one is already
 /// installed. [`init`] is the complete setup.
 pub fn init_logging() {
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(DEFAULT_FILTER));
+    let _ =
+        tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(colours()).try_init();
+}
+
+/// The log filter without `RUST_LOG`: INFO for the application and the
+/// framework, WARN for the dependencies whose INFO lines are their own
+/// business (connection pools, exporters, HTTP stacks, the AWS SDK).
+const DEFAULT_FILTER: &str = "info,sqlx=warn,opentelemetry=warn,opentelemetry_sdk=warn,opentelemetry_otlp=warn,\
+    hyper=warn,hyper_util=warn,h2=warn,tower=warn,axum=warn,reqwest=warn,rustls=warn,aws_config=warn,\
+    aws_smithy_runtime=warn,aws_sdk_sqs=warn";
+
+/// Colours only for a terminal: a log file or a pipe gets plain text.
+fn colours() -> bool {
+    use std::io::IsTerminal as _;
+    std::io::stderr().is_terminal()
 }
 
 /// `service.name` from `OTEL_SERVICE_NAME`, else the executable's name.
