@@ -56,7 +56,8 @@ pub(super) async fn run(app: &App, args: ShowArgs) -> Result<(), Error> {
         println!("group     {group}");
     }
     println!("sent      {}", rfc3339(report.sent_at_ms));
-    if let Some(at) = report.process_at_ms {
+    // A due time matters only while the message waits for it.
+    if let (Some(at), "sleeping" | "pending" | "delayed") = (report.process_at_ms, report.status.as_str()) {
         println!("due       {}", rfc3339(at));
     }
     if let Some(reason) = &report.reason {
