@@ -23,6 +23,14 @@ struct Job {
 #[messaging::handler(queue = Jobs, retry(base = "50ms", max = "100ms"))]
 async fn handle(_job: Job) {}
 
+/// A fresh SQLite file and a fresh PostgreSQL schema: their URLs with
+/// `options` appended, each with the guard that removes it.
+async fn both_databases(options: &str) -> Vec<(String, Box<dyn std::any::Any>)> {
+    let file = fixtures::SqliteFile::new();
+    let db = fixtures::Postgres::new().await;
+    vec![(format!("{}{options}", file.url), Box::new(file)), (format!("{}{options}", db.url), Box::new(db))]
+}
+
 fn message(result: Result<std::sync::Arc<dyn Transport>, messaging::Error>) -> String {
     match result {
         Ok(_) => panic!("expected an error"),
@@ -77,14 +85,7 @@ async fn a_dropped_table_is_reported_by_validation() {
 
 #[tokio::test]
 async fn a_payload_that_does_not_fit_ends_in_the_dead_letters_not_lost() {
-    for url in ["sqlite", "postgres"] {
-        let (url, _guard): (String, Box<dyn std::any::Any>) = if url == "sqlite" {
-            let file = fixtures::SqliteFile::new();
-            (format!("{}&migrate=true&poll=50ms", file.url), Box::new(file))
-        } else {
-            let db = fixtures::Postgres::new().await;
-            (format!("{}&migrate=true&poll=50ms", db.url), Box::new(db))
-        };
+    for (url, _guard) in both_databases("&migrate=true&poll=50ms").await {
         let transport = messaging::transport::connect(&url).await.expect("connects");
         let mut app = messaging::App::new(transport.clone()).await.expect("app");
         app.only_queues(&["errors-jobs"]);
@@ -152,14 +153,7 @@ async fn always_fails(_m: Attempted, ctx: MessageContext) -> Result<(), HandlerE
 
 #[tokio::test]
 async fn a_dead_letter_keeps_every_failed_attempt_and_the_last_error_as_its_reason() {
-    for url in ["sqlite", "postgres"] {
-        let (url, _guard): (String, Box<dyn std::any::Any>) = if url == "sqlite" {
-            let file = fixtures::SqliteFile::new();
-            (format!("{}&migrate=true&poll=50ms", file.url), Box::new(file))
-        } else {
-            let db = fixtures::Postgres::new().await;
-            (format!("{}&migrate=true&poll=50ms", db.url), Box::new(db))
-        };
+    for (url, _guard) in both_databases("&migrate=true&poll=50ms").await {
         let transport = messaging::transport::connect(&url).await.expect("connects");
         let mut app = messaging::App::new(transport.clone()).await.expect("app");
         app.only_queues(&["errors-history"]);
@@ -194,14 +188,7 @@ async fn a_dead_letter_keeps_every_failed_attempt_and_the_last_error_as_its_reas
 #[tokio::test]
 async fn dead_letters_are_paged_through_with_exact_counts() {
     use messaging::transport::{FailedAttempt, RedriveOptions};
-    for url in ["sqlite", "postgres"] {
-        let (url, _guard): (String, Box<dyn std::any::Any>) = if url == "sqlite" {
-            let file = fixtures::SqliteFile::new();
-            (format!("{}&migrate=true", file.url), Box::new(file))
-        } else {
-            let db = fixtures::Postgres::new().await;
-            (format!("{}&migrate=true", db.url), Box::new(db))
-        };
+    for (url, _guard) in both_databases("&migrate=true").await {
         let transport = messaging::transport::connect(&url).await.expect("connects");
         let spec = messaging::QueueSpec::standard("errors-paged");
         transport.declare(&spec).await.expect("declare");
