@@ -43,7 +43,8 @@ async fn an_unreachable_database_is_a_clear_error_without_hanging() {
     let started = Instant::now();
     let err = message(messaging::transport::connect("postgres://postgres@127.0.0.1:1/test").await);
     assert!(err.contains("cannot connect to PostgreSQL at postgres://postgres@127.0.0.1:1/test"), "{err}");
-    assert!(started.elapsed() < Duration::from_secs(10), "took {:?}", started.elapsed());
+    assert!(err.contains("Connection refused"), "says what failed, not only that a pool timed out: {err}");
+    assert!(started.elapsed() < Duration::from_secs(2), "a refused port fails at once: {:?}", started.elapsed());
     let err = message(messaging::transport::connect("postgres://postgres:secret@127.0.0.1:1/test").await);
     assert!(!err.contains("secret"), "the password is not printed: {err}");
     let err = message(messaging::transport::connect("sqlite:///nonexistent-dir/sub/app.db").await);

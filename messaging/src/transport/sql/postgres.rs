@@ -7,7 +7,10 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
-use sqlx::postgres::{PgConnection, PgListener, PgPool, PgPoolOptions};
+use std::str::FromStr;
+
+use sqlx::postgres::{PgConnectOptions, PgConnection, PgListener, PgPool, PgPoolOptions};
+use sqlx::Connection as _;
 use sqlx::{Pool, Postgres, Transaction};
 use tokio::sync::{broadcast, oneshot, OwnedMutexGuard};
 
@@ -147,12 +150,24 @@ impl Dialect for Postgres {
     type State = PgState;
 
     async fn connect(url: &str) -> Result<(Pool<Self>, PgState), TransportError> {
+        let refused = |e: &dyn std::fmt::Display| {
+            TransportError::Backend(format!("cannot connect to PostgreSQL at {}: {e}", redact(url)))
+        };
+        let options = PgConnectOptions::from_str(url).map_err(|e| refused(&e))?;
+        // One connection first: the pool retries until its timeout and then
+        // says only "pool timed out"; a single attempt says what failed
+        // (connection refused, unknown host, authentication).
+        match tokio::time::timeout(Duration::from_secs(5), PgConnection::connect_with(&options)).await {
+            Ok(Ok(first)) => drop(first.close().await),
+            Ok(Err(e)) => return Err(refused(&e)),
+            Err(_) => return Err(refused(&"no answer within 5 s")),
+        }
         let pool = PgPoolOptions::new()
             .max_connections(10)
             .acquire_timeout(Duration::from_secs(5))
-            .connect(url)
+            .connect_with(options)
             .await
-            .map_err(|e| TransportError::Backend(format!("cannot connect to PostgreSQL at {}: {e}", redact(url))))?;
+            .map_err(|e| refused(&e))?;
         let clock = Clock::default();
         clock.sample(|| database_ms(&pool)).await.map_err(|e| backend::<Postgres>("reading the clock", e))?;
         let state = start(&pool, clock);
