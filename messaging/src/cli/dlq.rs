@@ -253,14 +253,13 @@ pub(super) async fn run(app: &App, command: DlqCommand) -> Result<(), Error> {
                         && cutoff.is_none_or(|c| l.history.last().is_some_and(|a| a.at_ms < c))
                 })),
             };
+            let total = dlq.depth(&queue).await?;
             if !dry_run && !yes {
-                let total = dlq.depth(&queue).await?;
                 return Err(Error::Command(format!(
                     "`dlq purge` deletes dead letters of `{queue}` ({total} now) for good: add --yes, \
                      or --dry-run to count what it would delete"
                 )));
             }
-            let total = dlq.depth(&queue).await?;
             let bar = progress(total, format!("purging `{queue}`"));
             let options = RedriveOptions { max: None, filter: Some(counting(filter, &bar)), dry_run };
             let outcome = dlq.purge(&queue, options).await;
