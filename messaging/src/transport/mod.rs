@@ -21,6 +21,7 @@ mod url;
 
 pub use bytes::Bytes;
 pub use id::MessageId;
+pub(crate) use url::connect_existing;
 pub use url::{connect, DEFAULT_URL};
 
 pub use crate::boxed::BoxFuture;

@@ -15,6 +15,38 @@ pub const DEFAULT_URL: &str = "sqlite://messaging.db?migrate=true";
 #[cfg(not(feature = "sqlite"))]
 pub const DEFAULT_URL: &str = "memory://";
 
+/// Opens the backend a URL names, like [`connect`], for a command that only
+/// reads: a SQLite database file that does not exist is an error rather
+/// than created, and `migrate=true` is ignored (the tables are not changed).
+pub(crate) async fn connect_existing(url: &str) -> Result<Arc<dyn Transport>, Error> {
+    #[cfg(feature = "sqlite")]
+    if url.starts_with("sqlite:") {
+        let (_, rest) = super::sql::SqlOptions::parse(url)?;
+        if let Some(file) = super::sql::missing_sqlite_file(&rest) {
+            return Err(Error::Config {
+                url: url.to_owned(),
+                reason: format!(
+                    "there is no database file `{}` (nothing has run on it yet); `run` or `migrate` creates it, \
+                     or name another with --transport",
+                    file.display()
+                ),
+            });
+        }
+    }
+    connect(&without_migrate(url)).await
+}
+
+/// `url` without a `migrate=` parameter.
+fn without_migrate(url: &str) -> String {
+    let Some((base, query)) = url.split_once('?') else { return url.to_owned() };
+    let kept: Vec<&str> = query.split('&').filter(|p| p.split('=').next() != Some("migrate")).collect();
+    if kept.is_empty() {
+        base.to_owned()
+    } else {
+        format!("{base}?{}", kept.join("&"))
+    }
+}
+
 /// Opens the backend a URL names: `sqlite://FILE`, `sqlite::memory:`,
 /// `postgres://USER@HOST/DB`, `sqs://REGION` (feature `sqs`), `memory://`. Database URLs take
 /// the framework's options as query parameters (`migrate=true`, `retention=1d`,
@@ -68,5 +100,20 @@ pub async fn connect(url: &str) -> Result<Arc<dyn Transport>, Error> {
             url: url.to_owned(),
             reason: format!("unknown scheme `{other}`; known: sqlite://, postgres://, sqs://, memory://"),
         }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::without_migrate;
+
+    #[test]
+    fn a_read_only_open_drops_only_the_migrate_parameter() {
+        assert_eq!(without_migrate("sqlite://a.db?migrate=true"), "sqlite://a.db");
+        assert_eq!(
+            without_migrate("sqlite://a.db?poll=1s&migrate=true&retention=1d"),
+            "sqlite://a.db?poll=1s&retention=1d"
+        );
+        assert_eq!(without_migrate("postgres://u@h/db"), "postgres://u@h/db");
     }
 }

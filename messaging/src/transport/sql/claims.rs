@@ -60,9 +60,15 @@ impl<D: Dialect> SqlIdempotencyStore<D> {
         SqlIdempotencyStore { store: SqlStore { pool, state, tables: Tables::default() } }
     }
 
-    /// Connects to `url` (`postgres://user@host/db`, `sqlite://FILE`).
+    /// Connects to `url` (`postgres://user@host/db`, `sqlite://FILE`); on
+    /// PostgreSQL `schema=NAME` names the schema of the claims table, as on
+    /// the transport's URL.
     pub async fn connect(url: &str) -> Result<Self, TransportError> {
-        Ok(SqlIdempotencyStore { store: SqlStore::connect(url).await? })
+        let (options, rest) =
+            super::SqlOptions::parse(url).map_err(|e| TransportError::Backend(format!("{}: {e}", D::SYSTEM)))?;
+        let mut store = SqlStore::connect(&rest).await?;
+        store.tables = Tables::in_schema(options.schema.as_deref());
+        Ok(SqlIdempotencyStore { store })
     }
 
     /// Deletes the completed claims whose completion is older than

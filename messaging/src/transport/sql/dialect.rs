@@ -50,6 +50,10 @@ pub trait Dialect: Driver + sealed::Sealed + Sized {
     const CONCURRENT_LEASES: u32;
     /// Lists (table, column) of the framework's tables.
     const SCHEMA_COLUMNS: &'static str;
+    /// Whether the tables can live in a named schema (`schema=`): PostgreSQL.
+    /// The columns statement above then reads that schema for
+    /// `current_schema()`, and the migrations run with it as `search_path`.
+    const SCHEMAS: bool;
     /// Whether a single statement may run outside a transaction.
     const AUTOCOMMIT: bool;
     /// Makes concurrent migrators take turns, inside the migration's

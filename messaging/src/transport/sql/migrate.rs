@@ -29,7 +29,9 @@ fn hex(bytes: &[u8]) -> String {
 /// Applies the migrations `store`'s history lacks; fails, changing nothing,
 /// when an applied migration differs from the one this version carries.
 pub(crate) async fn run<D: Dialect>(store: &SqlStore<D>) -> Result<(), TransportError> {
-    let carried = sqlx_history::<D>(store).await;
+    // Earlier versions had no `schema=`: nothing of ours is in sqlx's table
+    // for a named schema (and the connection's one may be the application's).
+    let carried = if store.tables.schema().is_some() { Vec::new() } else { sqlx_history::<D>(store).await };
     let mut w = Write::begin(store).await?;
     let done = apply(store, &mut w, &carried).await;
     w.finish(done).await
@@ -53,6 +55,19 @@ async fn apply<D: Dialect>(
     carried: &[(i64, String)],
 ) -> Result<(), TransportError> {
     store.exec_in(w, "locking the migrations", &[D::MIGRATION_LOCK], &[]).await?;
+    if let Some(schema) = store.tables.schema() {
+        // Only PostgreSQL has schemas (`Dialect::SCHEMAS`). The scripts name
+        // tables bare (and `CREATE INDEX` takes no schema), so they run with
+        // the schema as the transaction's search path; the statements of the
+        // transport name it in every table instead, which holds inside a
+        // caller's own transaction too. The name is a checked identifier;
+        // these run as written (qualifying tables would rewrite a schema
+        // name that contains `messaging_`).
+        let enter = [format!("CREATE SCHEMA IF NOT EXISTS {schema}"), format!("SET LOCAL search_path TO {schema}")];
+        for sql in &enter {
+            D::execute(w.conn(), sql, &[]).await.map_err(|e| backend::<D>("entering the schema", e))?;
+        }
+    }
     store.exec_in(w, "creating messaging_migrations", &[CREATE_HISTORY], &[]).await?;
     let found = store
         .query_in(w, "reading messaging_migrations", &["SELECT version, checksum FROM messaging_migrations"], &[])

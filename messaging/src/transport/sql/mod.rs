@@ -48,6 +48,8 @@ pub(crate) use dialect::SqlStore;
 pub(crate) use driver::Driver;
 pub(crate) use options::SqlOptions;
 pub(crate) use record::LeasedRow;
+#[cfg(feature = "sqlite")]
+pub(crate) use sqlite::missing_file as missing_sqlite_file;
 pub(crate) use statements::Tables;
 pub(crate) use store::RowOp;
 
@@ -108,8 +110,18 @@ impl<D: Dialect> std::fmt::Debug for SqlTransport<D> {
 /// takes the framework's options out, opens the store, and runs the
 /// migrations when the URL asks for them (`migrate=true`).
 pub(crate) async fn connect<D: Dialect>(url: &str) -> Result<SqlTransport<D>, crate::error::Error> {
-    let (options, url) = SqlOptions::parse(url)?;
-    let store = SqlStore::<D>::connect(&url).await?;
+    let (options, driver_url) = SqlOptions::parse(url)?;
+    if options.schema.is_some() && !D::SCHEMAS {
+        return Err(crate::error::Error::Config {
+            url: url.to_owned(),
+            reason: format!(
+                "`schema=` is a PostgreSQL option; {} keeps the tables in its database file (name another file instead)",
+                D::SYSTEM
+            ),
+        });
+    }
+    let mut store = SqlStore::<D>::connect(&driver_url).await?;
+    store.tables = Tables::in_schema(options.schema.as_deref());
     if options.migrate {
         store.migrate().await?;
     }

@@ -6,7 +6,7 @@ use std::time::Duration;
 use crate::error::Error;
 
 /// Options of a SQL transport.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct SqlOptions {
     /// How long processed messages are kept (`retention=`; default 0: deleted at once).
     pub retention: Duration,
@@ -21,6 +21,9 @@ pub(crate) struct SqlOptions {
     /// How long completed idempotency claims are kept (`claims_retention=`;
     /// default 7 days). Keep it longer than any redelivery can take.
     pub claims_retention: Duration,
+    /// The PostgreSQL schema of the framework's tables (`schema=`; default:
+    /// the connection's current schema).
+    pub schema: Option<String>,
 }
 
 impl Default for SqlOptions {
@@ -31,6 +34,7 @@ impl Default for SqlOptions {
             poll: Duration::from_secs(1),
             migrate: false,
             claims_retention: Duration::from_secs(7 * 24 * 3600),
+            schema: None,
         }
     }
 }
@@ -62,11 +66,29 @@ impl SqlOptions {
                     options.migrate =
                         parse_bool(value).ok_or_else(|| bad(format!("`migrate={value}`: write true or false")))?
                 }
+                "schema" => options.schema = Some(schema_name(value).map_err(bad)?.to_owned()),
                 _ => kept.push(pair),
             }
         }
         let rest = if kept.is_empty() { base.to_owned() } else { format!("{base}?{}", kept.join("&")) };
         Ok((options, rest))
+    }
+}
+
+/// A schema name we can write into statements unquoted: lowercase ASCII
+/// letters, digits and `_`, not starting with a digit, at most 63 bytes
+/// (PostgreSQL's identifier limit).
+fn schema_name(name: &str) -> Result<&str, String> {
+    let fits = !name.is_empty()
+        && name.len() <= 63
+        && name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+        && !name.as_bytes()[0].is_ascii_digit();
+    if fits {
+        Ok(name)
+    } else {
+        Err(format!(
+            "`schema={name}`: a schema name is 1 to 63 lowercase letters, digits and `_`, not starting with a digit"
+        ))
     }
 }
 
@@ -98,5 +120,11 @@ mod tests {
         assert_eq!((o.retention, o.claims_retention), (Duration::from_secs(86_400), Duration::from_secs(7 * 86_400)));
         assert!(SqlOptions::parse("sqlite://a.db?retention=60").is_err());
         assert!(SqlOptions::parse("sqlite://a.db?poll=0s").is_err());
+        let (o, rest) = SqlOptions::parse("postgres://u@h/db?schema=jobs_1&sslmode=disable").unwrap();
+        assert_eq!((o.schema.as_deref(), rest.as_str()), (Some("jobs_1"), "postgres://u@h/db?sslmode=disable"));
+        for bad in ["", "Jobs", "1jobs", "jobs;drop", "a.b", "\"x\""] {
+            let err = SqlOptions::parse(&format!("postgres://u@h/db?schema={bad}")).unwrap_err().to_string();
+            assert!(err.contains("a schema name is 1 to 63 lowercase letters"), "{bad}: {err}");
+        }
     }
 }

@@ -142,6 +142,7 @@ impl Dialect for Postgres {
     const CONCURRENT_LEASES: u32 = 2;
     const SCHEMA_COLUMNS: &'static str = "SELECT table_name::text, column_name::text FROM information_schema.columns \
         WHERE table_schema = current_schema() AND table_name LIKE 'messaging\\_%'";
+    const SCHEMAS: bool = true;
     const AUTOCOMMIT: bool = true;
     // SQLSTATE 42P01 (undefined_table), whatever the server's language.
     const MIGRATION_LOCK: &'static str = "SELECT pg_advisory_xact_lock(hashtext('messaging:migrate'))";

@@ -30,7 +30,15 @@ impl<D: Dialect> SqlStore<D> {
     /// Checks the tables and columns (see [`super::schema`]).
     pub(crate) async fn check(&self) -> Result<(), TransportError> {
         let what = "reading the schema";
-        let rows = self.query(what, &[D::SCHEMA_COLUMNS], &[]).await?;
+        // A named schema is a checked identifier (`options::schema_name`),
+        // safe to write as a literal. Run as written: qualifying table names
+        // would also rewrite a schema name that contains `messaging_`.
+        let columns = match self.tables.schema() {
+            Some(schema) => D::SCHEMA_COLUMNS.replace("current_schema()", &format!("'{schema}'")),
+            None => D::SCHEMA_COLUMNS.to_owned(),
+        };
+        let mut conn = self.pool.acquire().await.map_err(fail::<D>(what))?;
+        let rows = D::fetch_all(&mut conn, &columns, &[]).await.map_err(fail::<D>(what))?;
         let found = rows
             .iter()
             .map(|r| Ok((D::text(r, 0)?.unwrap_or_default(), D::text(r, 1)?.unwrap_or_default())))

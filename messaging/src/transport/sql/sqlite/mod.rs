@@ -68,6 +68,15 @@ fn in_memory(url: &str, path: &Path) -> bool {
         || path.to_str().is_some_and(|p| p.starts_with("file:sqlx-in-memory-"))
 }
 
+/// The database file a `sqlite://` URL (without the framework's options)
+/// names, when it names a file that does not exist: what a command that only
+/// reads refuses to create.
+pub(crate) fn missing_file(url: &str) -> Option<std::path::PathBuf> {
+    let options = SqliteConnectOptions::from_str(url).ok()?;
+    let path = options.get_filename();
+    (!in_memory(url, path) && !path.exists()).then(|| path.to_path_buf())
+}
+
 /// A count or limit as SQLite's signed integer.
 fn int(n: usize) -> i64 {
     i64::try_from(n).unwrap_or(i64::MAX)
@@ -144,6 +153,7 @@ impl Dialect for Sqlite {
     const LOCK: &'static str = "";
     const LOCK_SKIP: &'static str = "";
     const CONCURRENT_LEASES: u32 = 1;
+    const SCHEMAS: bool = false;
     const SCHEMA_COLUMNS: &'static str = "SELECT m.name, p.name FROM sqlite_master m JOIN pragma_table_info(m.name) p \
         WHERE m.type = 'table' AND m.name LIKE 'messaging\\_%' ESCAPE '\\'";
     const AUTOCOMMIT: bool = false;
