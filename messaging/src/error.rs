@@ -37,6 +37,10 @@ pub enum Error {
     /// not fit; the message says what is known.
     #[error("{0}")]
     Command(String),
+    /// A second shutdown signal stopped the app before its handlers finished
+    /// (the command line exits with status 130).
+    #[error("stopped by a second shutdown signal")]
+    Interrupted,
 }
 
 /// A failure reported by a transport backend.

@@ -40,25 +40,36 @@ pub(crate) async fn probe(transport: &Arc<dyn Transport>, queues: &[&'static str
     failing
 }
 
+/// Why the process is not ready: each queue whose receives fail, with the
+/// last error (empty while every worker receives).
+pub(crate) type Readiness = Arc<dyn Fn() -> Vec<Unreachable> + Send + Sync>;
+
 #[derive(Clone)]
 struct Endpoints {
     transport: Arc<dyn Transport>,
     queues: Arc<[&'static str]>,
     shutdown: Shutdown,
+    readiness: Readiness,
 }
 
-/// Serves the endpoints on `addr` until `shutdown`; returns the bound address.
-pub(crate) async fn serve(
-    addr: SocketAddr,
+/// Binds the endpoints' address, before anything is consumed: a busy port is
+/// an error while nothing has been received yet.
+pub(crate) async fn bind(addr: SocketAddr) -> Result<tokio::net::TcpListener, Error> {
+    tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|e| Error::Telemetry(format!("cannot listen on {addr} for /health, /ready and /metrics: {e}")))
+}
+
+/// Serves the endpoints on `listener` until `shutdown`; returns the bound address.
+pub(crate) fn serve(
+    listener: tokio::net::TcpListener,
     transport: Arc<dyn Transport>,
     queues: Vec<&'static str>,
     shutdown: Shutdown,
+    readiness: Readiness,
 ) -> Result<(SocketAddr, tokio::task::JoinHandle<()>), Error> {
-    let listener = tokio::net::TcpListener::bind(addr)
-        .await
-        .map_err(|e| Error::Telemetry(format!("cannot listen on {addr}: {e}")))?;
-    let bound = listener.local_addr().map_err(|e| Error::Telemetry(format!("cannot listen on {addr}: {e}")))?;
-    let endpoints = Endpoints { transport, queues: queues.into(), shutdown: shutdown.clone() };
+    let bound = listener.local_addr().map_err(|e| Error::Telemetry(format!("cannot listen: {e}")))?;
+    let endpoints = Endpoints { transport, queues: queues.into(), shutdown: shutdown.clone(), readiness };
     let router = Router::new()
         .route("/health", get(health))
         .route("/ready", get(ready))
@@ -90,12 +101,20 @@ async fn health(State(endpoints): State<Endpoints>) -> Response {
     }
 }
 
-/// 200 while consuming; 503 once shutdown has begun.
+/// 200 while consuming; 503 while a queue's receives fail (the database or
+/// broker is gone: the failing queues with their last error), and once
+/// shutdown has begun.
 async fn ready(State(endpoints): State<Endpoints>) -> Response {
     if endpoints.shutdown.is_triggered() {
-        json(StatusCode::SERVICE_UNAVAILABLE, serde_json::json!({ "status": "stopping" }))
-    } else {
+        return json(StatusCode::SERVICE_UNAVAILABLE, serde_json::json!({ "status": "stopping" }));
+    }
+    let failing = (endpoints.readiness)();
+    if failing.is_empty() {
         json(StatusCode::OK, serde_json::json!({ "status": "ready" }))
+    } else {
+        let failing: Vec<_> =
+            failing.iter().map(|f| serde_json::json!({ "queue": f.queue, "error": f.error })).collect();
+        json(StatusCode::SERVICE_UNAVAILABLE, serde_json::json!({ "status": "receives failing", "failing": failing }))
     }
 }
 

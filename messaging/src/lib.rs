@@ -5,7 +5,7 @@
 //! | to | use |
 //! |---|---|
 //! | declare queues, messages, handlers, `main` | [`queue`](macro@queue), [`message`](macro@message), [`handler`](macro@handler), [`main`](macro@main); the traits [`Queue`], [`Message`] |
-//! | assemble and run a service | [`App`], [`Setup`], [`Running`], [`RunMode`], [`Shutdown`]; the command line: [`cli`] |
+//! | assemble and run a service | [`App`], [`Setup`], [`Running`], [`Stopped`], [`RunMode`], [`Shutdown`]; the command line: [`cli`] |
 //! | publish | [`Publisher`] (and [`publish`] for its builders and limits) |
 //! | write handlers | [`MessageContext`], [`State`], [`FromContext`], [`HandlerError`], [`RetryPolicy`], [`IdempotencyClaim`] |
 //! | wrap every dispatch | [`Behaviour`], [`Next`] |
@@ -79,7 +79,7 @@ pub mod idempotency {
     pub use crate::transport::sql::{Dialect, SqlIdempotencyStore};
 }
 
-pub use app::{App, RunMode, Running, Setup};
+pub use app::{App, RunMode, Running, Setup, Stopped};
 pub use boxed::BoxFuture;
 pub use context::MessageContext;
 pub use error::{Error, HandlerError, PublishError, Result, TransportError};

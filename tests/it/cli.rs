@@ -100,6 +100,7 @@ fn validate_and_queues() {
     // The app's own name and version, not the framework's.
     let out = run(orders_in(&dir).arg("--version"));
     assert_eq!(stdout(&out).trim(), format!("orders {}", env!("CARGO_PKG_VERSION")));
+    assert!(run(orders_in(&dir).arg("migrate")).status.success());
     let out = run(orders_in(&dir).arg("validate"));
     assert!(out.status.success());
     assert!(stdout(&out).starts_with("ok: 2 queue(s), 2 handler(s) on sqlite"), "{}", stdout(&out));
@@ -164,17 +165,7 @@ fn serve_mode_stops_gracefully_on_sigterm() {
     assert!(reader.join().unwrap().contains("handled order A3"));
 }
 
-/// A plain HTTP/1.1 GET: (status, body).
-fn http_get(addr: &str, path: &str) -> (u16, String) {
-    use std::io::{Read, Write};
-    let mut stream = std::net::TcpStream::connect(addr).unwrap();
-    stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    write!(stream, "GET {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n").unwrap();
-    let mut response = String::new();
-    stream.read_to_string(&mut response).unwrap();
-    let status = response.split_whitespace().nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
-    (status, response.split_once("\r\n\r\n").map(|(_, b)| b.to_owned()).unwrap_or_default())
-}
+use fixtures::http_get;
 
 #[test]
 fn run_serves_health_readiness_and_metrics_and_logs_json() {
@@ -372,6 +363,7 @@ fn dead_letters_are_counted_deleted_and_purged_from_the_command_line() {
 #[test]
 fn health_has_an_exit_code_for_orchestrators() {
     let dir = WorkDir::new();
+    assert!(run(orders_in(&dir).arg("migrate")).status.success());
     let out = run(orders_in(&dir).arg("health"));
     assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
     assert!(stdout(&out).starts_with("healthy: 2 queue(s) reachable on sqlite"), "{}", stdout(&out));
@@ -518,4 +510,236 @@ fn publish_reads_the_data_as_the_registered_type() {
     ] {
         assert!(text.contains(line), "missing `{line}` in:\n{text}");
     }
+}
+
+/// The lines of `queues --json`, parsed.
+fn queues_json(cmd: &mut Command) -> Vec<serde_json::Value> {
+    let out = run(cmd.args(["queues", "--json"]));
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    stdout(&out).lines().map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}"))).collect()
+}
+
+fn files_in(dir: &WorkDir) -> Vec<String> {
+    std::fs::read_dir(&dir.0).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect()
+}
+
+#[test]
+fn read_only_commands_create_no_database_and_say_so() {
+    let dir = WorkDir::new();
+    for args in [
+        &["queues"][..],
+        &["validate"],
+        &["health"],
+        &["dlq", "peek", "orders.fifo"],
+        &["dlq", "redrive", "orders.fifo", "--dry-run"],
+        &["show", "orders.fifo", "some-id"],
+    ] {
+        let out = run(orders_in(&dir).args(args));
+        assert_eq!(out.status.code(), Some(1), "{args:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("there is no database file `messaging.db`"), "{args:?}: {err}");
+        assert!(err.contains("`run` or `migrate` creates it"), "{args:?}: {err}");
+        assert_eq!(files_in(&dir), Vec::<String>::new(), "{args:?} created a file");
+    }
+    // Once it exists, they read it.
+    let out = run(orders_in(&dir).arg("migrate"));
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let queues = queues_json(&mut orders_in(&dir));
+    assert_eq!(queues.len(), 2, "{queues:?}");
+    let fifo = queues.iter().find(|q| q["name"] == "orders.fifo").expect("orders.fifo listed");
+    assert_eq!(fifo["kind"], "fifo");
+    assert_eq!(fifo["depth"], 0);
+    assert_eq!(fifo["dead_letters"], 0);
+    assert_eq!(fifo["dead_letter_queue"], "orders-dlq.fifo");
+    let emails = queues.iter().find(|q| q["name"] == "emails").expect("emails listed");
+    assert_eq!((emails["kind"].as_str(), emails["concurrency"].as_u64()), (Some("standard"), Some(8)));
+}
+
+#[test]
+fn json_output_of_validate_health_and_publish() {
+    let dir = WorkDir::new();
+    assert!(run(orders_in(&dir).arg("migrate")).status.success());
+    let json = |out: &Output| -> serde_json::Value {
+        serde_json::from_str(stdout(out).trim())
+            .unwrap_or_else(|e| panic!("not one JSON object ({e}): {}", stdout(out)))
+    };
+    let out = run(orders_in(&dir).args(["validate", "--json"]));
+    assert!(out.status.success());
+    let v = json(&out);
+    assert_eq!((v["status"].as_str(), v["queues"].as_u64(), v["handlers"].as_u64()), (Some("ok"), Some(2), Some(2)));
+    assert_eq!(v["transport"], "sqlite");
+    let out = run(orders_in(&dir).args(["health", "--json"]));
+    assert!(out.status.success());
+    let v = json(&out);
+    assert_eq!((v["status"].as_str(), v["queues"].as_u64()), (Some("healthy"), Some(2)));
+    assert_eq!(v["failing"], serde_json::json!([]));
+    let out = run(orders_in(&dir).args([
+        "publish",
+        "orders.fifo",
+        "--json",
+        "--type",
+        "orders.placed",
+        "--data",
+        r#"{"order_id":"J1","customer_id":"jo"}"#,
+    ]));
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v = json(&out);
+    assert_eq!(
+        (v["queue"].as_str(), v["type"].as_str(), v["version"].as_u64()),
+        (Some("orders.fifo"), Some("orders.placed"), Some(2))
+    );
+    let id = v["message_id"].as_str().expect("a message id").to_owned();
+    // The published message is the one `show` finds.
+    let out = run(orders_in(&dir).args(["show", "orders.fifo", &id, "--json"]));
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(json(&out)["body"]["data"]["order_id"], "J1");
+    // Failures are JSON too, with the exit status of the text form.
+    let out = run(orders_in(&dir).args(["--transport", "postgres://postgres@127.0.0.1:1/none", "validate", "--json"]));
+    assert_eq!(out.status.code(), Some(1));
+    let v = json(&out);
+    assert_eq!(v["status"], "invalid");
+    assert!(v["problems"][0].as_str().is_some_and(|p| p.contains("refused")), "{v}");
+    let out = run(orders_in(&dir).args(["--transport", "postgres://postgres@127.0.0.1:1/none", "health", "--json"]));
+    assert_eq!(out.status.code(), Some(1));
+}
+
+#[test]
+fn run_with_http_on_a_busy_port_fails_before_consuming() {
+    let dir = WorkDir::new();
+    assert!(run(orders_in(&dir).arg("migrate")).status.success());
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap().to_string();
+    let out = run(orders_in(&dir).args(["run", "--http", &addr]));
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains(&format!("cannot listen on {addr}")), "{err}");
+    // Nothing was published by the setup hook, nothing received.
+    let text = stdout(&out);
+    assert!(!text.contains("published") && !text.contains("handled"), "{text}");
+    let queues = queues_json(&mut orders_in(&dir));
+    assert!(queues.iter().all(|q| q["depth"] == 0), "{queues:?}");
+}
+
+/// The shutdown example on `db`, with `jobs` slow jobs published at start.
+fn slow_jobs(db: &str, jobs: u32, ms: u64) -> Command {
+    let mut cmd = example("shutdown");
+    cmd.env("SLOW_JOBS", jobs.to_string()).env("SLOW_MS", ms.to_string()).args(["--transport", db]);
+    cmd
+}
+
+#[cfg(unix)]
+#[test]
+fn a_second_signal_stops_at_once_releases_the_messages_and_exits_130() {
+    use std::io::BufRead;
+    let dir = WorkDir::new();
+    let db = format!("sqlite://{}/jobs.db?migrate=true", dir.0.display());
+    let mut child = slow_jobs(&db, 3, 60_000).arg("run").stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    let (lines, seen) = std::sync::mpsc::channel();
+    let out = std::io::BufReader::new(child.stdout.take().unwrap());
+    std::thread::spawn(move || {
+        for line in out.lines().map_while(Result::ok) {
+            let _ = lines.send(line);
+        }
+    });
+    let stderr = child.stderr.take().unwrap();
+    let errors = std::thread::spawn(move || std::io::read_to_string(stderr).unwrap_or_default());
+    // Two handlers running (concurrency 2), each for a minute.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut started = 0;
+    while started < 2 {
+        match seen.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+            Ok(line) if line.starts_with("started") => started += 1,
+            Ok(_) => {}
+            Err(_) => {
+                let _ = child.kill();
+                panic!("two jobs did not start within 30 s");
+            }
+        }
+    }
+    let signal = |child: &std::process::Child| {
+        assert!(Command::new("kill").args(["-INT", &child.id().to_string()]).status().unwrap().success());
+    };
+    // The first signal waits for the handlers (the grace period is 30 s)...
+    signal(&child);
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(child.try_wait().unwrap().is_none(), "the first signal waits for running handlers");
+    // ...the second stops them at once.
+    let second = Instant::now();
+    signal(&child);
+    let status = fixtures::wait_for(&mut child, Duration::from_secs(10), "the shutdown example after a second SIGINT");
+    let took = second.elapsed();
+    let errors = errors.join().unwrap();
+    assert_eq!(status.code(), Some(130), "{errors}");
+    assert!(took < Duration::from_millis(2500), "exited {took:?} after the second signal");
+    assert!(errors.contains("stopped at once (second signal): 2 handler(s) stopped"), "{errors}");
+    assert!(errors.contains("left to come back"), "{errors}");
+    // Nothing is lost, and nothing waits out the two-minute visibility: a
+    // new run handles all three at once.
+    let drained = Instant::now();
+    let out = run(slow_jobs(&db, 0, 10).args(["run", "--drain"]));
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = stdout(&out);
+    for n in 0..3 {
+        assert!(text.contains(&format!("finished {n}")), "job {n} not handled: {text}");
+    }
+    assert!(drained.elapsed() < Duration::from_secs(30), "the released jobs waited for their visibility");
+}
+
+/// A plain HTTP/1.1 POST of `body`: (status, body).
+fn http_post(addr: &str, path: &str, body: &str) -> (u16, String) {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(addr).unwrap();
+    stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    write!(
+        stream,
+        "POST {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    let status = response.split_whitespace().nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
+    (status, response.split_once("\r\n\r\n").map(|(_, b)| b.to_owned()).unwrap_or_default())
+}
+
+#[cfg(unix)]
+#[test]
+fn the_embedded_example_publishes_from_web_requests_and_consumes_in_the_same_process() {
+    use std::io::BufRead;
+    let dir = WorkDir::new();
+    let mut child = example("embedded")
+        .env("EMBEDDED_ADDR", "127.0.0.1:0")
+        .env("MESSAGING_URL", format!("sqlite://{}/embedded.db?migrate=true", dir.0.display()))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let (lines, seen) = std::sync::mpsc::channel();
+    let out = std::io::BufReader::new(child.stdout.take().unwrap());
+    let reader = std::thread::spawn(move || {
+        for line in out.lines().map_while(Result::ok) {
+            let _ = lines.send(line);
+        }
+    });
+    let wait_for_line = |wanted: &str| -> String {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            match seen.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+                Ok(line) if line.contains(wanted) => return line,
+                Ok(_) => {}
+                Err(_) => panic!("no line with `{wanted}` within 30 s"),
+            }
+        }
+    };
+    let addr = wait_for_line("listening on ").trim_start_matches("listening on ").to_owned();
+    let (status, body) = http_post(&addr, "/orders", r#"{"sku":"SKU-1","qty":2}"#);
+    assert_eq!(status, 202, "{body}");
+    wait_for_line("took 2 x SKU-1");
+    let (status, body) = http_post(&addr, "/orders", "not json");
+    assert_eq!(status, 400, "{body}");
+    assert!(Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap().success());
+    wait_for_line("stopped: ");
+    let status = fixtures::wait_for(&mut child, Duration::from_secs(10), "the embedded example after SIGTERM");
+    assert!(status.success(), "{status:?}");
+    reader.join().unwrap();
 }

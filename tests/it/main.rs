@@ -24,6 +24,7 @@ mod fixtures;
 mod cli;
 mod envelope;
 mod publish;
+mod readiness;
 mod sql_claims;
 #[cfg(all(feature = "postgres", target_os = "linux"))]
 mod sql_clock;
@@ -31,6 +32,7 @@ mod sql_crash;
 mod sql_errors;
 mod sql_migrations;
 mod sql_processes;
+mod sql_schema;
 mod sqs;
 mod sqs_crash;
 mod worker;

@@ -17,7 +17,7 @@ use crate::registry::{Registry, ValidationErrors};
 use crate::shutdown::Shutdown;
 use crate::telemetry::DlqGauge;
 use crate::transport::Transport;
-use crate::worker::{Hooks, Worker, WorkerHandle, WorkerSettings};
+use crate::worker::{Hooks, Stopped as WorkerStopped, Worker, WorkerHandle, WorkerSettings};
 
 /// An assembled application: registry, transport and setup.
 #[derive(Debug)]
@@ -166,10 +166,35 @@ impl App {
     }
 }
 
+/// What a shutdown left behind, over every worker of the app: returned by
+/// [`Running::wait`] and [`Running::stop`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Stopped {
+    /// Whether the shutdown was forced ([`Shutdown::force`], a second Ctrl-C).
+    pub forced: bool,
+    /// Handlers still running when the grace period ran out or the shutdown
+    /// was forced; they were stopped.
+    pub handlers_stopped: usize,
+    /// Messages received and not handled, given back to their queues at once.
+    pub released: usize,
+    /// Messages received and not handled that could not be given back in
+    /// time: they are received again once their visibility timeout runs out.
+    pub not_released: usize,
+}
+
+impl Stopped {
+    fn add(&mut self, worker: WorkerStopped) {
+        self.handlers_stopped += worker.handlers_stopped;
+        self.released += worker.released;
+        self.not_released += worker.not_released;
+    }
+}
+
 /// A started app.
 pub struct Running {
     shutdown: Shutdown,
-    workers: JoinSet<()>,
+    workers: JoinSet<WorkerStopped>,
     tasks: JoinSet<()>,
     handles: Vec<WorkerHandle>,
     transport: Arc<dyn Transport>,
@@ -201,13 +226,14 @@ impl Running {
     }
 
     /// Triggers a graceful shutdown and waits for it to finish.
-    pub async fn stop(mut self) {
+    pub async fn stop(mut self) -> Stopped {
         self.shutdown.trigger();
-        self.join().await;
+        self.join().await
     }
 
-    /// Runs until shutdown is triggered (or, in drain mode, until everything is handled).
-    pub async fn wait(mut self) {
+    /// Runs until shutdown is triggered (or, in drain mode, until everything
+    /// is handled), then shuts down and says what was left.
+    pub async fn wait(mut self) -> Stopped {
         if self.mode == RunMode::Drain {
             let shutdown = self.shutdown.clone();
             tokio::select! {
@@ -217,24 +243,50 @@ impl Running {
         } else {
             self.shutdown.wait().await;
         }
-        self.join().await;
+        self.join().await
     }
 
     /// Serves `/health` (200 when every declared queue answers, else 503 with
-    /// the failing queues), `/ready` (200 until shutdown begins) and
-    /// `/metrics` (Prometheus text, when a
+    /// the failing queues), `/ready` (200 while consuming; 503 while a
+    /// queue's receives fail, and once shutdown begins) and `/metrics`
+    /// (Prometheus text, when a
     /// [`prometheus_reader`](crate::telemetry::prometheus_reader) is installed)
     /// on `addr` until shutdown. Returns the bound address (so `127.0.0.1:0`
-    /// picks a free port). `run --http ADDR` calls it.
+    /// picks a free port). To fail before consuming when the port is taken,
+    /// bind first and use [`Running::serve_http_on`]; `run --http ADDR` does.
     pub async fn serve_http(&mut self, addr: std::net::SocketAddr) -> Result<std::net::SocketAddr, Error> {
-        let (bound, task) =
-            crate::health::serve(addr, self.transport.clone(), self.queues.clone(), self.shutdown.clone()).await?;
+        let listener = crate::health::bind(addr).await?;
+        self.serve_http_on(listener)
+    }
+
+    /// Like [`Running::serve_http`] on a listener bound beforehand.
+    pub fn serve_http_on(&mut self, listener: tokio::net::TcpListener) -> Result<std::net::SocketAddr, Error> {
+        let handles = self.handles.clone();
+        let readiness: crate::health::Readiness = Arc::new(move || {
+            handles
+                .iter()
+                .filter_map(|h| h.receive_error().map(|error| crate::health::Unreachable { queue: h.queue(), error }))
+                .collect()
+        });
+        let (bound, task) = crate::health::serve(
+            listener,
+            self.transport.clone(),
+            self.queues.clone(),
+            self.shutdown.clone(),
+            readiness,
+        )?;
         self.http = Some(task);
         Ok(bound)
     }
 
-    async fn join(&mut self) {
-        while self.workers.join_next().await.is_some() {}
+    async fn join(&mut self) -> Stopped {
+        let mut stopped = Stopped::default();
+        while let Some(worker) = self.workers.join_next().await {
+            if let Ok(worker) = worker {
+                stopped.add(worker);
+            }
+        }
+        stopped.forced = self.shutdown.is_forced();
         self.tasks.abort_all();
         while self.tasks.join_next().await.is_some() {}
         if let Some(monitor) = self.monitor.take() {
@@ -243,6 +295,7 @@ impl Running {
         if let Some(http) = self.http.take() {
             let _ = http.await;
         }
+        stopped
     }
 
     /// Completes once the tasks are done and every queue is empty and settled

@@ -54,21 +54,30 @@ enum Command {
     /// Consume messages until SIGINT/SIGTERM (the default command).
     Run(RunArgs),
     /// Check registrations, transport, queues and setup, then exit (0 when all is well).
-    Validate,
+    Validate(JsonArg),
     /// List the declared queues with their kinds, options and depths.
-    Queues,
+    Queues(JsonArg),
     /// Create or upgrade the database tables (sqlite://, postgres://), then exit.
     Migrate,
     /// Dead letters: peek at them, or redrive them to their queue.
     #[command(subcommand)]
     Dlq(dlq::DlqCommand),
     /// Check that every declared queue is reachable; exit 0 when healthy, 1 otherwise.
-    Health,
+    Health(JsonArg),
     /// Publish one message: its JSON data is read as the registered type and
     /// sent in the versioned envelope.
     Publish(publish::PublishArgs),
     /// Show one message: its status, attempts with their errors, and its body.
     Show(show::ShowArgs),
+}
+
+/// `--json`, for the commands that print data.
+#[derive(Debug, Default, Clone, Copy, clap::Args)]
+struct JsonArg {
+    /// Print JSON on standard output instead of text (one object; `queues`:
+    /// one object per line).
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Debug, Default, clap::Args)]
@@ -129,6 +138,7 @@ fn run_parsed(cli: Cli, hook: SetupHook) -> ExitCode {
     };
     match runtime.block_on(execute(cli, hook)) {
         Ok(()) => ExitCode::SUCCESS,
+        Err(Error::Interrupted) => ExitCode::from(FORCED_EXIT as u8),
         Err(e) => {
             eprintln!("error: {e}");
             ExitCode::FAILURE
@@ -136,10 +146,27 @@ fn run_parsed(cli: Cli, hook: SetupHook) -> ExitCode {
     }
 }
 
+/// Whether `command` only reads: it opens an existing database and never
+/// creates (or migrates) one.
+fn reads_only(command: &Command) -> bool {
+    match command {
+        Command::Validate(_) | Command::Queues(_) | Command::Health(_) | Command::Show(_) => true,
+        Command::Dlq(dlq) => dlq.reads_only(),
+        Command::Run(_) | Command::Migrate | Command::Publish(_) => false,
+    }
+}
+
 async fn execute(cli: Cli, hook: SetupHook) -> Result<(), Error> {
     let url = cli.transport.unwrap_or_else(|| transport::DEFAULT_URL.to_owned());
-    let transport = transport::connect(&url).await?;
     let command = cli.command.unwrap_or(Command::Run(RunArgs::default()));
+    let validate_json = matches!(command, Command::Validate(JsonArg { json: true }));
+    let transport =
+        if reads_only(&command) { transport::connect_existing(&url).await } else { transport::connect(&url).await };
+    let transport = transport.inspect_err(|e| {
+        if validate_json {
+            print_validation(&e.to_string(), &[]);
+        }
+    })?;
     if matches!(command, Command::Migrate | Command::Run(RunArgs { migrate: true, .. })) {
         transport.migrate().await?;
         if matches!(command, Command::Migrate) {
@@ -147,30 +174,62 @@ async fn execute(cli: Cli, hook: SetupHook) -> Result<(), Error> {
             return Ok(());
         }
     }
-    let mut app = App::new(transport.clone()).await?;
+    let app = App::new(transport.clone()).await.inspect_err(|e| {
+        if validate_json {
+            let problems = match e {
+                Error::Validation(v) => v.problems().to_vec(),
+                other => vec![other.to_string()],
+            };
+            print_validation("invalid", &problems);
+        }
+    });
+    let mut app = app?;
     match command {
         Command::Migrate => Ok(()),
         Command::Dlq(dlq) => dlq::run(&app, dlq).await,
-        Command::Health => health(&app).await,
+        Command::Health(JsonArg { json }) => health(&app, json).await,
         Command::Publish(args) => publish::run(&mut app, args).await,
         Command::Show(args) => show::run(&app, args).await,
-        Command::Queues => {
-            print_queues(&app).await;
+        Command::Queues(JsonArg { json }) => {
+            print_queues(&app, json).await;
             Ok(())
         }
-        Command::Validate => {
-            hook(app.setup()).await.map_err(Error::Setup)?;
-            app.validate()?;
+        Command::Validate(JsonArg { json }) => {
+            let checked = match hook(app.setup()).await {
+                Ok(()) => app.validate(),
+                Err(e) => Err(Error::Setup(e)),
+            };
+            if let Err(e) = checked {
+                if json {
+                    let problems = match &e {
+                        Error::Validation(v) => v.problems().to_vec(),
+                        other => vec![other.to_string()],
+                    };
+                    print_validation("invalid", &problems);
+                }
+                return Err(e);
+            }
             let handlers: usize = app.registry().routes().iter().map(|r| r.handler_names().count()).sum();
-            println!(
-                "ok: {} queue(s), {} handler(s) on {} ({url})",
-                app.registry().queues().len(),
-                handlers,
-                transport.system()
-            );
+            let queues = app.registry().queues().len();
+            if json {
+                let value = serde_json::json!({
+                    "status": "ok",
+                    "queues": queues,
+                    "handlers": handlers,
+                    "transport": transport.system(),
+                });
+                println!("{value}");
+            } else {
+                println!("ok: {queues} queue(s), {handlers} handler(s) on {} ({url})", transport.system());
+            }
             Ok(())
         }
         Command::Run(args) => {
+            // The port first: a busy one fails the start before anything is consumed.
+            let listener = match args.http {
+                Some(addr) => Some(crate::health::bind(addr).await?),
+                None => None,
+            };
             hook(app.setup()).await.map_err(Error::Setup)?;
             if args.drain {
                 app.set_run_mode(RunMode::Drain);
@@ -182,52 +241,123 @@ async fn execute(cli: Cli, hook: SetupHook) -> Result<(), Error> {
                 app.setup().grace_period(grace);
             }
             let mut running = app.start()?;
-            if let Some(addr) = args.http {
-                running.serve_http(addr).await?;
+            if let Some(listener) = listener {
+                running.serve_http_on(listener)?;
             }
             let shutdown = running.shutdown_handle();
             tokio::spawn(async move {
                 wait_for_signal().await;
-                tracing::info!("shutdown signal received; finishing in-flight messages");
+                tracing::info!(
+                    "shutdown signal received; finishing in-flight messages (a second signal stops at once)"
+                );
                 shutdown.trigger();
+                wait_for_signal().await;
+                tracing::warn!("second shutdown signal: stopping running handlers and releasing their messages");
+                shutdown.force();
+                // The promise to an operator who pressed Ctrl-C twice: out
+                // within two seconds, whatever is still waiting.
+                tokio::time::sleep(Duration::from_secs(2)).await;
+                eprintln!("error: the shutdown did not finish within 2 s of the second signal; exiting");
+                std::process::exit(FORCED_EXIT);
             });
-            running.wait().await;
+            let stopped = running.wait().await;
+            if stopped.forced {
+                eprintln!(
+                    "stopped at once (second signal): {} handler(s) stopped, {} message(s) released, {} left to come back \
+                     after their visibility timeout",
+                    stopped.handlers_stopped, stopped.released, stopped.not_released
+                );
+                return Err(Error::Interrupted);
+            }
             Ok(())
         }
     }
 }
 
-/// Probes every declared queue; an error lists the unreachable ones.
-async fn health(app: &App) -> Result<(), Error> {
-    let transport = app.setup_transport();
-    let queues: Vec<&'static str> = app.registry().queues().iter().map(|q| q.name).collect();
-    let failing: Vec<String> = crate::health::probe(transport, &queues)
-        .await
-        .into_iter()
-        .map(|f| format!("`{}`: {}", f.queue, f.error))
-        .collect();
-    if failing.is_empty() {
-        println!("healthy: {} queue(s) reachable on {}", app.registry().queues().len(), transport.system());
-        Ok(())
+/// The exit status after a forced shutdown: 128 + SIGINT, as shells report
+/// a process ended by Ctrl-C.
+const FORCED_EXIT: i32 = 130;
+
+/// `validate --json` when validation fails: the status and every problem.
+fn print_validation(status: &str, problems: &[String]) {
+    let (status, problems) = if problems.is_empty() {
+        // The transport could not be opened: `status` is its error.
+        ("invalid", vec![status.to_owned()])
     } else {
-        Err(crate::registry::ValidationErrors::new(
-            failing.into_iter().map(|f| format!("unreachable queue {f}")).collect(),
-        )
-        .into())
-    }
+        (status, problems.to_vec())
+    };
+    println!("{}", serde_json::json!({ "status": status, "problems": problems }));
 }
 
-async fn print_queues(app: &App) {
+/// Probes every declared queue; an error lists the unreachable ones.
+async fn health(app: &App, json: bool) -> Result<(), Error> {
     let transport = app.setup_transport();
-    println!("{:<40} {:<9} {:>6} {:>8} {:>5}  dead letters", "queue", "kind", "depth", "visible", "conc");
+    let queues: Vec<&'static str> = app.registry().queues().iter().map(|q| q.name).collect();
+    let failing = crate::health::probe(transport, &queues).await;
+    if json {
+        let failing: Vec<_> =
+            failing.iter().map(|f| serde_json::json!({ "queue": f.queue, "error": f.error })).collect();
+        let value = serde_json::json!({
+            "status": if failing.is_empty() { "healthy" } else { "unhealthy" },
+            "transport": transport.system(),
+            "queues": queues.len(),
+            "failing": failing,
+        });
+        println!("{value}");
+    } else if failing.is_empty() {
+        println!("healthy: {} queue(s) reachable on {}", queues.len(), transport.system());
+    }
+    if failing.is_empty() {
+        return Ok(());
+    }
+    Err(crate::registry::ValidationErrors::new(
+        failing.into_iter().map(|f| format!("unreachable queue `{}`: {}", f.queue, f.error)).collect(),
+    )
+    .into())
+}
+
+/// One declared queue as `queues` shows it.
+struct QueueLine<'a> {
+    spec: &'a crate::queue::QueueSpec,
+    depth: Result<u64, String>,
+    /// The dead letters' count, where the transport keeps them.
+    dead: Option<Result<u64, String>>,
+}
+
+async fn print_queues(app: &App, json: bool) {
+    let transport = app.setup_transport();
+    let mut lines = Vec::new();
     for spec in app.registry().queues() {
-        let depth = transport.depth(spec.name).await.map_or_else(|e| format!("? ({e})"), |d| d.to_string());
+        let depth = transport.depth(spec.name).await.map_err(|e| e.to_string());
         let dead = match transport.dead_letters() {
-            Some(dl) => match dl.depth(spec.name).await {
-                Ok(n) => format!("{n} in {}", spec.dlq.unwrap_or("status error")),
-                Err(_) => spec.dlq.map_or_else(|| "-".to_owned(), str::to_owned),
-            },
-            None => "-".to_owned(),
+            Some(dl) => Some(dl.depth(spec.name).await.map_err(|e| e.to_string())),
+            None => None,
+        };
+        lines.push(QueueLine { spec, depth, dead });
+    }
+    if json {
+        for QueueLine { spec, depth, dead } in &lines {
+            let value = serde_json::json!({
+                "name": spec.name,
+                "kind": if spec.fifo { "fifo" } else { "standard" },
+                "depth": depth.as_ref().ok(),
+                "depth_error": depth.as_ref().err(),
+                "visibility_secs": spec.visibility.as_secs(),
+                "concurrency": spec.concurrency,
+                "max_receives": spec.max_receives,
+                "dead_letter_queue": spec.dlq,
+                "dead_letters": dead.as_ref().and_then(|d| d.as_ref().ok()),
+            });
+            println!("{value}");
+        }
+        return;
+    }
+    println!("{:<40} {:<9} {:>6} {:>8} {:>5}  dead letters", "queue", "kind", "depth", "visible", "conc");
+    for QueueLine { spec, depth, dead } in &lines {
+        let depth = depth.as_ref().map_or_else(|e| format!("? ({e})"), |d| d.to_string());
+        let dead = match dead {
+            Some(Ok(n)) => format!("{n} in {}", spec.dlq.unwrap_or("status error")),
+            Some(Err(_)) | None => spec.dlq.map_or_else(|| "-".to_owned(), str::to_owned),
         };
         println!(
             "{:<40} {:<9} {:>6} {:>7}s {:>5}  {}",

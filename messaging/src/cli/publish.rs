@@ -40,6 +40,10 @@ pub(super) struct PublishArgs {
     /// A message attribute KEY=VALUE (repeatable).
     #[arg(long = "attribute", value_name = "KEY=VALUE", value_parser = parse_attribute)]
     attributes: Vec<(String, String)>,
+    /// Print the published message as one JSON object (queue, message id,
+    /// type, version) instead of a sentence.
+    #[arg(long)]
+    json: bool,
 }
 
 fn parse_attribute(text: &str) -> Result<(String, String), String> {
@@ -79,7 +83,17 @@ pub(super) async fn run(app: &mut App, args: PublishArgs) -> Result<(), Error> {
         attributes: args.attributes.into_iter().collect(),
     };
     let id = app.setup().publisher().send_encoded(&spec, encoded, send).await?;
-    println!("published {} to `{}` as {id}", describe(entry), spec.name);
+    if args.json {
+        let value = serde_json::json!({
+            "queue": spec.name,
+            "message_id": id.as_str(),
+            "type": entry.name.unwrap_or(entry.type_name),
+            "version": entry.name.map(|_| entry.version),
+        });
+        println!("{value}");
+    } else {
+        println!("published {} to `{}` as {id}", describe(entry), spec.name);
+    }
     Ok(())
 }
 

@@ -60,6 +60,8 @@ pub(crate) struct Worker {
     parked: mpsc::UnboundedSender<Parked>,
     /// The receiving end, taken by [`WorkerHandle::run`].
     parking: std::sync::Mutex<Option<mpsc::UnboundedReceiver<Parked>>>,
+    /// The error of the last receive, while receives fail (for `/ready`).
+    receive_error: std::sync::Mutex<Option<String>>,
 }
 
 /// What watches a worker: the test observer, metrics, the span enrichment hook.
@@ -86,6 +88,12 @@ impl WorkerHandle {
     pub(crate) fn queue(&self) -> &'static str {
         self.worker.routes.spec().name
     }
+
+    /// The error of the last receive while receives fail; `None` once one
+    /// succeeds again (or before the first).
+    pub(crate) fn receive_error(&self) -> Option<String> {
+        self.worker.receive_error.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
 }
 
 impl Worker {
@@ -111,6 +119,7 @@ impl Worker {
                 pace: Pace::default(),
                 parked,
                 parking: std::sync::Mutex::new(Some(parking)),
+                receive_error: std::sync::Mutex::new(None),
             }),
         }
     }
@@ -120,7 +129,7 @@ impl WorkerHandle {
     /// Consumes until `shutdown`, then lets the receives in flight finish and
     /// gives back what they return, lets running handlers finish within the
     /// grace period, releases what was not started and flushes acks.
-    pub(crate) async fn run(self, settings: WorkerSettings, shutdown: Shutdown) {
+    pub(crate) async fn run(self, settings: WorkerSettings, shutdown: Shutdown) -> Stopped {
         let worker = self.worker;
         let spec = worker.routes.spec().clone();
         let heartbeat = tokio::spawn(worker.inflight.clone().heartbeat(
@@ -144,7 +153,7 @@ impl WorkerHandle {
         let mut parked: JoinSet<Task> = JoinSet::new();
         let Some(mut parking) = worker.parking.lock().unwrap_or_else(|p| p.into_inner()).take() else {
             tracing::error!(queue = spec.name, "the worker of this queue was started twice");
-            return;
+            return Stopped::default();
         };
         let max = worker.transport.max_batch().max(1);
         // Receives kept going ahead of the lanes: as many as the transport
@@ -199,8 +208,13 @@ impl WorkerHandle {
                         match received {
                             Some(received) => worker.accept(received, &mut failures, &mut lanes, &shutdown),
                             None => {
-                                if let Ok(received) = tokio::time::timeout(drain_limit, worker.interrupting(receive)).await {
-                                    worker.give_back(received).await;
+                                tokio::select! {
+                                    r = tokio::time::timeout(drain_limit, worker.interrupting(receive)) => {
+                                        if let Ok(received) = r {
+                                            worker.give_back(received).await;
+                                        }
+                                    }
+                                    _ = shutdown.forced() => {}
                                 }
                                 break;
                             }
@@ -214,25 +228,38 @@ impl WorkerHandle {
         parked.abort_all();
         // Receives in flight finish (their wait fits in the grace period) and
         // give their messages back at once, rather than leaving them
-        // invisible until their timeout.
-        let _ = tokio::time::timeout(drain_limit, async {
+        // invisible until their timeout. A forced shutdown waits for none.
+        let drained = async {
             while !receiving.is_empty() {
                 let next = worker.interrupting(receiving.join_next()).await;
                 if let Some(done) = next {
                     worker.give_back(done.unwrap_or_else(|e| Err(TransportError::Backend(e.to_string())))).await;
                 }
             }
-        })
-        .await;
+        };
+        tokio::select! {
+            _ = tokio::time::timeout(drain_limit, drained) => {}
+            _ = shutdown.forced() => {}
+        }
         receiving.abort_all();
-        // Graceful end: let running handlers finish within the grace period.
-        let finished = tokio::time::timeout(settings.grace, async { while lanes.join_next().await.is_some() {} }).await;
-        if finished.is_err() {
-            tracing::warn!(
-                queue = spec.name,
-                "handlers still running after the grace period of {:?} were stopped; their messages are released",
-                settings.grace
-            );
+        // Graceful end: let running handlers finish within the grace period
+        // (or until the shutdown is forced).
+        let finished = tokio::select! {
+            done = tokio::time::timeout(settings.grace, async { while lanes.join_next().await.is_some() {} }) => done.is_ok(),
+            _ = shutdown.forced() => lanes.is_empty(),
+        };
+        let mut report = Stopped::default();
+        if !finished {
+            report.handlers_stopped = lanes.len();
+            if shutdown.is_forced() {
+                tracing::warn!(queue = spec.name, handlers = lanes.len(), "shutdown forced: stopping running handlers");
+            } else {
+                tracing::warn!(
+                    queue = spec.name,
+                    "handlers still running after the grace period of {:?} were stopped; their messages are released",
+                    settings.grace
+                );
+            }
             lanes.abort_all();
             while lanes.join_next().await.is_some() {}
         }
@@ -245,11 +272,47 @@ impl WorkerHandle {
                 "releasing messages that were received but not handled"
             );
         }
-        for receipt in held {
-            let _ = worker.transport.nack(spec.name, receipt, Duration::ZERO).await;
+        // Released one by one; a forced shutdown gives it a budget, and what
+        // is left becomes visible again when its visibility runs out.
+        let total = held.len();
+        let release = async {
+            for receipt in held {
+                if worker.transport.nack(spec.name, receipt, Duration::ZERO).await.is_ok() {
+                    report.released += 1;
+                }
+            }
+        };
+        if shutdown.is_forced() {
+            let _ = tokio::time::timeout(FORCED_BUDGET, release).await;
+        } else {
+            release.await;
         }
-        worker.acker.close().await;
+        report.not_released = total - report.released;
+        if shutdown.is_forced() {
+            let _ = tokio::time::timeout(FORCED_BUDGET, worker.acker.close()).await;
+        } else {
+            worker.acker.close().await;
+        }
+        report
     }
+}
+
+/// How long each of a forced shutdown's last steps (releasing what is held,
+/// flushing acknowledgements) may take: together they fit the two seconds an
+/// operator's second Ctrl-C is promised.
+const FORCED_BUDGET: Duration = Duration::from_millis(800);
+
+/// What one worker's shutdown left behind.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Stopped {
+    /// Handlers still running when the grace period ran out (or the shutdown
+    /// was forced), stopped.
+    pub(crate) handlers_stopped: usize,
+    /// Messages held and not handled, given back to their queue.
+    pub(crate) released: usize,
+    /// Messages held that could not be given back (a failed or unfinished
+    /// release): they come back once their visibility runs out.
+    pub(crate) not_released: usize,
 }
 
 /// A receive's outcome and when it was sent.
@@ -382,12 +445,17 @@ impl Worker {
         let spec = self.routes.spec();
         let (sent, deliveries) = match received {
             Ok(received) => {
-                *failures = 0;
+                if *failures > 0 {
+                    *failures = 0;
+                    *self.receive_error.lock().unwrap_or_else(|p| p.into_inner()) = None;
+                    tracing::info!(queue = spec.name, "receiving again");
+                }
                 received
             }
             Err(e) => {
                 *failures += 1;
                 tracing::warn!(queue = spec.name, "receive failed ({e}); retrying in {:?}", backoff(*failures));
+                *self.receive_error.lock().unwrap_or_else(|p| p.into_inner()) = Some(e.to_string());
                 return;
             }
         };
