@@ -6,7 +6,7 @@
 //! infrastructure; credentials from the standard AWS environment):
 //!
 //! ```text
-//! MESSAGING_URL=sqs://eu-west-1 cargo run --example sqs_orders --features messaging/sqs
+//! MESSAGING_URL=sqs://eu-west-1 cargo run --example sqs_orders --features sqs
 //! ```
 //!
 //! Locally, against moto_server (`pip install 'moto[server]'`), letting the
@@ -16,7 +16,7 @@
 //! moto_server -p 5000 &
 //! AWS_ACCESS_KEY_ID=test AWS_SECRET_ACCESS_KEY=test \
 //! MESSAGING_URL='sqs://us-east-1?endpoint=http://127.0.0.1:5000&create_queues=true' \
-//!   cargo run --example sqs_orders
+//!   cargo run --example sqs_orders --features sqs
 //! ```
 
 #[path = "shared/orders_app.rs"]

@@ -5,7 +5,7 @@
 //! cargo run --example telemetry                                  # handles the demo readings, exits
 //! cargo run --example telemetry -- run --serve --http 9090       # then: curl localhost:9090/metrics
 //! OTEL_EXPORTER_OTLP_ENDPOINT=http://localhost:4318 OTEL_SERVICE_NAME=meters \
-//!     cargo run --example telemetry                              # traces and metrics to a collector
+//!     cargo run --example telemetry --features otlp               # traces and metrics to a collector
 //! MESSAGING_LOG_FORMAT=json cargo run --example telemetry        # JSON log lines
 //! ```
 //!

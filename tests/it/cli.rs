@@ -46,7 +46,7 @@ fn example(name: &str) -> Command {
     if !bin.exists() {
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
         let status = Command::new(cargo)
-            .args(["build", "--example", name])
+            .args(["build", "-p", "messaging-examples", "--features", "sqs", "--example", name])
             .current_dir(env!("CARGO_MANIFEST_DIR"))
             .status()
             .unwrap();
@@ -279,6 +279,10 @@ fn dead_letters_from_the_command_line() {
     assert_eq!(line["history"][0]["type"], "Declined", "{line}");
     assert_eq!(line["history"][0]["message"], "card declined", "{line}");
     assert_eq!(line["history"][0]["attempt"], 1, "{line}");
+    // The body decoded (the envelope with its data), and when it failed.
+    assert_eq!(line["body"]["type"], "orders.placed", "{line}");
+    assert_eq!(line["body"]["data"]["order_id"], "Z9", "{line}");
+    assert!(line["failed_at"].as_str().is_some_and(|t| t.ends_with('Z') && t.contains('T')), "{line}");
     // `show` finds it under its source queue, with its history and decoded body.
     let id = line["message_id"].as_str().expect("an id").to_owned();
     let out = run(orders_in(&dir).args(["show", "orders.fifo", &id, "--json"]));

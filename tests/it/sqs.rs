@@ -563,7 +563,7 @@ fn orders_example(server: &fixtures::SqsServer) -> std::process::Command {
     if !bin.exists() {
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
         let status = std::process::Command::new(cargo)
-            .args(["build", "--example", "orders"])
+            .args(["build", "-p", "messaging-examples", "--features", "sqs", "--example", "orders"])
             .current_dir(env!("CARGO_MANIFEST_DIR"))
             .status()
             .expect("cargo runs");

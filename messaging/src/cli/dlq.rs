@@ -133,7 +133,9 @@ fn json_of(letter: &DeadLetter) -> serde_json::Value {
         "reason": letter.reason,
         "history": letter.history,
         "attributes": &*letter.attributes,
-        "body": String::from_utf8_lossy(&letter.body),
+        // When its last attempt failed (none known on SQS, which keeps no history).
+        "failed_at": letter.history.last().map(|a| super::show::rfc3339(a.at_ms)),
+        "body": super::show::decoded(&letter.body),
     })
 }
 

@@ -3,7 +3,7 @@
 
 use crate::app::App;
 use crate::error::Error;
-use crate::transport::{MessageId, MessageReport};
+use crate::transport::MessageId;
 
 /// Arguments of `show`.
 #[derive(Debug, clap::Args)]
@@ -23,10 +23,10 @@ pub(super) fn rfc3339(ms: i64) -> String {
     humantime::format_rfc3339_millis(at).to_string()
 }
 
-/// The body as JSON when it is JSON, else as text.
-fn body_of(report: &MessageReport) -> serde_json::Value {
-    serde_json::from_slice(&report.body)
-        .unwrap_or_else(|_| serde_json::Value::String(String::from_utf8_lossy(&report.body).into_owned()))
+/// A body as JSON when it is JSON, else as text.
+pub(super) fn decoded(body: &[u8]) -> serde_json::Value {
+    serde_json::from_slice(body)
+        .unwrap_or_else(|_| serde_json::Value::String(String::from_utf8_lossy(body).into_owned()))
 }
 
 pub(super) async fn run(app: &App, args: ShowArgs) -> Result<(), Error> {
@@ -38,7 +38,7 @@ pub(super) async fn run(app: &App, args: ShowArgs) -> Result<(), Error> {
             "no message `{id}` in `{queue}` or its dead letters (processed messages are kept only with `retention=`)"
         )));
     };
-    let body = body_of(&report);
+    let body = decoded(&report.body);
     if json {
         let mut value = serde_json::to_value(&report).map_err(|e| Error::Command(e.to_string()))?;
         value["body"] = body;
