@@ -13,8 +13,8 @@
 //! file are made for the run and removed at the end.
 //!
 //! ```text
-//! cargo bench --bench dlq_redrive                    # 100,000 dead letters
-//! LETTERS=20000 BENCH_DB=sqlite cargo bench --bench dlq_redrive
+//! cargo bench -p messaging-suite --bench dlq_redrive                    # 100,000 dead letters
+//! LETTERS=20000 BENCH_DB=sqlite cargo bench -p messaging-suite --bench dlq_redrive
 //! ```
 
 use std::time::Instant;

@@ -10,8 +10,8 @@
 //! that `#[messaging::main]` installs.
 //!
 //! ```text
-//! cargo bench --bench memory_throughput            # 1,000,000 messages
-//! MESSAGES=200000 cargo bench --bench memory_throughput
+//! cargo bench -p messaging-suite --bench memory_throughput            # 1,000,000 messages
+//! MESSAGES=200000 cargo bench -p messaging-suite --bench memory_throughput
 //! ```
 
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -23,10 +23,10 @@
 //! SQLite file are created for the run and removed at the end, also on error.
 //!
 //! ```text
-//! cargo bench --bench sql_throughput                       # 20,000 messages, 10 s of latency
-//! MESSAGES=5000 LATENCY_SECS=3 cargo bench --bench sql_throughput
-//! BENCH_DB=postgres cargo bench --bench sql_throughput   # or sqlite: one database only
-//! TEST_POSTGRES_URL=postgres://user@host/db cargo bench --bench sql_throughput
+//! cargo bench -p messaging-suite --bench sql_throughput                       # 20,000 messages, 10 s of latency
+//! MESSAGES=5000 LATENCY_SECS=3 cargo bench -p messaging-suite --bench sql_throughput
+//! BENCH_DB=postgres cargo bench -p messaging-suite --bench sql_throughput   # or sqlite: one database only
+//! TEST_POSTGRES_URL=postgres://user@host/db cargo bench -p messaging-suite --bench sql_throughput
 //! ```
 
 use std::future::Future;

@@ -14,8 +14,8 @@
 //! message first; msgs/s are measured at a depth of `MESSAGES` (200).
 //!
 //! ```text
-//! cargo bench --bench sqs_throughput
-//! BENCH_SQS_SERVERS=localstack cargo bench --bench sqs_throughput   # one server
+//! cargo bench -p messaging-suite --bench sqs_throughput
+//! BENCH_SQS_SERVERS=localstack cargo bench -p messaging-suite --bench sqs_throughput   # one server
 //! ```
 
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -343,6 +343,22 @@ fn dead_letters_are_counted_deleted_and_purged_from_the_command_line() {
     let (_, out, _) = dlq(&["purge", "orders.fifo", "--dry-run"]);
     assert!(out.contains("would delete 3 dead letter(s)"), "{out}");
     assert!(out.contains("nothing was deleted"), "{out}");
+    // The same counts as JSON, for scripts.
+    let json = |out: &str| -> serde_json::Value {
+        serde_json::from_str(out.trim()).unwrap_or_else(|e| panic!("not one JSON object ({e}): {out}"))
+    };
+    let (_, out, _) = dlq(&["redrive", "orders.fifo", "--dry-run", "--json"]);
+    assert_eq!(
+        json(&out),
+        serde_json::json!({"queue": "orders.fifo", "dry_run": true, "moved": 3, "skipped": 0, "left": 3})
+    );
+    let (_, out, _) = dlq(&["purge", "orders.fifo", "--dry-run", "--json", "--type", "orders.placed"]);
+    assert_eq!(
+        json(&out),
+        serde_json::json!({"queue": "orders.fifo", "dry_run": true, "deleted": 3, "skipped": 0, "left": 3})
+    );
+    let (_, out, _) = dlq(&["delete", "orders.fifo", "--json", "not-a-letter"]);
+    assert_eq!(json(&out), serde_json::json!({"queue": "orders.fifo", "requested": 1, "deleted": 0}));
     // Delete one by id.
     let (_, peeked, _) = dlq(&["peek", "orders.fifo", "--json"]);
     let first: serde_json::Value = serde_json::from_str(peeked.lines().next().expect("a letter")).unwrap();

@@ -36,6 +36,9 @@ pub(super) enum DlqCommand {
         /// Count what would move; move nothing.
         #[arg(long)]
         dry_run: bool,
+        /// Print the counts as one JSON object.
+        #[arg(long)]
+        json: bool,
     },
     /// Delete dead letters of QUEUE by message id, for good.
     Delete {
@@ -44,6 +47,9 @@ pub(super) enum DlqCommand {
         /// The message ids (as `dlq peek` shows them).
         #[arg(required = true)]
         ids: Vec<String>,
+        /// Print the counts as one JSON object.
+        #[arg(long)]
+        json: bool,
     },
     /// Delete dead letters of QUEUE for good: all, or those of a type or older than an age.
     Purge {
@@ -61,6 +67,9 @@ pub(super) enum DlqCommand {
         /// Delete without asking (required unless --dry-run).
         #[arg(long)]
         yes: bool,
+        /// Print the counts as one JSON object.
+        #[arg(long)]
+        json: bool,
     },
 }
 
@@ -203,7 +212,7 @@ pub(super) async fn run(app: &App, command: DlqCommand) -> Result<(), Error> {
             }
             Ok(())
         }
-        DlqCommand::Redrive { queue, max, type_name, dry_run } => {
+        DlqCommand::Redrive { queue, max, type_name, dry_run, json } => {
             let dlq = capability(app, &queue)?;
             let filter = type_filter(type_name.as_deref())?;
             let total = dlq.depth(&queue).await?;
@@ -212,7 +221,15 @@ pub(super) async fn run(app: &App, command: DlqCommand) -> Result<(), Error> {
             let outcome = dlq.redrive(&queue, options).await;
             bar.finish_and_clear();
             let outcome = outcome?;
-            let left = dlq.depth(&queue).await.map_or_else(|_| "?".to_owned(), |n| n.to_string());
+            let left = dlq.depth(&queue).await.ok();
+            if json {
+                let value = serde_json::json!({
+                    "queue": queue, "dry_run": dry_run, "moved": outcome.moved, "skipped": outcome.skipped, "left": left,
+                });
+                println!("{value}");
+                return Ok(());
+            }
+            let left = left.map_or_else(|| "?".to_owned(), |n| n.to_string());
             if dry_run {
                 println!(
                     "would redrive {} message(s) of `{queue}` ({} skipped by the filter); nothing was moved",
@@ -240,17 +257,21 @@ pub(super) async fn run(app: &App, command: DlqCommand) -> Result<(), Error> {
             }
             Ok(())
         }
-        DlqCommand::Delete { queue, ids } => {
+        DlqCommand::Delete { queue, ids, json } => {
             let dlq = capability(app, &queue)?;
             let ids: Vec<MessageId> = ids.into_iter().map(MessageId::from).collect();
             let deleted = dlq.delete(&queue, &ids).await?;
+            if json {
+                println!("{}", serde_json::json!({ "queue": queue, "requested": ids.len(), "deleted": deleted }));
+                return Ok(());
+            }
             println!("deleted {deleted} of {} dead letter(s) of `{queue}`", ids.len());
             if deleted < ids.len() {
                 println!("the others are not dead letters of `{queue}` (see `dlq peek {queue}`)");
             }
             Ok(())
         }
-        DlqCommand::Purge { queue, type_name, older_than, dry_run, yes } => {
+        DlqCommand::Purge { queue, type_name, older_than, dry_run, yes, json } => {
             let dlq = capability(app, &queue)?;
             let by_type = type_filter(type_name.as_deref())?;
             let cutoff = older_than.map(|age| {
@@ -278,7 +299,15 @@ pub(super) async fn run(app: &App, command: DlqCommand) -> Result<(), Error> {
             let outcome = dlq.purge(&queue, options).await;
             bar.finish_and_clear();
             let outcome = outcome?;
-            let left = dlq.depth(&queue).await.map_or_else(|_| "?".to_owned(), |n| n.to_string());
+            let left = dlq.depth(&queue).await.ok();
+            if json {
+                let value = serde_json::json!({
+                    "queue": queue, "dry_run": dry_run, "deleted": outcome.deleted, "skipped": outcome.skipped, "left": left,
+                });
+                println!("{value}");
+                return Ok(());
+            }
+            let left = left.map_or_else(|| "?".to_owned(), |n| n.to_string());
             if dry_run {
                 println!(
                     "would delete {} dead letter(s) of `{queue}` ({} skipped by the filter); nothing was deleted",
