@@ -7,6 +7,7 @@
 //! cargo run --example orders             # publishes the demo orders, handles them, exits
 //! cargo run --example orders -- run --serve   # keeps serving after the demo
 //! cargo run --example orders -- queues   # lists the declared queues
+//! cargo run --example orders --features postgres -- --transport postgres://postgres@127.0.0.1/test?migrate=true
 //! ```
 
 #[path = "shared/orders_app.rs"]

@@ -38,21 +38,9 @@ fn orders() -> Command {
     example("orders")
 }
 
-/// An example binary, built on demand when the test runs on its own.
+/// An example binary, built first (see [`fixtures::example_binary`]).
 fn example(name: &str) -> Command {
-    let exe = std::env::current_exe().unwrap();
-    let dir = exe.parent().and_then(|deps| deps.parent()).unwrap().to_path_buf();
-    let bin: PathBuf = dir.join("examples").join(format!("{name}{}", std::env::consts::EXE_SUFFIX));
-    if !bin.exists() {
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        let status = Command::new(cargo)
-            .args(["build", "-p", "messaging-examples", "--features", "sqs", "--example", name])
-            .current_dir(env!("CARGO_MANIFEST_DIR"))
-            .status()
-            .unwrap();
-        assert!(status.success(), "building the {name} example failed");
-    }
-    let mut cmd = Command::new(bin);
+    let mut cmd = Command::new(fixtures::example_binary(name));
     cmd.env_remove("MESSAGING_URL").env("RUST_LOG", "warn");
     cmd
 }

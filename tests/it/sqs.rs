@@ -554,21 +554,9 @@ async fn a_fifo_redrive_with_a_filter_leaves_a_group_from_its_first_refused_lett
     assert_eq!(ns_of(&back, "b"), (0..12).collect::<Vec<_>>(), "in order");
 }
 
-/// The orders example binary (for its `dlq` commands) on `server`, built on
-/// demand when the test runs on its own, as in tests/cli.rs.
+/// The orders example binary (for its `dlq` commands) on `server`.
 fn orders_example(server: &fixtures::SqsServer) -> std::process::Command {
-    let exe = std::env::current_exe().expect("the test's path");
-    let dir = exe.parent().and_then(|deps| deps.parent()).expect("the target directory").to_path_buf();
-    let bin = dir.join("examples").join(format!("orders{}", std::env::consts::EXE_SUFFIX));
-    if !bin.exists() {
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        let status = std::process::Command::new(cargo)
-            .args(["build", "-p", "messaging-examples", "--features", "sqs", "--example", "orders"])
-            .current_dir(env!("CARGO_MANIFEST_DIR"))
-            .status()
-            .expect("cargo runs");
-        assert!(status.success(), "building the orders example failed");
-    }
+    let bin = fixtures::example_binary("orders");
     let mut cmd = std::process::Command::new(bin);
     cmd.env_remove("MESSAGING_URL")
         .env("RUST_LOG", "warn")
