@@ -23,14 +23,11 @@ pub(crate) async fn connect_existing(url: &str) -> Result<Arc<dyn Transport>, Er
     if url.starts_with("sqlite:") {
         let (_, rest) = super::sql::SqlOptions::parse(url)?;
         if let Some(file) = super::sql::missing_sqlite_file(&rest) {
-            return Err(Error::Config {
-                url: url.to_owned(),
-                reason: format!(
-                    "there is no database file `{}` (nothing has run on it yet); `run` or `migrate` creates it, \
-                     or name another with --transport",
-                    file.display()
-                ),
-            });
+            return Err(Error::Command(format!(
+                "there is no database file `{}` ({url}): nothing has run on it yet; `run` or `migrate` creates it, \
+                 or name another with --transport",
+                file.display()
+            )));
         }
     }
     connect(&without_migrate(url)).await
