@@ -540,6 +540,8 @@ fn read_only_commands_create_no_database_and_say_so() {
         &["health"],
         &["dlq", "peek", "orders.fifo"],
         &["dlq", "redrive", "orders.fifo", "--dry-run"],
+        &["dlq", "delete", "orders.fifo", "some-id"],
+        &["dlq", "purge", "orders.fifo", "--yes"],
         &["show", "orders.fifo", "some-id"],
     ] {
         let out = run(orders_in(&dir).args(args));

@@ -73,17 +73,6 @@ pub(super) enum DlqCommand {
     },
 }
 
-impl DlqCommand {
-    /// Whether the command only reads (a peek, a dry run).
-    pub(super) fn reads_only(&self) -> bool {
-        match self {
-            DlqCommand::Peek { .. } => true,
-            DlqCommand::Redrive { dry_run, .. } | DlqCommand::Purge { dry_run, .. } => *dry_run,
-            DlqCommand::Delete { .. } => false,
-        }
-    }
-}
-
 /// The registered message type names, sorted.
 fn type_names() -> Vec<&'static str> {
     let mut names: Vec<&'static str> =

@@ -146,12 +146,12 @@ fn run_parsed(cli: Cli, hook: SetupHook) -> ExitCode {
     }
 }
 
-/// Whether `command` only reads: it opens an existing database and never
-/// creates (or migrates) one.
-fn reads_only(command: &Command) -> bool {
+/// Whether `command` works on what is there (it reads, or changes messages
+/// that must exist): it opens an existing database and never creates (or
+/// migrates) one. Only `run`, `migrate` and `publish` may create it.
+fn uses_existing(command: &Command) -> bool {
     match command {
-        Command::Validate(_) | Command::Queues(_) | Command::Health(_) | Command::Show(_) => true,
-        Command::Dlq(dlq) => dlq.reads_only(),
+        Command::Validate(_) | Command::Queues(_) | Command::Health(_) | Command::Show(_) | Command::Dlq(_) => true,
         Command::Run(_) | Command::Migrate | Command::Publish(_) => false,
     }
 }
@@ -161,7 +161,7 @@ async fn execute(cli: Cli, hook: SetupHook) -> Result<(), Error> {
     let command = cli.command.unwrap_or(Command::Run(RunArgs::default()));
     let validate_json = matches!(command, Command::Validate(JsonArg { json: true }));
     let transport =
-        if reads_only(&command) { transport::connect_existing(&url).await } else { transport::connect(&url).await };
+        if uses_existing(&command) { transport::connect_existing(&url).await } else { transport::connect(&url).await };
     let transport = transport.inspect_err(|e| {
         if validate_json {
             print_validation(&e.to_string(), &[]);
