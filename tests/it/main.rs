@@ -24,6 +24,7 @@ mod fixtures;
 mod cli;
 mod envelope;
 mod publish;
+mod publish_tx;
 mod readiness;
 mod sql_claims;
 #[cfg(all(feature = "postgres", target_os = "linux"))]

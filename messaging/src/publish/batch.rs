@@ -82,6 +82,31 @@ where
     Q: Queue,
     M: Message,
     G: 'a,
+    (Q::Kind, G, Q::HasDefaultGroup, M::HasGroup): GroupResolved<Q, M>,
+{
+    /// Publishes every message inside the application's open transaction
+    /// `tx` (see [`SendBuilder::in_transaction`](super::SendBuilder::in_transaction)):
+    /// all of them or, on an error, none; the ids in input order.
+    #[cfg(any(feature = "postgres", feature = "sqlite"))]
+    pub async fn in_transaction<DB: crate::transport::sql::Dialect>(
+        self,
+        tx: &mut sqlx::Transaction<'_, DB>,
+    ) -> Result<Vec<MessageId>, PublishError> {
+        let max_delay = self.publisher.transport.max_delay();
+        let outgoing = self
+            .messages
+            .iter()
+            .map(|m| self.options.outgoing(&Q::SPEC, m, max_delay))
+            .collect::<Result<Vec<_>, _>>()?;
+        super::single::send_in(self.publisher, Q::SPEC.name, outgoing, &mut **tx).await
+    }
+}
+
+impl<'a, Q, M, G> BatchBuilder<'a, Q, M, G>
+where
+    Q: Queue,
+    M: Message,
+    G: 'a,
 {
     fn start(&self) -> Sending<'a, Vec<Result<MessageId, PublishError>>> {
         let transport = self.publisher.transport.clone();

@@ -102,6 +102,45 @@ where
     Q: Queue,
     M: Message,
     G: 'a,
+    (Q::Kind, G, Q::HasDefaultGroup, M::HasGroup): GroupResolved<Q, M>,
+{
+    /// Publishes inside the application's open transaction `tx`, on the
+    /// database of a `sqlite://` or `postgres://` queue: the message is
+    /// stored with the transaction (with the identity rules of any send),
+    /// invisible until it commits, and gone if it rolls back. On PostgreSQL
+    /// receivers are woken when it commits (one `NOTIFY` per transaction);
+    /// on SQLite they find it at their next poll (the `poll=` option). An
+    /// error means nothing was written for this call: roll back, or go on
+    /// without the message. Queues on other transports refuse it.
+    ///
+    /// ```rust,no_run
+    /// # use messaging::prelude::*;
+    /// # #[messaging::queue("orders-tx")] struct Orders;
+    /// # #[messaging::message(name = "order.placed.tx", v = 1)]
+    /// # #[derive(Debug, Clone, Serialize, Deserialize)] struct OrderPlaced { id: u32 }
+    /// # async fn place(pool: messaging::sqlx::PgPool, publisher: Publisher) -> Result<(), Box<dyn std::error::Error>> {
+    /// let mut tx = pool.begin().await?;
+    /// messaging::sqlx::query("INSERT INTO orders (id) VALUES ($1)").bind(7).execute(&mut *tx).await?;
+    /// publisher.send::<Orders, _>(&OrderPlaced { id: 7 }).in_transaction(&mut tx).await?;
+    /// tx.commit().await?; // the order and its event, or neither
+    /// # Ok(()) }
+    /// ```
+    #[cfg(any(feature = "postgres", feature = "sqlite"))]
+    pub async fn in_transaction<DB: crate::transport::sql::Dialect>(
+        self,
+        tx: &mut sqlx::Transaction<'_, DB>,
+    ) -> Result<MessageId, PublishError> {
+        let outgoing = self.options.outgoing(&Q::SPEC, self.message, self.publisher.transport.max_delay());
+        let mut sent = send_in(self.publisher, Q::SPEC.name, vec![outgoing?], &mut **tx).await?;
+        sent.pop().ok_or_else(|| PublishError::Transport(crate::error::TransportError::Backend("no id".into())))
+    }
+}
+
+impl<'a, Q, M, G> SendBuilder<'a, Q, M, G>
+where
+    Q: Queue,
+    M: Message,
+    G: 'a,
 {
     fn start(&self) -> Sending<'a, Result<MessageId, PublishError>> {
         let outgoing = self.options.outgoing(&Q::SPEC, self.message, self.publisher.transport.max_delay());
@@ -133,4 +172,31 @@ pub(super) fn send_one(
 }
 
 /// The boxed send in progress.
+/// Sends `outgoing` inside the caller's transaction (its connection
+/// `conn`), with the producer span and the published-messages metric of any
+/// send.
+pub(super) async fn send_in(
+    publisher: &Publisher,
+    queue: &'static str,
+    mut outgoing: Vec<crate::transport::Outgoing>,
+    conn: &mut (dyn std::any::Any + Send),
+) -> Result<Vec<MessageId>, PublishError> {
+    let transport = &publisher.transport;
+    let system = transport.system();
+    let span = crate::telemetry::producer_span(system, queue, outgoing.len());
+    for message in &mut outgoing {
+        crate::telemetry::inject(&span, &mut message.attributes);
+    }
+    let n = outgoing.len();
+    let sent = transport.send_in(queue, outgoing, conn).instrument(span.clone()).await.map_err(PublishError::from);
+    let results: Vec<Result<MessageId, PublishError>> = match &sent {
+        Ok(ids) => ids.iter().cloned().map(Ok).collect(),
+        Err(e) => (0..n)
+            .map(|_| Err(PublishError::Transport(crate::error::TransportError::Rejected(e.to_string()))))
+            .collect(),
+    };
+    publisher.telemetry.published(&span, system, queue, &results);
+    sent
+}
+
 type Sending<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;

@@ -196,6 +196,28 @@ pub trait Transport: Send + Sync + 'static {
         messages: Vec<Outgoing>,
     ) -> BoxFuture<'a, Vec<Result<MessageId, TransportError>>>;
 
+    /// Sends `messages` inside the application's open database transaction,
+    /// whose connection is `conn` (a `PgConnection` or `SqliteConnection`
+    /// inside a `sqlx::Transaction`): they are stored with the transaction,
+    /// visible when it commits, gone if it rolls back. All or nothing: an
+    /// error refuses the whole call (roll the transaction back). Only the
+    /// database transports take it; the others refuse with a clear error.
+    fn send_in<'a>(
+        &'a self,
+        queue: &'a str,
+        messages: Vec<Outgoing>,
+        conn: &'a mut (dyn std::any::Any + Send),
+    ) -> BoxFuture<'a, Result<Vec<MessageId>, TransportError>> {
+        let _ = (messages, conn);
+        Box::pin(async move {
+            Err(TransportError::Rejected(format!(
+                "queue `{queue}` is on {}: publishing inside a database transaction needs a database queue \
+                 (sqlite://, postgres://) on the transaction's database",
+                self.system()
+            )))
+        })
+    }
+
     /// Receives up to `max` messages, waiting up to `wait` for the first one.
     fn receive<'a>(
         &'a self,

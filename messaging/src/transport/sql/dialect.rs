@@ -133,6 +133,11 @@ pub trait Dialect: Driver + sealed::Sealed + Sized {
     /// Tells other processes that `queue` has new messages.
     fn notify<'a>(pool: &'a Pool<Self>, queue: &'a str) -> impl Future<Output = ()> + Send + 'a;
 
+    /// The same from inside the caller's transaction, delivered when it
+    /// commits (PostgreSQL folds a transaction's identical notifications into
+    /// one); nothing on SQLite, which has no such signal.
+    fn notify_in<'a>(conn: &'a mut Self::Connection, queue: &'a str) -> impl Future<Output = ()> + Send + 'a;
+
     /// Signals from other processes: the names of queues another process enqueued to.
     fn changes(state: &Self::State) -> Option<tokio::sync::broadcast::Receiver<String>>;
 }
@@ -162,18 +167,21 @@ impl StopOnDrop {
 
 /// A connection that writes: a transaction, or on PostgreSQL a plain
 /// connection for single statements; on SQLite it holds this process's write
-/// turn until it ends.
-pub(crate) struct Write<D: Dialect> {
-    conn: Conn<D>,
+/// turn until it ends. Or the caller's own transaction ([`Write::on`]),
+/// which the caller commits.
+pub(crate) struct Write<'c, D: Dialect> {
+    conn: Conn<'c, D>,
     _turn: Option<OwnedMutexGuard<()>>,
 }
 
-enum Conn<D: Dialect> {
+enum Conn<'c, D: Dialect> {
     Tx(Transaction<'static, D>),
     Auto(PoolConnection<D>),
+    /// A transaction of the application's: its commit is theirs.
+    Theirs(&'c mut D::Connection),
 }
 
-impl<D: Dialect> Write<D> {
+impl<D: Dialect> Write<'static, D> {
     /// A write transaction.
     pub(crate) async fn begin(store: &SqlStore<D>) -> Result<Self, TransportError> {
         let turn = D::turn(&store.state).await;
@@ -191,10 +199,20 @@ impl<D: Dialect> Write<D> {
         let conn = store.pool.acquire().await.map_err(|e| backend::<D>("connect", e))?;
         Ok(Write { conn: Conn::Auto(conn), _turn: turn })
     }
+}
+
+impl<'c, D: Dialect> Write<'c, D> {
+    /// Statements on the caller's open transaction (`conn` is the
+    /// connection of a `sqlx::Transaction`): they commit or roll back with
+    /// it. No write turn: on SQLite the database serializes it with the
+    /// framework's writers (its busy timeout applies).
+    pub(crate) fn on(conn: &'c mut D::Connection) -> Self {
+        Write { conn: Conn::Theirs(conn), _turn: None }
+    }
 
     /// Whether statements on it commit together.
     pub(crate) fn is_transaction(&self) -> bool {
-        matches!(self.conn, Conn::Tx(_))
+        matches!(self.conn, Conn::Tx(_) | Conn::Theirs(_))
     }
 
     /// The connection to run statements on.
@@ -202,13 +220,14 @@ impl<D: Dialect> Write<D> {
         match &mut self.conn {
             Conn::Tx(tx) => tx,
             Conn::Auto(conn) => conn,
+            Conn::Theirs(conn) => conn,
         }
     }
 
     /// Commits on success; on failure rolls back at once. (A dropped
     /// transaction is only rolled back when its connection is next used, and
     /// until then PostgreSQL keeps its row locks: a lease would skip those
-    /// rows as locked.)
+    /// rows as locked.) The caller's transaction is left to the caller.
     pub(crate) async fn finish<R>(self, result: Result<R, TransportError>) -> Result<R, TransportError> {
         let Conn::Tx(tx) = self.conn else { return result };
         match result {
@@ -272,7 +291,7 @@ impl<D: Dialect> SqlStore<D> {
     /// The rows of a statement run on `w`.
     pub(crate) async fn query_in(
         &self,
-        w: &mut Write<D>,
+        w: &mut Write<'_, D>,
         what: &str,
         parts: &[&str],
         args: &[Value<'_>],
@@ -284,7 +303,7 @@ impl<D: Dialect> SqlStore<D> {
     /// Runs a statement on `w`; the rows it changed.
     pub(crate) async fn exec_in(
         &self,
-        w: &mut Write<D>,
+        w: &mut Write<'_, D>,
         what: &str,
         parts: &[&str],
         args: &[Value<'_>],

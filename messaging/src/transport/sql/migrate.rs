@@ -51,7 +51,7 @@ async fn sqlx_history<D: Dialect>(store: &SqlStore<D>) -> Vec<(i64, String)> {
 
 async fn apply<D: Dialect>(
     store: &SqlStore<D>,
-    w: &mut Write<D>,
+    w: &mut Write<'_, D>,
     carried: &[(i64, String)],
 ) -> Result<(), TransportError> {
     store.exec_in(w, "locking the migrations", &[D::MIGRATION_LOCK], &[]).await?;

@@ -483,6 +483,34 @@ impl<D: Dialect> Transport for SqlTransport<D> {
         })
     }
 
+    fn send_in<'a>(
+        &'a self,
+        queue: &'a str,
+        messages: Vec<Outgoing>,
+        conn: &'a mut (dyn std::any::Any + Send),
+    ) -> BoxFuture<'a, Result<Vec<MessageId>, TransportError>> {
+        Box::pin(async move {
+            let Some(conn) = conn.downcast_mut::<D::Connection>() else {
+                return Err(TransportError::Rejected(format!(
+                    "the transaction is not on {}, where queue `{queue}` is: publish inside a transaction on the \
+                     queue's own database",
+                    D::SYSTEM
+                )));
+            };
+            let q = self.queue(queue)?;
+            let now = self.store.now();
+            let mut items = Vec::with_capacity(messages.len());
+            for message in messages {
+                if q.spec.fifo && message.group_id.as_deref().is_none_or(str::is_empty) {
+                    return Err(TransportError::Rejected(format!("FIFO queue `{queue}` needs a message group id")));
+                }
+                items.push(self.enqueue_of(message, now));
+            }
+            let stored = self.store.enqueue_on(conn, queue, now, items, q.rules.idempotent).await?;
+            Ok(stored.into_iter().map(|e| MessageId::from(e.message_id)).collect())
+        })
+    }
+
     fn receive<'a>(
         &'a self,
         queue: &'a str,

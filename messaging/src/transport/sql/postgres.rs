@@ -340,6 +340,12 @@ impl Dialect for Postgres {
         }
     }
 
+    async fn notify_in<'a>(conn: &'a mut PgConnection, queue: &'a str) {
+        if let Err(e) = sqlx::query("SELECT pg_notify($1, $2)").bind(CHANNEL).bind(queue).execute(conn).await {
+            tracing::debug!("NOTIFY failed ({e}); receivers will poll");
+        }
+    }
+
     fn changes(state: &PgState) -> Option<broadcast::Receiver<String>> {
         Some(state.changes.subscribe())
     }

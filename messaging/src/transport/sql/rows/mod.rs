@@ -86,7 +86,7 @@ impl<D: Dialect> SqlStore<D> {
     /// holds are being settled: skipped).
     async fn abandon_in(
         &self,
-        w: &mut Write<D>,
+        w: &mut Write<'_, D>,
         queue: &str,
         now: i64,
         rules: &QueueRules,
@@ -162,6 +162,25 @@ impl<D: Dialect> SqlStore<D> {
             Ok(stored) => stored.into_iter().map(Ok).collect(),
             Err(e) => vec![Err(e); n], // a batch fails as a whole
         }
+    }
+
+    /// Enqueues inside the caller's open transaction `conn`: the rows are
+    /// visible when it commits and gone if it rolls back; receivers are
+    /// told at its commit (PostgreSQL), once per transaction.
+    pub(crate) async fn enqueue_on(
+        &self,
+        conn: &mut D::Connection,
+        queue: &str,
+        now: i64,
+        items: Vec<Enqueue>,
+        idempotent: bool,
+    ) -> Result<Vec<Enqueued>, TransportError> {
+        if items.is_empty() {
+            return Ok(Vec::new());
+        }
+        let stored = self.enqueue_in(&mut Write::on(conn), queue, now, items, idempotent).await?;
+        D::notify_in(conn, queue).await;
+        Ok(stored)
     }
 
     /// Leases up to `n` rows that can go now: by priority then enqueue order,

@@ -9,7 +9,7 @@ impl<D: Dialect> SqlStore<D> {
     /// meet an existing row, or one made earlier in the batch).
     pub(super) async fn enqueue_in(
         &self,
-        w: &mut Write<D>,
+        w: &mut Write<'_, D>,
         queue: &str,
         now: i64,
         items: Vec<Enqueue>,
@@ -31,7 +31,7 @@ impl<D: Dialect> SqlStore<D> {
 
     async fn insert_run(
         &self,
-        w: &mut Write<D>,
+        w: &mut Write<'_, D>,
         queue: &str,
         now: i64,
         run: &mut Vec<Row>,
@@ -58,7 +58,7 @@ impl<D: Dialect> SqlStore<D> {
     /// is gone (processed rows are deleted at once by default).
     async fn enqueue_identity(
         &self,
-        w: &mut Write<D>,
+        w: &mut Write<'_, D>,
         queue: &str,
         now: i64,
         e: Enqueue,
@@ -95,7 +95,12 @@ impl<D: Dialect> SqlStore<D> {
         Ok(Enqueued { outcome, message_id })
     }
 
-    async fn by_identity(&self, w: &mut Write<D>, queue: &str, identity: &str) -> Result<Option<Row>, TransportError> {
+    async fn by_identity(
+        &self,
+        w: &mut Write<'_, D>,
+        queue: &str,
+        identity: &str,
+    ) -> Result<Option<Row>, TransportError> {
         let found = self.query_in(w, "enqueue", &[sql::BY_IDENTITY, D::LOCK], &[queue.into(), identity.into()]).await?;
         Ok(rows::<D>(&found)?.pop())
     }
@@ -103,7 +108,7 @@ impl<D: Dialect> SqlStore<D> {
     /// The identity's last processed version: (message id, payload).
     async fn previous_in(
         &self,
-        w: &mut Write<D>,
+        w: &mut Write<'_, D>,
         queue: &str,
         identity: &str,
     ) -> Result<Option<(String, Vec<u8>)>, TransportError> {
@@ -117,7 +122,7 @@ impl<D: Dialect> SqlStore<D> {
     /// A new row for an identity; `None` when it exists already.
     async fn insert_identity(
         &self,
-        w: &mut Write<D>,
+        w: &mut Write<'_, D>,
         queue: &str,
         e: &Enqueue,
         seq: u64,
@@ -142,7 +147,7 @@ impl<D: Dialect> SqlStore<D> {
     }
 
     /// Stores every column of `row` (which exists).
-    pub(super) async fn store_row(&self, w: &mut Write<D>, row: &Row) -> Result<(), TransportError> {
+    pub(super) async fn store_row(&self, w: &mut Write<'_, D>, row: &Row) -> Result<(), TransportError> {
         let d = row.deferred.as_ref();
         let history = if row.history.is_empty() {
             String::new()
@@ -183,7 +188,7 @@ impl<D: Dialect> SqlStore<D> {
     /// deletes it (`f` returns whether to). A row that is gone is a lost lease.
     pub(super) async fn transition<R>(
         &self,
-        w: &mut Write<D>,
+        w: &mut Write<'_, D>,
         queue: &str,
         id: RowId,
         f: impl FnOnce(&mut Row) -> Result<(R, bool), TransportError>,
@@ -229,7 +234,7 @@ impl<D: Dialect> SqlStore<D> {
 
     async fn complete_rest(
         &self,
-        w: &mut Write<D>,
+        w: &mut Write<'_, D>,
         queue: &str,
         now: i64,
         items: &[(RowId, u64)],

@@ -330,6 +330,8 @@ impl Dialect for Sqlite {
 
     async fn notify<'a>(_: &'a Pool<Self>, _: &'a str) {}
 
+    async fn notify_in<'a>(_: &'a mut SqliteConnection, _: &'a str) {}
+
     fn changes(_: &LiteState) -> Option<tokio::sync::broadcast::Receiver<String>> {
         None
     }
