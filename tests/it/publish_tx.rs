@@ -148,8 +148,8 @@ async fn postgres_commit_publishes_once_rollback_nothing_and_the_commit_wakes_th
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sqlite_commit_publishes_once_and_rollback_nothing() {
     let db = fixtures::SqliteFile::new();
-    let url = format!("{}&migrate=true", db.url);
-    let (_transport, _app, _publisher, _pool) = commit_and_rollback!(
+    let url = format!("{}&migrate=true&poll=10s", db.url);
+    let (_transport, mut app, publisher, pool) = commit_and_rollback!(
         &url,
         sqlx::SqlitePool::connect(&db.url).await.expect("the application's pool"),
         |pool: &sqlx::SqlitePool| {
@@ -160,4 +160,35 @@ async fn sqlite_commit_publishes_once_and_rollback_nothing() {
         },
         "CREATE TABLE app_orders (id INTEGER PRIMARY KEY)"
     );
+    // An idle receiver polling every 10 s in this process: Publisher::commit
+    // wakes it; a plain commit leaves the message to the next poll.
+    let handled = Arc::new(Handled::default());
+    app.setup().provide(handled.clone());
+    let running = app.start().expect("start");
+    fixtures::eventually(
+        Duration::from_secs(20),
+        || handled.jobs.lock().unwrap().len() == 5,
+        || "the first five".into(),
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let job = |n: u32| {
+        let handled = handled.clone();
+        move || handled.jobs.lock().unwrap().iter().any(|(m, _)| *m == n)
+    };
+    let mut tx = pool.begin_with("BEGIN IMMEDIATE").await.expect("begin");
+    publisher.send::<TxJobs, _>(&TxJob { n: 200 }).in_transaction(&mut tx).await.expect("published");
+    tx.commit().await.expect("a plain commit");
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    assert!(!job(200)(), "a plain commit gave a signal after all: the test cannot tell the two apart");
+    let mut tx = pool.begin_with("BEGIN IMMEDIATE").await.expect("begin");
+    publisher.send::<TxJobs, _>(&TxJob { n: 201 }).in_transaction(&mut tx).await.expect("published");
+    let committed = Instant::now();
+    publisher.commit(tx).await.expect("commit and wake");
+    fixtures::eventually(Duration::from_secs(5), job(201), || "not handled within 5 s of Publisher::commit".into())
+        .await;
+    let woke = committed.elapsed();
+    eprintln!("woken {woke:?} after Publisher::commit");
+    assert!(woke < Duration::from_secs(2), "woken {woke:?} after the commit, not by the 10 s poll");
+    running.stop().await;
 }

@@ -45,6 +45,22 @@ impl std::fmt::Debug for Publisher {
 }
 
 impl Publisher {
+    /// Commits the application's transaction `tx` in which messages were
+    /// published ([`SendBuilder::in_transaction`]), then wakes this
+    /// process's waiting receivers at once. On SQLite a plain
+    /// `tx.commit()` gives the framework no signal, and receivers find the
+    /// messages at their next poll (`poll=`); on PostgreSQL the commit
+    /// itself wakes them (`NOTIFY`), and this is the same as `tx.commit()`.
+    #[cfg(any(feature = "postgres", feature = "sqlite"))]
+    pub async fn commit<DB: crate::transport::sql::Dialect>(
+        &self,
+        tx: sqlx::Transaction<'_, DB>,
+    ) -> Result<(), sqlx::Error> {
+        tx.commit().await?;
+        self.transport.wake_receivers();
+        Ok(())
+    }
+
     /// A publisher on a transport. Queues must have been declared on it
     /// (the app does that at startup).
     pub fn new(transport: Arc<dyn Transport>) -> Self {

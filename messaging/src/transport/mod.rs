@@ -267,6 +267,12 @@ pub trait Transport: Send + Sync + 'static {
     /// (the worker keeps its wait within the grace period).
     fn interrupt_receives(&self, _queue: &str) {}
 
+    /// Wakes this process's waiting receivers of every queue, to look again
+    /// now: what [`Publisher::commit`](crate::Publisher::commit) does after
+    /// the application's transaction committed messages that no signal
+    /// announced (SQLite). Backends that need no such nudge ignore it.
+    fn wake_receivers(&self) {}
+
     /// How many receives a worker keeps going ahead of its lanes on a
     /// standard queue (FIFO queues receive one batch at a time). A remote
     /// queue whose receive is a round trip gains from more; a database whose

@@ -598,6 +598,12 @@ impl<D: Dialect> Transport for SqlTransport<D> {
         }
     }
 
+    fn wake_receivers(&self) {
+        for q in self.queues.read().unwrap_or_else(|p| p.into_inner()).values() {
+            q.local.notify_waiters();
+        }
+    }
+
     fn keeps_dead_letters(&self, _spec: &QueueSpec) -> bool {
         true // rows in `error`, with or without a declared `dlq`
     }

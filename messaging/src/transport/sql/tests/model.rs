@@ -19,8 +19,8 @@ const START: i64 = 1_800_000_000_000;
 
 #[derive(Debug, Clone)]
 enum Cmd {
-    Enqueue { identity: Option<u8>, payload: u8, priority: i32, delay: Option<i64>, group: u8 },
-    EnqueueBatch { items: Vec<(Option<u8>, u8)> },
+    Enqueue { identity: Option<u8>, payload: u8, priority: i32, delay: Option<i64>, group: u8, via: Via },
+    EnqueueBatch { items: Vec<(Option<u8>, u8)>, via: Via },
     Lease { n: usize },
     Complete { pick: usize },
     Fail { pick: usize, backoff: i64 },
@@ -31,12 +31,52 @@ enum Cmd {
     Redrive { pick: usize },
 }
 
+/// How an enqueue reaches the store: by itself, or inside a transaction of
+/// the caller's (`enqueue_on`, as `in_transaction` does) that commits or
+/// rolls back. A rolled-back enqueue leaves the model as it was.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Via {
+    Plain,
+    Commit,
+    Rollback,
+}
+
+fn via() -> impl Strategy<Value = Via> {
+    prop_oneof![2 => Just(Via::Plain), 1 => Just(Via::Commit), 1 => Just(Via::Rollback)]
+}
+
+/// Enqueues `items` the way `via` says; one result per item.
+async fn enqueue_via<D: Dialect>(
+    store: &SqlStore<D>,
+    queue: &str,
+    now: i64,
+    items: Vec<Enqueue>,
+    idempotent: bool,
+    via: Via,
+) -> Vec<Result<crate::transport::sql::store::Enqueued, crate::error::TransportError>> {
+    if via == Via::Plain {
+        return store.enqueue(queue, now, items, idempotent).await;
+    }
+    let n = items.len();
+    let mut tx = D::begin(&store.pool).await.expect("begin the caller's transaction");
+    let got = store.enqueue_on(&mut tx, queue, now, items, idempotent).await;
+    if via == Via::Commit {
+        tx.commit().await.expect("commit");
+    } else {
+        tx.rollback().await.expect("rollback");
+    }
+    match got {
+        Ok(stored) => stored.into_iter().map(Ok).collect(),
+        Err(e) => vec![Err(e); n],
+    }
+}
+
 fn cmd() -> impl Strategy<Value = Cmd> {
     prop_oneof![
-        4 => (proptest::option::weighted(0.7, 0u8..4), 0u8..3, 0i32..3, proptest::option::of(0i64..600), 0u8..3)
-            .prop_map(|(identity, payload, priority, delay, group)| Cmd::Enqueue { identity, payload, priority, delay, group }),
-        1 => prop::collection::vec((proptest::option::of(0u8..4), 0u8..3), 1..5)
-            .prop_map(|items| Cmd::EnqueueBatch { items }),
+        4 => (proptest::option::weighted(0.7, 0u8..4), 0u8..3, 0i32..3, proptest::option::of(0i64..600), 0u8..3, via())
+            .prop_map(|(identity, payload, priority, delay, group, via)| Cmd::Enqueue { identity, payload, priority, delay, group, via }),
+        1 => (prop::collection::vec((proptest::option::of(0u8..4), 0u8..3), 1..5), via())
+            .prop_map(|(items, via)| Cmd::EnqueueBatch { items, via }),
         3 => (1usize..4).prop_map(|n| Cmd::Lease { n }),
         2 => any::<usize>().prop_map(|pick| Cmd::Complete { pick }),
         1 => (any::<usize>(), 0i64..800).prop_map(|(pick, backoff)| Cmd::Fail { pick, backoff }),
@@ -73,7 +113,7 @@ async fn run_case<D: Dialect>(store: &SqlStore<D>, queue: &str, rules: QueueRule
     for (step, cmd) in cmds.iter().enumerate() {
         let at = |what: String| format!("step {step} {cmd:?}: {what}");
         match cmd {
-            Cmd::Enqueue { identity, payload, priority, delay, group } => {
+            Cmd::Enqueue { identity, payload, priority, delay, group, via } => {
                 let e = Enqueue {
                     identity: identity.map(|k| format!("k{k}")),
                     message_id: format!("m{step}"),
@@ -86,12 +126,14 @@ async fn run_case<D: Dialect>(store: &SqlStore<D>, queue: &str, rules: QueueRule
                     group: (rules.fifo && *group > 0).then(|| format!("g{group}")),
                     attributes: String::new(),
                 };
-                let expected = model.enqueue(now, e.clone());
-                let got = store
-                    .enqueue(queue, now, vec![e], rules.idempotent)
+                let got = enqueue_via(store, queue, now, vec![e.clone()], rules.idempotent, *via)
                     .await
                     .remove(0)
                     .map_err(|e| at(e.to_string()))?;
+                if *via == Via::Rollback {
+                    continue;
+                }
+                let expected = model.enqueue(now, e);
                 match (expected, got.outcome) {
                     (EnqueueOutcome::Inserted(m), EnqueueOutcome::Inserted(s)) => {
                         ids.insert(m, s);
@@ -107,7 +149,7 @@ async fn run_case<D: Dialect>(store: &SqlStore<D>, queue: &str, rules: QueueRule
                     (e, g) => return Err(at(format!("model {e:?}, store {g:?}"))),
                 }
             }
-            Cmd::EnqueueBatch { items } => {
+            Cmd::EnqueueBatch { items, via } => {
                 let batch: Vec<Enqueue> = items
                     .iter()
                     .enumerate()
@@ -122,8 +164,14 @@ async fn run_case<D: Dialect>(store: &SqlStore<D>, queue: &str, rules: QueueRule
                         attributes: String::new(),
                     })
                     .collect();
+                let got = enqueue_via(store, queue, now, batch.clone(), rules.idempotent, *via).await;
+                if *via == Via::Rollback {
+                    for g in got {
+                        g.map_err(|err| at(err.to_string()))?;
+                    }
+                    continue;
+                }
                 let expected: Vec<EnqueueOutcome> = batch.iter().map(|e| model.enqueue(now, e.clone())).collect();
-                let got = store.enqueue(queue, now, batch, rules.idempotent).await;
                 for (e, g) in expected.into_iter().zip(got) {
                     let g = g.map_err(|err| at(err.to_string()))?;
                     match (e, g.outcome) {
