@@ -164,7 +164,7 @@ async fn execute(cli: Cli, hook: SetupHook) -> Result<(), Error> {
         if uses_existing(&command) { transport::connect_existing(&url).await } else { transport::connect(&url).await };
     let transport = transport.inspect_err(|e| {
         if validate_json {
-            print_validation(&e.to_string(), &[]);
+            print_validation(&problems_of(e));
         }
     })?;
     if matches!(command, Command::Migrate | Command::Run(RunArgs { migrate: true, .. })) {
@@ -176,11 +176,7 @@ async fn execute(cli: Cli, hook: SetupHook) -> Result<(), Error> {
     }
     let app = App::new(transport.clone()).await.inspect_err(|e| {
         if validate_json {
-            let problems = match e {
-                Error::Validation(v) => v.problems().to_vec(),
-                other => vec![other.to_string()],
-            };
-            print_validation("invalid", &problems);
+            print_validation(&problems_of(e));
         }
     });
     let mut app = app?;
@@ -201,11 +197,7 @@ async fn execute(cli: Cli, hook: SetupHook) -> Result<(), Error> {
             };
             if let Err(e) = checked {
                 if json {
-                    let problems = match &e {
-                        Error::Validation(v) => v.problems().to_vec(),
-                        other => vec![other.to_string()],
-                    };
-                    print_validation("invalid", &problems);
+                    print_validation(&problems_of(&e));
                 }
                 return Err(e);
             }
@@ -278,15 +270,17 @@ async fn execute(cli: Cli, hook: SetupHook) -> Result<(), Error> {
 /// a process ended by Ctrl-C.
 const FORCED_EXIT: i32 = 130;
 
-/// `validate --json` when validation fails: the status and every problem.
-fn print_validation(status: &str, problems: &[String]) {
-    let (status, problems) = if problems.is_empty() {
-        // The transport could not be opened: `status` is its error.
-        ("invalid", vec![status.to_owned()])
-    } else {
-        (status, problems.to_vec())
-    };
-    println!("{}", serde_json::json!({ "status": status, "problems": problems }));
+/// The problems an error stands for: each of a validation's, else its text.
+fn problems_of(e: &Error) -> Vec<String> {
+    match e {
+        Error::Validation(v) => v.problems().to_vec(),
+        other => vec![other.to_string()],
+    }
+}
+
+/// `validate --json` when validation fails: every problem, a sentence each.
+fn print_validation(problems: &[String]) {
+    println!("{}", serde_json::json!({ "status": "invalid", "problems": problems }));
 }
 
 /// Probes every declared queue; an error lists the unreachable ones.

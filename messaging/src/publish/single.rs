@@ -109,7 +109,8 @@ where
     /// stored with the transaction (with the identity rules of any send),
     /// invisible until it commits, and gone if it rolls back. On PostgreSQL
     /// receivers are woken when it commits (one `NOTIFY` per transaction);
-    /// on SQLite they find it at their next poll (the `poll=` option). An
+    /// on SQLite commit with [`Publisher::commit`] to wake this process's
+    /// receivers (otherwise they find it at their next poll). An
     /// error means nothing was written for this call: roll back, or go on
     /// without the message. Queues on other transports refuse it.
     ///
@@ -188,15 +189,14 @@ pub(super) async fn send_in(
         crate::telemetry::inject(&span, &mut message.attributes);
     }
     let n = outgoing.len();
-    let sent = transport.send_in(queue, outgoing, conn).instrument(span.clone()).await.map_err(PublishError::from);
+    let sent = transport.send_in(queue, outgoing, conn).instrument(span.clone()).await;
+    // Every message failed as the call did, with its own error kind.
     let results: Vec<Result<MessageId, PublishError>> = match &sent {
         Ok(ids) => ids.iter().cloned().map(Ok).collect(),
-        Err(e) => (0..n)
-            .map(|_| Err(PublishError::Transport(crate::error::TransportError::Rejected(e.to_string()))))
-            .collect(),
+        Err(e) => (0..n).map(|_| Err(PublishError::Transport(e.clone()))).collect(),
     };
     publisher.telemetry.published(&span, system, queue, &results);
-    sent
+    sent.map_err(PublishError::from)
 }
 
 type Sending<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;

@@ -366,6 +366,12 @@ fn time_of(ms: i64) -> SystemTime {
     UNIX_EPOCH + Duration::from_millis(ms.max(0) as u64)
 }
 
+/// The refusal of a message to a FIFO queue without a group id, if it is one.
+fn missing_group(spec: &QueueSpec, message: &Outgoing) -> Option<TransportError> {
+    (spec.fifo && message.group_id.as_deref().is_none_or(str::is_empty))
+        .then(|| TransportError::Rejected(format!("FIFO queue `{}` needs a message group id", spec.name)))
+}
+
 fn delivery(row: LeasedRow) -> Delivery {
     Delivery {
         message_id: MessageId::from(row.message_id),
@@ -459,12 +465,11 @@ impl<D: Dialect> Transport for SqlTransport<D> {
             let now = self.store.now();
             let (mut refused, mut items) = (Vec::with_capacity(messages.len()), Vec::new());
             for message in messages {
-                let grouped = !q.spec.fifo || message.group_id.as_deref().is_some_and(|g| !g.is_empty());
-                let reason = || TransportError::Rejected(format!("FIFO queue `{queue}` needs a message group id"));
-                refused.push((!grouped).then(reason));
-                if grouped {
+                let missing = missing_group(&q.spec, &message);
+                if missing.is_none() {
                     items.push(self.enqueue_of(message, now));
                 }
+                refused.push(missing);
             }
             let mut stored = self.store.enqueue(queue, now, items, q.rules.idempotent).await.into_iter();
             q.local.notify_waiters();
@@ -501,8 +506,8 @@ impl<D: Dialect> Transport for SqlTransport<D> {
             let now = self.store.now();
             let mut items = Vec::with_capacity(messages.len());
             for message in messages {
-                if q.spec.fifo && message.group_id.as_deref().is_none_or(str::is_empty) {
-                    return Err(TransportError::Rejected(format!("FIFO queue `{queue}` needs a message group id")));
+                if let Some(missing) = missing_group(&q.spec, &message) {
+                    return Err(missing);
                 }
                 items.push(self.enqueue_of(message, now));
             }
