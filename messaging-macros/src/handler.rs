@@ -195,7 +195,7 @@ fn generate(func: &ItemFn, args: &HandlerArgs, sig: &Signature) -> TokenStream {
         const _: () = {
             // What is particular to this handler. Everything else is generic
             // over it, so that it type-checks even if the message type is wrong.
-            trait Handler: ::core::marker::Send + ::core::marker::Sync + 'static {
+            trait __MessagingHandler: ::core::marker::Send + ::core::marker::Sync + 'static {
                 #message_type
                 fn call(
                     message: Self::Message,
@@ -204,9 +204,9 @@ fn generate(func: &ItemFn, args: &HandlerArgs, sig: &Signature) -> TokenStream {
                 ) -> ::messaging::__private::BoxFuture<'static, ::core::result::Result<(), ::messaging::__private::HandlerError>>;
             }
 
-            struct This;
+            struct __MessagingThis;
 
-            impl Handler for This {
+            impl __MessagingHandler for __MessagingThis {
                 type Message = #message;
                 fn call(
                     message: Self::Message,
@@ -221,9 +221,9 @@ fn generate(func: &ItemFn, args: &HandlerArgs, sig: &Signature) -> TokenStream {
                 }
             }
 
-            struct Erased<S>(::core::marker::PhantomData<fn() -> S>);
+            struct __MessagingErased<S>(::core::marker::PhantomData<fn() -> S>);
 
-            impl<S: Handler> ::messaging::__private::ErasedHandler for Erased<S> {
+            impl<S: __MessagingHandler> ::messaging::__private::ErasedHandler for __MessagingErased<S> {
                 fn call(
                     &self,
                     message: ::messaging::__private::AnyMessage,
@@ -239,27 +239,27 @@ fn generate(func: &ItemFn, args: &HandlerArgs, sig: &Signature) -> TokenStream {
                 }
             }
 
-            fn make<S: Handler>() -> ::std::sync::Arc<dyn ::messaging::__private::ErasedHandler> {
-                ::std::sync::Arc::new(Erased::<S>(::core::marker::PhantomData))
+            fn __messaging_make<S: __MessagingHandler>() -> ::std::sync::Arc<dyn ::messaging::__private::ErasedHandler> {
+                ::std::sync::Arc::new(__MessagingErased::<S>(::core::marker::PhantomData))
             }
 
-            fn queue() -> ::messaging::__private::QueueSpec {
+            fn __messaging_queue() -> ::messaging::__private::QueueSpec {
                 #queue_spec
             }
 
-            fn requirements() -> ::std::vec::Vec<::messaging::__private::Requirement> {
+            fn __messaging_requirements() -> ::std::vec::Vec<::messaging::__private::Requirement> {
                 let all: ::std::vec::Vec<::core::option::Option<::messaging::__private::Requirement>> =
                     ::std::vec![#(#requirements),*];
                 all.into_iter().flatten().collect()
             }
 
-            struct Entry<S>(::core::marker::PhantomData<S>);
+            struct __MessagingEntry<S>(::core::marker::PhantomData<S>);
 
-            impl<S: Handler> Entry<S> {
+            impl<S: __MessagingHandler> __MessagingEntry<S> {
                 const ENTRY: ::messaging::__private::HandlerEntry = ::messaging::__private::HandlerEntry {
                     name: ::core::concat!(::core::module_path!(), "::", ::core::stringify!(#fn_name)),
                     queue_type: ::core::stringify!(#queue),
-                    queue,
+                    queue: __messaging_queue,
                     message_type: ::messaging::__private::type_id::<S::Message>,
                     message_type_name: ::core::stringify!(#message),
                     message_name: <S::Message as ::messaging::__private::Message>::NAME,
@@ -267,13 +267,13 @@ fn generate(func: &ItemFn, args: &HandlerArgs, sig: &Signature) -> TokenStream {
                     decode: ::messaging::__private::decode::<S::Message>,
                     idempotency: #idempotency,
                     retry: #retry,
-                    requirements,
-                    handler: make::<S>,
+                    requirements: __messaging_requirements,
+                    handler: __messaging_make::<S>,
                 };
             }
 
             ::messaging::__private::inventory::submit! {
-                Entry::<This>::ENTRY
+                __MessagingEntry::<__MessagingThis>::ENTRY
             }
         };
     }
