@@ -14,7 +14,7 @@ use axum::Router;
 
 use crate::error::Error;
 use crate::shutdown::Shutdown;
-use crate::transport::Transport;
+use crate::transport::{Outbox, Transport};
 
 /// How long one queue's probe may take before it counts as unreachable.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
@@ -40,6 +40,32 @@ pub(crate) async fn probe(transport: &Arc<dyn Transport>, queues: &[&'static str
     failing
 }
 
+/// What is wrong with the outbox, if anything: it cannot be read, or its
+/// oldest pending row is older than its `max_age` (its relays are stuck or
+/// the broker has refused them for that long).
+pub(crate) async fn probe_outbox(outbox: &Outbox) -> Option<String> {
+    let rows = match tokio::time::timeout(PROBE_TIMEOUT, outbox.stats()).await {
+        Ok(Ok(rows)) => rows,
+        Ok(Err(e)) => return Some(format!("the outbox cannot be read: {e}")),
+        Err(_) => return Some(format!("the outbox gave no answer within {PROBE_TIMEOUT:?}")),
+    };
+    let limit = outbox.max_age.as_millis() as u64;
+    let old: Vec<String> = rows
+        .iter()
+        .filter_map(|q| {
+            let age = q.oldest_pending_ms.filter(|&age| age > limit)?;
+            Some(format!("`{}` ({} pending, the oldest {} s old)", q.queue, q.pending, age / 1000))
+        })
+        .collect();
+    (!old.is_empty()).then(|| {
+        format!(
+            "the outbox holds messages older than {} s for {}: are relays running, and does the transport accept them?",
+            limit / 1000,
+            old.join(", ")
+        )
+    })
+}
+
 /// Why the process is not ready: each queue whose receives fail, with the
 /// last error (empty while every worker receives).
 pub(crate) type Readiness = Arc<dyn Fn() -> Vec<Unreachable> + Send + Sync>;
@@ -50,6 +76,7 @@ struct Endpoints {
     queues: Arc<[&'static str]>,
     shutdown: Shutdown,
     readiness: Readiness,
+    outbox: Option<Outbox>,
 }
 
 /// Binds the endpoints' address, before anything is consumed: a busy port is
@@ -67,9 +94,10 @@ pub(crate) fn serve(
     queues: Vec<&'static str>,
     shutdown: Shutdown,
     readiness: Readiness,
+    outbox: Option<Outbox>,
 ) -> Result<(SocketAddr, tokio::task::JoinHandle<()>), Error> {
     let bound = listener.local_addr().map_err(|e| Error::Telemetry(format!("cannot listen: {e}")))?;
-    let endpoints = Endpoints { transport, queues: queues.into(), shutdown: shutdown.clone(), readiness };
+    let endpoints = Endpoints { transport, queues: queues.into(), shutdown: shutdown.clone(), readiness, outbox };
     let router = Router::new()
         .route("/health", get(health))
         .route("/ready", get(ready))
@@ -89,15 +117,23 @@ fn json(status: StatusCode, body: serde_json::Value) -> Response {
     (status, [(header::CONTENT_TYPE, "application/json")], body.to_string()).into_response()
 }
 
-/// 200 when every declared queue answers; 503 listing those that do not.
+/// 200 when every declared queue answers (and the outbox, if any, is
+/// readable and relayed in time); 503 listing what is not.
 async fn health(State(endpoints): State<Endpoints>) -> Response {
     let failing = probe(&endpoints.transport, &endpoints.queues).await;
-    if failing.is_empty() {
+    let outbox = match &endpoints.outbox {
+        Some(outbox) => probe_outbox(outbox).await,
+        None => None,
+    };
+    if failing.is_empty() && outbox.is_none() {
         json(StatusCode::OK, serde_json::json!({ "status": "healthy", "queues": endpoints.queues.len() }))
     } else {
         let failing: Vec<_> =
             failing.iter().map(|f| serde_json::json!({ "queue": f.queue, "error": f.error })).collect();
-        json(StatusCode::SERVICE_UNAVAILABLE, serde_json::json!({ "status": "unhealthy", "failing": failing }))
+        json(
+            StatusCode::SERVICE_UNAVAILABLE,
+            serde_json::json!({ "status": "unhealthy", "failing": failing, "outbox": outbox }),
+        )
     }
 }
 

@@ -16,7 +16,7 @@ pub(crate) const LAYERS: &[(&str, &[&str])] = &[
     ("handlers", &["handler"]),
     ("registry", &["registry"]),
     ("pipeline", &["pipeline"]),
-    ("worker", &["worker"]),
+    ("worker", &["relay", "worker"]),
     ("app", &["app"]),
     ("tools", &["cli", "testing"]),
     ("generated code and the crate root", &["__private", "lib", "layers"]),

@@ -37,6 +37,7 @@ mod pipeline;
 pub mod publish;
 pub mod queue;
 pub mod registry;
+mod relay;
 pub mod shutdown;
 pub mod telemetry;
 pub mod testing;

@@ -23,6 +23,7 @@ mod fixtures;
 
 mod cli;
 mod envelope;
+mod outbox;
 mod publish;
 mod publish_tx;
 mod readiness;

@@ -16,7 +16,7 @@ use crate::pipeline::Pipeline;
 use crate::registry::{Registry, ValidationErrors};
 use crate::shutdown::Shutdown;
 use crate::telemetry::DlqGauge;
-use crate::transport::Transport;
+use crate::transport::{Outbox, Transport};
 use crate::worker::{Hooks, Stopped as WorkerStopped, Worker, WorkerHandle, WorkerSettings};
 
 /// An assembled application: registry, transport and setup.
@@ -141,7 +141,27 @@ impl App {
         let monitor = setup.telemetry.dlq_gauge().map(|gauge| {
             tokio::spawn(watch_dead_letters(setup.transport.clone(), consumed, gauge, setup.dlq_depth_interval))
         });
-        tracing::info!(transport = setup.transport.system(), workers = handles.len(), "consuming");
+        let outbox = setup.outbox.read().unwrap_or_else(|p| p.into_inner()).clone();
+        let relay = outbox.clone().map(|outbox| {
+            let stop = Shutdown::new();
+            let relay = crate::relay::Relay {
+                outbox,
+                transport: setup.transport.clone(),
+                queues: queues.clone(),
+                lease: crate::relay::LEASE,
+            };
+            (stop.clone(), tokio::spawn(relay.run(stop)))
+        });
+        let outbox_monitor = outbox.as_ref().and_then(|outbox| {
+            let gauge = setup.telemetry.outbox_gauge()?;
+            Some(tokio::spawn(watch_outbox(outbox.clone(), gauge, setup.dlq_depth_interval)))
+        });
+        tracing::info!(
+            transport = setup.transport.system(),
+            workers = handles.len(),
+            outbox = outbox.as_ref().map(Outbox::system),
+            "consuming"
+        );
         Ok(Running {
             shutdown,
             workers,
@@ -152,6 +172,9 @@ impl App {
             queues,
             monitor,
             http: None,
+            relay,
+            outbox,
+            outbox_monitor,
         })
     }
 
@@ -205,6 +228,13 @@ pub struct Running {
     monitor: Option<tokio::task::JoinHandle<()>>,
     /// The HTTP endpoint's task, once serving.
     http: Option<tokio::task::JoinHandle<()>>,
+    /// The outbox relay (its own stop, triggered once the workers are done),
+    /// when the app has an outbox.
+    relay: Option<(Shutdown, tokio::task::JoinHandle<()>)>,
+    /// The app's outbox.
+    outbox: Option<Outbox>,
+    /// The task observing the outbox for its gauges.
+    outbox_monitor: Option<tokio::task::JoinHandle<()>>,
 }
 
 impl std::fmt::Debug for Running {
@@ -274,6 +304,7 @@ impl Running {
             self.queues.clone(),
             self.shutdown.clone(),
             readiness,
+            self.outbox.clone(),
         )?;
         self.http = Some(task);
         Ok(bound)
@@ -285,6 +316,19 @@ impl Running {
             if let Ok(worker) = worker {
                 stopped.add(worker);
             }
+        }
+        // The relay stops after the workers, with one more pass: what
+        // handlers published while finishing leaves too. A forced stop does
+        // not wait for it (its claims end with their lease).
+        if let Some((stop, mut relay)) = self.relay.take() {
+            stop.trigger();
+            tokio::select! {
+                _ = &mut relay => {}
+                _ = self.shutdown.forced() => relay.abort(),
+            }
+        }
+        if let Some(monitor) = self.outbox_monitor.take() {
+            monitor.abort();
         }
         stopped.forced = self.shutdown.is_forced();
         self.tasks.abort_all();
@@ -307,6 +351,11 @@ impl Running {
             tokio::time::sleep(Duration::from_millis(20)).await;
             let mut idle = self.handles.iter().all(WorkerHandle::is_idle);
             if idle {
+                if let Some(outbox) = &self.outbox {
+                    idle = outbox_empty(outbox, &self.queues).await;
+                }
+            }
+            if idle {
                 for h in &self.handles {
                     if self.transport.depth(h.queue()).await.map_or(true, |d| d > 0) {
                         idle = false;
@@ -318,6 +367,28 @@ impl Running {
             if quiet >= 2 {
                 return;
             }
+        }
+    }
+}
+
+/// Whether the outbox holds no pending row for `queues` (an unreadable
+/// outbox counts as not empty).
+async fn outbox_empty(outbox: &Outbox, queues: &[&'static str]) -> bool {
+    match outbox.stats().await {
+        Ok(rows) => rows.iter().all(|q| q.pending == 0 || !queues.contains(&q.queue.as_str())),
+        Err(_) => false,
+    }
+}
+
+/// Observes the outbox every `every`, for its gauges, until aborted.
+async fn watch_outbox(outbox: Outbox, gauge: crate::telemetry::OutboxGauge, every: Duration) {
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        match outbox.stats().await {
+            Ok(rows) => *gauge.rows.lock().unwrap_or_else(|p| p.into_inner()) = rows,
+            Err(e) => tracing::debug!("outbox gauges unavailable: {e}"),
         }
     }
 }

@@ -13,10 +13,10 @@ use crate::context::MessageContext;
 use crate::enrich::EnrichHook;
 use crate::observe::Observer;
 use crate::pipeline::Behaviour;
-use crate::publish::Publisher;
+use crate::publish::{OutboxSlot, Publisher};
 use crate::shutdown::Shutdown;
 use crate::telemetry::Telemetry;
-use crate::transport::Transport;
+use crate::transport::{Outbox, Transport};
 
 /// Whether `run` keeps serving or stops once the queues are drained.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -57,6 +57,8 @@ pub struct Setup {
     pub(crate) telemetry: Arc<Telemetry>,
     pub(crate) enrich: Option<EnrichHook>,
     pub(crate) dlq_depth_interval: Duration,
+    /// The app's outbox, shared with its publishers.
+    pub(crate) outbox: OutboxSlot,
 }
 
 impl std::fmt::Debug for Setup {
@@ -87,6 +89,7 @@ impl Setup {
             telemetry: Arc::new(Telemetry::default()),
             enrich: None,
             dlq_depth_interval: Duration::from_secs(30),
+            outbox: OutboxSlot::default(),
         }
     }
 
@@ -113,7 +116,25 @@ impl Setup {
 
     /// A publisher on the app's transport.
     pub fn publisher(&self) -> Publisher {
-        Publisher::with_telemetry(self.transport.clone(), self.telemetry.clone())
+        Publisher::of_app(self.transport.clone(), self.telemetry.clone(), self.outbox.clone())
+    }
+
+    /// Gives the app an outbox (what `--outbox URL` / `MESSAGING_OUTBOX_URL`
+    /// does): every publisher of the app (those made before too) writes
+    /// there what is published inside a transaction on the outbox's
+    /// database for a queue whose transport is not that database, and `run`
+    /// starts a relay that sends it. Use
+    /// [`Outbox::on_pool`](crate::transport::Outbox::on_pool) with the pool
+    /// your transactions come from.
+    ///
+    /// ```no_run
+    /// # async fn f(setup: &mut messaging::Setup, pool: messaging::sqlx::PgPool) {
+    /// setup.outbox(messaging::transport::Outbox::on_pool(pool));
+    /// # }
+    /// ```
+    pub fn outbox(&mut self, outbox: Outbox) -> &mut Self {
+        *self.outbox.write().unwrap_or_else(|p| p.into_inner()) = Some(outbox);
+        self
     }
 
     /// The app's transport.
@@ -178,8 +199,8 @@ impl Setup {
         self
     }
 
-    /// How often the dead-letter depths of `messaging.dlq.depth` are observed
-    /// (default 30 s).
+    /// How often the dead-letter depths of `messaging.dlq.depth`, and the
+    /// outbox's gauges, are observed (default 30 s).
     pub fn dlq_depth_interval(&mut self, every: Duration) -> &mut Self {
         self.dlq_depth_interval = every.max(Duration::from_millis(10));
         self

@@ -2,6 +2,7 @@
 //! `validate`, `queues`, `dlq peek|redrive`, `health`, `migrate`.
 
 mod dlq;
+mod outbox;
 mod publish;
 mod show;
 
@@ -45,6 +46,11 @@ struct Cli {
     /// (default: $MESSAGING_URL, else sqlite://messaging.db).
     #[arg(long, env = "MESSAGING_URL", global = true)]
     transport: Option<String>,
+    /// The outbox's database, postgres://USER@HOST/DB or sqlite://FILE: the
+    /// database of the transactions the app publishes in, for queues on
+    /// another transport (default: $MESSAGING_OUTBOX_URL, else none).
+    #[arg(long, env = "MESSAGING_OUTBOX_URL", global = true)]
+    outbox: Option<String>,
     #[command(subcommand)]
     command: Option<Command>,
 }
@@ -69,6 +75,8 @@ enum Command {
     Publish(publish::PublishArgs),
     /// Show one message: its status, attempts with their errors, and its body.
     Show(show::ShowArgs),
+    /// Show what waits in the outbox per queue and what the transport refused.
+    Outbox(outbox::OutboxArgs),
 }
 
 /// `--json`, for the commands that print data.
@@ -151,7 +159,12 @@ fn run_parsed(cli: Cli, hook: SetupHook) -> ExitCode {
 /// migrates) one. Only `run`, `migrate` and `publish` may create it.
 fn uses_existing(command: &Command) -> bool {
     match command {
-        Command::Validate(_) | Command::Queues(_) | Command::Health(_) | Command::Show(_) | Command::Dlq(_) => true,
+        Command::Validate(_)
+        | Command::Queues(_)
+        | Command::Health(_)
+        | Command::Show(_)
+        | Command::Dlq(_)
+        | Command::Outbox(_) => true,
         Command::Run(_) | Command::Migrate | Command::Publish(_) => false,
     }
 }
@@ -167,12 +180,27 @@ async fn execute(cli: Cli, hook: SetupHook) -> Result<(), Error> {
             print_validation(&problems_of(e));
         }
     })?;
-    if matches!(command, Command::Migrate | Command::Run(RunArgs { migrate: true, .. })) {
+    let migrating = matches!(command, Command::Migrate | Command::Run(RunArgs { migrate: true, .. }));
+    if migrating {
         transport.migrate().await?;
-        if matches!(command, Command::Migrate) {
-            println!("migrated: {} ({url}) is ready", transport.system());
-            return Ok(());
+    }
+    let outbox = match &cli.outbox {
+        Some(outbox_url) => {
+            let opened = if migrating {
+                crate::transport::Outbox::connect(&with_migrate(outbox_url)).await
+            } else {
+                crate::transport::Outbox::connect(outbox_url).await
+            };
+            Some(opened.map_err(|e| Error::Command(format!("the outbox ({outbox_url}): {e}")))?)
         }
+        None => None,
+    };
+    if matches!(command, Command::Migrate) {
+        println!("migrated: {} ({url}) is ready", transport.system());
+        if let (Some(outbox), Some(outbox_url)) = (&outbox, &cli.outbox) {
+            println!("migrated: the outbox on {} ({outbox_url}) is ready", outbox.system());
+        }
+        return Ok(());
     }
     let app = App::new(transport.clone()).await.inspect_err(|e| {
         if validate_json {
@@ -180,10 +208,24 @@ async fn execute(cli: Cli, hook: SetupHook) -> Result<(), Error> {
         }
     });
     let mut app = app?;
+    if let Some(outbox) = &outbox {
+        app.setup().outbox(outbox.clone());
+    }
     match command {
         Command::Migrate => Ok(()),
         Command::Dlq(dlq) => dlq::run(&app, dlq).await,
-        Command::Health(JsonArg { json }) => health(&app, json).await,
+        Command::Health(JsonArg { json }) => health(&app, outbox.as_ref(), json).await,
+        Command::Outbox(args) => {
+            // An outbox the app gives itself in `main` (`setup.outbox(..)`).
+            let outbox = match outbox {
+                Some(outbox) => Some(outbox),
+                None => {
+                    hook(app.setup()).await.map_err(Error::Setup)?;
+                    app.setup().publisher().outbox()
+                }
+            };
+            outbox::run(outbox.as_ref(), args).await
+        }
         Command::Publish(args) => publish::run(&mut app, args).await,
         Command::Show(args) => show::run(&app, args).await,
         Command::Queues(JsonArg { json }) => {
@@ -284,30 +326,42 @@ fn print_validation(problems: &[String]) {
 }
 
 /// Probes every declared queue; an error lists the unreachable ones.
-async fn health(app: &App, json: bool) -> Result<(), Error> {
+async fn health(app: &App, outbox: Option<&crate::transport::Outbox>, json: bool) -> Result<(), Error> {
     let transport = app.setup_transport();
     let queues: Vec<&'static str> = app.registry().queues().iter().map(|q| q.name).collect();
     let failing = crate::health::probe(transport, &queues).await;
+    let outbox_problem = match outbox {
+        Some(outbox) => crate::health::probe_outbox(outbox).await,
+        None => None,
+    };
+    let healthy = failing.is_empty() && outbox_problem.is_none();
     if json {
         let failing: Vec<_> =
             failing.iter().map(|f| serde_json::json!({ "queue": f.queue, "error": f.error })).collect();
         let value = serde_json::json!({
-            "status": if failing.is_empty() { "healthy" } else { "unhealthy" },
+            "status": if healthy { "healthy" } else { "unhealthy" },
             "transport": transport.system(),
             "queues": queues.len(),
             "failing": failing,
+            "outbox": outbox_problem,
         });
         println!("{value}");
-    } else if failing.is_empty() {
+    } else if healthy {
         println!("healthy: {} queue(s) reachable on {}", queues.len(), transport.system());
     }
-    if failing.is_empty() {
+    if healthy {
         return Ok(());
     }
-    Err(crate::registry::ValidationErrors::new(
-        failing.into_iter().map(|f| format!("unreachable queue `{}`: {}", f.queue, f.error)).collect(),
-    )
-    .into())
+    let mut problems: Vec<String> =
+        failing.into_iter().map(|f| format!("unreachable queue `{}`: {}", f.queue, f.error)).collect();
+    problems.extend(outbox_problem);
+    Err(crate::registry::ValidationErrors::new(problems).into())
+}
+
+/// `url` with `migrate=true` among its parameters.
+fn with_migrate(url: &str) -> String {
+    let separator = if url.contains('?') { '&' } else { '?' };
+    format!("{url}{separator}migrate=true")
 }
 
 /// One declared queue as `queues` shows it.

@@ -98,7 +98,7 @@ where
             .iter()
             .map(|m| self.options.outgoing(&Q::SPEC, m, max_delay))
             .collect::<Result<Vec<_>, _>>()?;
-        super::single::send_in(self.publisher, Q::SPEC.name, outgoing, &mut **tx).await
+        super::single::send_in(self.publisher, (Q::SPEC.name, Q::SPEC.fifo), outgoing, &mut **tx).await
     }
 }
 

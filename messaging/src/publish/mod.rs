@@ -27,7 +27,7 @@ use crate::error::PublishError;
 use crate::message::Message;
 use crate::queue::{Queue, QueueSpec};
 use crate::telemetry::Telemetry;
-use crate::transport::{Attributes, Outgoing, Transport};
+use crate::transport::{Attributes, Outbox, Outgoing, Transport};
 use checks::{check_attributes, check_id};
 
 /// Sends messages to queues. Cheap to clone; handlers get one with the
@@ -36,7 +36,14 @@ use checks::{check_attributes, check_id};
 pub struct Publisher {
     transport: Arc<dyn Transport>,
     telemetry: Arc<Telemetry>,
+    /// The outbox of publishes inside a transaction that the transport does
+    /// not take; shared by every publisher of one app, so that one set after
+    /// a publisher was made still serves it.
+    outbox: OutboxSlot,
 }
+
+/// Where the publishers of an app find its outbox.
+pub(crate) type OutboxSlot = Arc<std::sync::RwLock<Option<Outbox>>>;
 
 impl std::fmt::Debug for Publisher {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -58,18 +65,34 @@ impl Publisher {
     ) -> Result<(), sqlx::Error> {
         tx.commit().await?;
         self.transport.wake_receivers();
+        if let Some(outbox) = self.outbox() {
+            outbox.wake();
+        }
         Ok(())
     }
 
     /// A publisher on a transport. Queues must have been declared on it
     /// (the app does that at startup).
     pub fn new(transport: Arc<dyn Transport>) -> Self {
-        Publisher { transport, telemetry: Arc::new(Telemetry::default()) }
+        Publisher { transport, telemetry: Arc::new(Telemetry::default()), outbox: OutboxSlot::default() }
     }
 
-    /// A publisher recording into an app's metrics.
-    pub(crate) fn with_telemetry(transport: Arc<dyn Transport>, telemetry: Arc<Telemetry>) -> Self {
-        Publisher { transport, telemetry }
+    /// This publisher with `outbox`: publishes inside a transaction on the
+    /// outbox's database, to queues whose transport does not take that
+    /// transaction, are written there for a relay to send. (In an app,
+    /// [`Setup::outbox`](crate::Setup::outbox) gives it to every publisher.)
+    pub fn with_outbox(self, outbox: Outbox) -> Self {
+        Publisher { outbox: Arc::new(std::sync::RwLock::new(Some(outbox))), ..self }
+    }
+
+    /// A publisher of an app: its metrics, its outbox.
+    pub(crate) fn of_app(transport: Arc<dyn Transport>, telemetry: Arc<Telemetry>, outbox: OutboxSlot) -> Self {
+        Publisher { transport, telemetry, outbox }
+    }
+
+    /// The outbox, if one is configured.
+    pub fn outbox(&self) -> Option<Outbox> {
+        self.outbox.read().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
     /// The transport this publisher sends through.

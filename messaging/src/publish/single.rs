@@ -132,7 +132,7 @@ where
         tx: &mut sqlx::Transaction<'_, DB>,
     ) -> Result<MessageId, PublishError> {
         let outgoing = self.options.outgoing(&Q::SPEC, self.message, self.publisher.transport.max_delay());
-        let mut sent = send_in(self.publisher, Q::SPEC.name, vec![outgoing?], &mut **tx).await?;
+        let mut sent = send_in(self.publisher, (Q::SPEC.name, Q::SPEC.fifo), vec![outgoing?], &mut **tx).await?;
         sent.pop().ok_or_else(|| PublishError::Transport(crate::error::TransportError::Backend("no id".into())))
     }
 }
@@ -172,13 +172,13 @@ pub(super) fn send_one(
     }
 }
 
-/// The boxed send in progress.
 /// Sends `outgoing` inside the caller's transaction (its connection
 /// `conn`), with the producer span and the published-messages metric of any
-/// send.
+/// send: on the transport when it takes the transaction (a database queue on
+/// that database), else into the outbox when one is configured.
 pub(super) async fn send_in(
     publisher: &Publisher,
-    queue: &'static str,
+    (queue, fifo): (&'static str, bool),
     mut outgoing: Vec<crate::transport::Outgoing>,
     conn: &mut (dyn std::any::Any + Send),
 ) -> Result<Vec<MessageId>, PublishError> {
@@ -189,7 +189,15 @@ pub(super) async fn send_in(
         crate::telemetry::inject(&span, &mut message.attributes);
     }
     let n = outgoing.len();
-    let sent = transport.send_in(queue, outgoing, conn).instrument(span.clone()).await;
+    let outbox = if transport.takes_transaction(conn) { None } else { publisher.outbox() };
+    let sent = match outbox {
+        Some(outbox) => {
+            let rows =
+                outgoing.into_iter().map(|outgoing| crate::transport::OutboxWrite { queue, fifo, outgoing }).collect();
+            outbox.store.write(conn, rows).instrument(span.clone()).await
+        }
+        None => transport.send_in(queue, outgoing, conn).instrument(span.clone()).await,
+    };
     // Every message failed as the call did, with its own error kind.
     let results: Vec<Result<MessageId, PublishError>> = match &sent {
         Ok(ids) => ids.iter().cloned().map(Ok).collect(),
@@ -199,4 +207,5 @@ pub(super) async fn send_in(
     sent.map_err(PublishError::from)
 }
 
+/// The boxed send in progress.
 type Sending<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;

@@ -61,6 +61,57 @@ impl DlqGauge {
     }
 }
 
+/// The outbox's rows per queue, as last observed.
+pub(crate) type OutboxRows = Arc<Mutex<Vec<crate::transport::OutboxQueue>>>;
+
+/// The outbox gauges of one running app: `messaging.outbox.depth` (pending
+/// rows), `messaging.outbox.failed` (rows refused for good) and
+/// `messaging.outbox.oldest_age` (seconds, the oldest pending row), per
+/// destination queue.
+pub(crate) struct OutboxGauge {
+    pub(crate) rows: OutboxRows,
+    _gauges: (ObservableGauge<u64>, ObservableGauge<u64>, ObservableGauge<f64>),
+}
+
+impl OutboxGauge {
+    pub(super) fn register() -> Self {
+        let rows = OutboxRows::default();
+        let tags = |queue: &str| [KeyValue::new("messaging.destination.name", queue.to_owned())];
+        let (a, b, c) = (rows.clone(), rows.clone(), rows.clone());
+        let depth = meter()
+            .u64_observable_gauge("messaging.outbox.depth")
+            .with_unit("{message}")
+            .with_description("Messages in the outbox waiting to be relayed, as last observed")
+            .with_callback(move |gauge| {
+                for q in a.lock().unwrap_or_else(|p| p.into_inner()).iter() {
+                    gauge.observe(q.pending, &tags(&q.queue));
+                }
+            })
+            .build();
+        let failed = meter()
+            .u64_observable_gauge("messaging.outbox.failed")
+            .with_unit("{message}")
+            .with_description("Messages in the outbox that the transport refused for good, as last observed")
+            .with_callback(move |gauge| {
+                for q in b.lock().unwrap_or_else(|p| p.into_inner()).iter() {
+                    gauge.observe(q.failed, &tags(&q.queue));
+                }
+            })
+            .build();
+        let age = meter()
+            .f64_observable_gauge("messaging.outbox.oldest_age")
+            .with_unit("s")
+            .with_description("Age of the oldest message in the outbox waiting to be relayed, as last observed")
+            .with_callback(move |gauge| {
+                for q in c.lock().unwrap_or_else(|p| p.into_inner()).iter() {
+                    gauge.observe(q.oldest_pending_ms.unwrap_or(0) as f64 / 1000.0, &tags(&q.queue));
+                }
+            })
+            .build();
+        OutboxGauge { rows, _gauges: (depth, failed, age) }
+    }
+}
+
 impl Metrics {
     /// Instruments of the global meter provider (no-ops without one).
     pub(super) fn from_global() -> Self {

@@ -15,7 +15,9 @@
 //! * **Metrics** (OpenTelemetry semantic conventions, meter `messaging`):
 //!   `messaging.client.sent.messages`, `messaging.client.consumed.messages`
 //!   (with `error.type` on failure), `messaging.process.duration` (seconds)
-//!   and `messaging.dlq.depth` (per queue). They are recorded through the
+//!   and `messaging.dlq.depth` (per queue); with an outbox,
+//!   `messaging.outbox.depth`, `messaging.outbox.failed` and
+//!   `messaging.outbox.oldest_age` (seconds) per destination queue. They are recorded through the
 //!   global meter provider: without one (no collector) recording is a no-op.
 //!   [`Setup::without_observability`](crate::Setup::without_observability)
 //!   turns them off.
@@ -36,9 +38,9 @@ use std::time::Duration;
 
 pub(crate) use logging::gather_prometheus;
 pub use logging::{init, init_logging, prometheus_reader, LogFormat, TelemetryConfig, TelemetryGuard};
-pub(crate) use metrics::DlqGauge;
+pub(crate) use metrics::{DlqGauge, OutboxGauge};
 pub(crate) use propagation::{extract_span_context, inject};
-pub(crate) use spans::{consumer_span, producer_span, record_failure};
+pub(crate) use spans::{consumer_span, producer_span, record_failure, relay_span};
 
 /// The OpenTelemetry API crate this framework records with (the same version
 /// your own instrumentation must use to share traces and metrics).
@@ -130,5 +132,11 @@ impl Telemetry {
     /// `None` when metrics are off.
     pub(crate) fn dlq_gauge(&self) -> Option<DlqGauge> {
         self.metrics().map(|_| DlqGauge::register())
+    }
+
+    /// Registers the outbox gauges of a starting app, or `None` when metrics
+    /// are off.
+    pub(crate) fn outbox_gauge(&self) -> Option<OutboxGauge> {
+        self.metrics().map(|_| OutboxGauge::register())
     }
 }

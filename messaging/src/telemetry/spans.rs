@@ -52,6 +52,38 @@ pub(crate) fn producer_span(system: &'static str, queue: &'static str, count: us
     )
 }
 
+/// The span of a relay's send of `count` outbox messages to `queue`, linked
+/// to the producer span of each (whose trace the consumer continues).
+pub(crate) fn relay_span(
+    system: &'static str,
+    queue: &'static str,
+    count: usize,
+    producers: impl Iterator<Item = opentelemetry::trace::SpanContext>,
+) -> tracing::Span {
+    if !tracing::dispatcher::has_been_set() {
+        return tracing::Span::none(); // see `unobserved`
+    }
+    let span = tracing::debug_span!(
+        target: "messaging",
+        "relay",
+        otel.name = %SpanName("relay", queue),
+        otel.kind = "producer",
+        otel.status_code = Empty,
+        messaging.system = system,
+        messaging.destination.name = queue,
+        messaging.operation.name = "relay",
+        messaging.operation.type = "send",
+        messaging.batch.message_count = count as i64,
+        "error.type" = Empty,
+    );
+    if !span.is_disabled() {
+        for producer in producers {
+            span.add_link(producer);
+        }
+    }
+    span
+}
+
 /// The span of handling one delivery, continuing the producer's trace when
 /// the message carries one.
 pub(crate) fn consumer_span(

@@ -13,6 +13,7 @@ use crate::queue::QueueSpec;
 
 mod id;
 pub mod memory;
+mod outbox;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub(crate) mod sql;
 #[cfg(feature = "sqs")]
@@ -21,6 +22,8 @@ mod url;
 
 pub use bytes::Bytes;
 pub use id::MessageId;
+pub(crate) use outbox::{Claimed, OutboxWrite, Settle, MESSAGE_ID_ATTRIBUTE, WAKE as OUTBOX_WAKE};
+pub use outbox::{FailedOutboxRow, Outbox, OutboxQueue, DEFAULT_MAX_AGE};
 pub(crate) use url::connect_existing;
 pub use url::{connect, DEFAULT_URL};
 
@@ -212,10 +215,20 @@ pub trait Transport: Send + Sync + 'static {
         Box::pin(async move {
             Err(TransportError::Rejected(format!(
                 "queue `{queue}` is on {}: publishing inside a database transaction needs a database queue \
-                 (sqlite://, postgres://) on the transaction's database",
+                 (sqlite://, postgres://) on the transaction's database, or an outbox in that database \
+                 (--outbox URL, MESSAGING_OUTBOX_URL, or setup.outbox(..))",
                 self.system()
             )))
         })
+    }
+
+    /// Whether [`Transport::send_in`] takes a transaction whose connection is
+    /// `conn`: a database queue on that kind of database. Otherwise a
+    /// publish inside that transaction goes through the app's
+    /// [`Outbox`], when one is configured.
+    fn takes_transaction(&self, conn: &dyn std::any::Any) -> bool {
+        let _ = conn;
+        false
     }
 
     /// Receives up to `max` messages, waiting up to `wait` for the first one.

@@ -61,6 +61,10 @@ pub trait Dialect: Driver + sealed::Sealed + Sized {
     const MIGRATION_LOCK: &'static str;
     /// What a failure's text holds when a table is missing.
     const MISSING_TABLE: &'static str;
+    /// Makes the outbox claims of one queue (`$1`: a key naming it) take
+    /// turns, inside the claim's transaction (SQLite's `BEGIN IMMEDIATE`
+    /// does already).
+    const OUTBOX_LOCK: &'static str;
 
     /// What a store keeps beside its pool.
     type State: Clone + Debug + Send + Sync + 'static;

@@ -19,6 +19,7 @@ mod driver;
 pub(crate) mod machine;
 mod migrate;
 mod options;
+pub(crate) mod outbox;
 #[cfg(feature = "postgres")]
 pub(crate) mod postgres;
 mod record;
@@ -514,6 +515,10 @@ impl<D: Dialect> Transport for SqlTransport<D> {
             let stored = self.store.enqueue_on(conn, queue, now, items, q.rules.idempotent).await?;
             Ok(stored.into_iter().map(|e| MessageId::from(e.message_id)).collect())
         })
+    }
+
+    fn takes_transaction(&self, conn: &dyn std::any::Any) -> bool {
+        conn.is::<D::Connection>()
     }
 
     fn receive<'a>(

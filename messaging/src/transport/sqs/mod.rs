@@ -159,7 +159,10 @@ fn delivery_of(m: &aws_sdk_sqs::types::Message) -> Option<Delivery> {
         .map(|a| a.iter().filter_map(|(k, v)| Some((k.clone(), v.string_value()?.to_owned()))).collect())
         .unwrap_or_default();
     Some(Delivery {
-        message_id: MessageId::from(m.message_id().unwrap_or_default()),
+        // A message relayed from an outbox keeps the id its publish returned.
+        message_id: attributes
+            .get(crate::transport::MESSAGE_ID_ATTRIBUTE)
+            .map_or_else(|| MessageId::from(m.message_id().unwrap_or_default()), |id| MessageId::from(id.as_str())),
         body: bytes::Bytes::copy_from_slice(m.body().unwrap_or_default().as_bytes()),
         receipt: Receipt { key: 0, token: 0, handle: Some(Arc::from(handle)) },
         receive_count,

@@ -115,13 +115,15 @@ impl SqsTransport {
                 for failed in out.failed() {
                     if let Ok(i) = failed.id().parse::<usize>() {
                         let message = failed.message().unwrap_or("no reason given");
-                        results.insert(
-                            i,
-                            Err(TransportError::Rejected(format!(
-                                "SQS refused the message ({}): {message}",
-                                failed.code()
-                            ))),
-                        );
+                        let text = format!("SQS refused the message ({}): {message}", failed.code());
+                        // Only the sender's faults are the message's: the
+                        // others (SQS's own) may pass on a retry.
+                        let error = if failed.sender_fault() {
+                            TransportError::Rejected(text)
+                        } else {
+                            TransportError::Backend(text)
+                        };
+                        results.insert(i, Err(error));
                     }
                 }
                 indices

@@ -159,6 +159,7 @@ impl Dialect for Sqlite {
     const AUTOCOMMIT: bool = false;
     const MIGRATION_LOCK: &'static str = "SELECT 1";
     const MISSING_TABLE: &'static str = "no such table";
+    const OUTBOX_LOCK: &'static str = "SELECT $1";
 
     type State = LiteState;
 
