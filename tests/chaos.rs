@@ -10,6 +10,9 @@
 //!   its reason, its followers run in order, another group is not held up.
 //! - A consumer stopped while its receive waits: the next consumer gets
 //!   what is published at once, not after the visibility timeout.
+//! - The exactly-once chain (`chaos/chain.rs`): a side effect, its claim and
+//!   the next message in one transaction, killed at random ten times, on
+//!   SQLite, PostgreSQL and SQS through the outbox.
 //!
 //! It restarts PostgreSQL, so it is not part of `cargo test` (`test = false`
 //! in Cargo.toml): `./scripts/test` runs it after the rest of the suite, one
@@ -17,6 +20,8 @@
 //! binary runs itself as the worker process (the ignored `chaos_worker`).
 #![cfg(all(feature = "postgres", feature = "sqlite", feature = "sqs", unix))]
 
+#[path = "chaos/chain.rs"]
+mod chain;
 mod fixtures;
 
 use std::process::{Command, Stdio};
