@@ -3,7 +3,9 @@
 //! (memory, SQLite, SQS), metric names/units/tags/values after successes,
 //! failures and an in-progress idempotent claim, the enrichment hook (also
 //! when it panics), `without_observability`, and `/health` turning 503 when
-//! a queue disappears.
+//! a queue disappears; through an outbox, the relay's span links to the
+//! producer's while the consumer continues the producer's trace, and the
+//! outbox's gauges.
 
 mod fixtures;
 
@@ -95,6 +97,9 @@ fn points(name: &str, queue: &str) -> Vec<(HashMap<String, String>, f64)> {
                 }
                 AggregatedMetrics::U64(MetricData::Gauge(gauge)) => {
                     gauge.data_points().for_each(|p| push(p.attributes().collect(), p.value() as f64))
+                }
+                AggregatedMetrics::F64(MetricData::Gauge(gauge)) => {
+                    gauge.data_points().for_each(|p| push(p.attributes().collect(), p.value()))
                 }
                 // Histograms: the count of recordings.
                 AggregatedMetrics::F64(MetricData::Histogram(h)) => {
@@ -209,6 +214,77 @@ async fn assert_consumer_joins_producer_trace(transport: Option<Arc<dyn Transpor
         )],
         "MessageContext::producer_context is the producer span; an empty tracestate is not sent (SQS refuses it)"
     );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn through_an_outbox_the_relay_links_to_the_producer_and_the_consumer_continues_its_trace() {
+    otel();
+    let file = fixtures::SqliteFile::new();
+    let outbox = messaging::transport::Outbox::connect(&format!("{}&migrate=true", file.url)).await.expect("outbox");
+    let pool = messaging::sqlx::SqlitePool::connect(&file.url).await.expect("pool");
+    // A row of a queue this app does not declare: it stays, for the gauges.
+    messaging::sqlx::query(
+        "INSERT INTO messaging_outbox (queue, message_id, fifo, payload, created_at, next_at) \
+         VALUES ('tele-elsewhere', 'm-1', 0, x'7b7d', 0, 0)",
+    )
+    .execute(&pool)
+    .await
+    .expect("a row");
+    let transport = messaging::transport::connect("memory://").await.expect("memory");
+    let mut app = messaging::App::new(transport).await.expect("app");
+    app.only_queues(&["tele-traced"]);
+    let seen = Seen::default();
+    app.setup().provide(seen.clone());
+    app.setup().outbox(outbox).dlq_depth_interval(Duration::from_millis(50));
+    let publisher = app.setup().publisher();
+    let running = app.start().expect("start");
+    let root = tracing::info_span!("request");
+    let root_trace = root.context().span().span_context().trace_id();
+    let id = async {
+        let mut tx = pool.begin().await.expect("begin");
+        let id = publisher.send::<Traced, _>(&job(7, "ok")).in_transaction(&mut tx).await.expect("in the tx");
+        publisher.commit(tx).await.expect("commit");
+        id
+    }
+    .instrument(root.clone())
+    .await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while seen.lock().unwrap().is_empty() {
+        assert!(Instant::now() < deadline, "not relayed and handled");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let producer = spans_named("send tele-traced", 1)
+        .await
+        .into_iter()
+        .find(|s| s.span_context.trace_id() == root_trace)
+        .expect("the producer span, in the request's trace");
+    assert_eq!(text(attribute(&producer.attributes, "messaging.message.id")).as_deref(), Some(id.as_ref()));
+    let relays: Vec<SpanData> = spans_named("relay tele-traced", 1)
+        .await
+        .into_iter()
+        .filter(|s| s.links.iter().any(|l| l.span_context.span_id() == producer.span_context.span_id()))
+        .collect();
+    assert_eq!(relays.len(), 1, "one relay span linked to the producer span");
+    assert_eq!(relays[0].span_kind, SpanKind::Producer);
+    assert_eq!(text(attribute(&relays[0].attributes, "messaging.operation.name")).as_deref(), Some("relay"));
+    let seen = seen.lock().unwrap().clone();
+    assert_eq!(
+        (seen[0].0.as_str(), seen[0].1.as_str()),
+        (producer.span_context.trace_id().to_string().as_str(), producer.span_context.span_id().to_string().as_str()),
+        "the handler's producer context is the publishing span, not the relay's"
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let depth = points("messaging.outbox.depth", "tele-elsewhere");
+        let age = points("messaging.outbox.oldest_age", "tele-elsewhere");
+        if depth.first().map(|p| p.1) == Some(1.0) && age.first().is_some_and(|p| p.1 > 1e9) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "outbox gauges: depth {depth:?}, age {age:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(unit_of("messaging.outbox.oldest_age"), "s");
+    running.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread")]

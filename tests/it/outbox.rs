@@ -275,3 +275,60 @@ async fn outbox_drained(outbox: &Outbox) {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// Runs the chain example with `run --drain` on the transport `transport`,
+/// the application's database (and outbox) at `db_url`, placing `orders`;
+/// it must succeed within a minute.
+fn run_chain_example(db_url: &str, transport: &str, orders: u32) {
+    let mut child = std::process::Command::new(fixtures::example_binary("chain"))
+        .args(["--transport", transport, "run", "--drain"])
+        .env("CHAIN_DATABASE_URL", db_url)
+        .env("CHAIN_PLACE", orders.to_string())
+        .env("RUST_LOG", "warn")
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .expect("the chain example starts");
+    let status = fixtures::wait_for(&mut child, Duration::from_secs(60), "the chain example");
+    assert!(status.success(), "{status:?}");
+}
+
+/// Each order's charge and notification, counted.
+async fn chain_counts(db: &fixtures::Postgres) -> (i64, i64, i64, i64) {
+    let pool = sqlx::PgPool::connect(&db.url).await.expect("pool");
+    let count = |sql: &'static str| {
+        let pool = pool.clone();
+        async move { sqlx::query_scalar::<_, i64>(sql).fetch_one(&pool).await.expect(sql) }
+    };
+    (
+        count("SELECT count(*) FROM chain_charges").await,
+        count("SELECT count(DISTINCT order_id) FROM chain_charges").await,
+        count("SELECT count(*) FROM chain_notifications").await,
+        count("SELECT count(*) FROM messaging_outbox").await,
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_chain_example_charges_and_notifies_each_order_once_on_postgres() {
+    let db = fixtures::Postgres::new().await;
+    let transport = format!("{}&migrate=true", db.url);
+    let db_url = db.url.clone();
+    let blocking = move || {
+        run_chain_example(&db_url, &transport, 12);
+        // A second run places nothing again and charges nothing twice.
+        run_chain_example(&db_url, &transport, 12);
+    };
+    tokio::task::spawn_blocking(blocking).await.expect("ran");
+    assert_eq!(chain_counts(&db).await, (12, 12, 12, 0));
+}
+
+#[cfg(feature = "sqs")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_chain_example_goes_through_the_outbox_with_its_queues_on_sqs() {
+    let moto = fixtures::SqsServer::start();
+    let db = fixtures::Postgres::new().await;
+    let transport = moto.url(true);
+    let db_url = db.url.clone();
+    let blocking = move || run_chain_example(&db_url, &transport, 9);
+    tokio::task::spawn_blocking(blocking).await.expect("ran");
+    assert_eq!(chain_counts(&db).await, (9, 9, 9, 0));
+}
