@@ -8,6 +8,7 @@
 //! | `telemetry` | consumer spans with the producer's trace, enrichment, metrics and health over HTTP |
 //! | `shutdown` | graceful shutdown of slow handlers, and the second Ctrl-C that stops at once |
 //! | `embedded` | the publisher and workers inside an existing axum service, without `#[messaging::main]` |
+//! | `chain` | an exactly-once chain: side effect, claim and follow-up in one transaction, on PostgreSQL or on SQS through the outbox (`--features postgres`) |
 //!
 //! ```text
 //! cargo run --example orders

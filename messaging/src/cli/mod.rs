@@ -172,6 +172,17 @@ fn uses_existing(command: &Command) -> bool {
 async fn execute(cli: Cli, hook: SetupHook) -> Result<(), Error> {
     let url = cli.transport.unwrap_or_else(|| transport::DEFAULT_URL.to_owned());
     let command = cli.command.unwrap_or(Command::Run(RunArgs::default()));
+    // The outbox alone, without the transport: what an operator looks at
+    // when the broker is down.
+    let command = match (command, &cli.outbox) {
+        (Command::Outbox(args), Some(outbox_url)) => {
+            let outbox = crate::transport::Outbox::connect(outbox_url)
+                .await
+                .map_err(|e| Error::Command(format!("the outbox ({outbox_url}): {e}")))?;
+            return outbox::run(Some(&outbox), args).await;
+        }
+        (command, _) => command,
+    };
     let validate_json = matches!(command, Command::Validate(JsonArg { json: true }));
     let transport =
         if uses_existing(&command) { transport::connect_existing(&url).await } else { transport::connect(&url).await };
