@@ -753,3 +753,46 @@ fn the_embedded_example_publishes_from_web_requests_and_consumes_in_the_same_pro
     assert!(status.success(), "{status:?}");
     reader.join().unwrap();
 }
+
+#[test]
+fn the_outbox_from_the_command_line_lists_retries_and_needs_no_broker() {
+    let dir = WorkDir::new();
+    let outbox = format!("sqlite://{}/outbox.db", dir.0.display());
+    // migrate creates the outbox's table with the transport's.
+    let out = run(orders_in(&dir).args(["--outbox", &outbox, "migrate"]));
+    assert!(out.status.success(), "{out:?}");
+    assert!(stdout(&out).contains("the outbox on sqlite"), "{}", stdout(&out));
+    // No outbox configured: a sentence naming the fix.
+    let out = run(orders_in(&dir).args(["outbox"]));
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no outbox is configured"), "{out:?}");
+    let rows = "INSERT INTO messaging_outbox (queue, message_id, fifo, payload, created_at, next_at, status, error, attempts) \
+        VALUES ('orders.fifo', 'refused-1', 1, x'7b7d', 0, 0, 'failed', 'too large for the queue', 1), \
+               ('emails', 'waiting-1', 0, x'7b7d', 0, 0, 'pending', NULL, 0)";
+    fixtures::runtime().block_on(async {
+        let pool = messaging::sqlx::SqlitePool::connect(&outbox).await.unwrap();
+        messaging::sqlx::query(rows).execute(&pool).await.unwrap();
+    });
+    // The transport names a broker that is not there: the outbox alone is read.
+    let broker_down = "sqs://us-east-1?endpoint=http://127.0.0.1:9";
+    let out = run(orders_in(&dir).args(["--transport", broker_down, "--outbox", &outbox, "outbox", "--json"]));
+    assert!(out.status.success(), "{out:?}");
+    let value: serde_json::Value = serde_json::from_str(stdout(&out).trim()).unwrap();
+    assert_eq!(value["database"], "sqlite");
+    assert_eq!(value["failed"][0]["message_id"], "refused-1");
+    assert_eq!(value["failed"][0]["error"], "too large for the queue");
+    let emails = value["queues"].as_array().unwrap().iter().find(|q| q["queue"] == "emails").unwrap().clone();
+    assert_eq!((emails["pending"].as_u64(), emails["failed"].as_u64()), (Some(1), Some(0)));
+    assert!(value["problem"].as_str().unwrap_or("").contains("`emails`"), "{value}");
+    let out = run(orders_in(&dir).args(["--transport", broker_down, "--outbox", &outbox, "outbox"]));
+    let text = stdout(&out);
+    assert!(text.contains("1 pending, 1 failed") && text.contains("refused-1 after 1 attempt(s): too large"), "{text}");
+    let out = run(orders_in(&dir).args(["--outbox", &outbox, "outbox", "retry", "--queue", "orders.fifo", "--json"]));
+    assert_eq!(stdout(&out).trim(), r#"{"retried":1}"#, "{out:?}");
+    // health fails on a row older than the outbox's max age (no relay ran).
+    let out = run(orders_in(&dir).args(["--outbox", &outbox, "health", "--json"]));
+    assert!(!out.status.success());
+    let value: serde_json::Value = serde_json::from_str(stdout(&out).trim()).unwrap();
+    assert_eq!(value["status"], "unhealthy");
+    assert!(value["outbox"].as_str().unwrap_or("").contains("older than 300 s"), "{value}");
+}
