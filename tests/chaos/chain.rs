@@ -9,7 +9,7 @@
 //! and its delete (B is a FIFO queue: SQS drops the resend).
 
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use messaging::prelude::*;
 use messaging::sqlx;
@@ -186,17 +186,7 @@ fn chain_under_kills(url: &str, db: &str, outbox: Option<&str>) {
         eprintln!("{url}: {mid_relay} of {KILLS} kills left outbox rows claimed by the killed relay");
     }
     let mut last = spawn(url, db, outbox);
-    let deadline = Instant::now() + Duration::from_secs(120);
-    let status = loop {
-        if let Some(status) = last.try_wait().expect("poll") {
-            break status;
-        }
-        if Instant::now() > deadline {
-            let _ = last.kill();
-            panic!("{url}: the last worker did not drain the chain in 120 s");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
+    let status = fixtures::wait_for(&mut last, Duration::from_secs(120), "the last worker draining the chain");
     assert!(status.success(), "the last worker failed: {status:?}");
     runtime.block_on(async {
         for table in ["chain_a", "chain_b"] {

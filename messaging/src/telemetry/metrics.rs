@@ -76,35 +76,35 @@ pub(crate) struct OutboxGauge {
 impl OutboxGauge {
     pub(super) fn register() -> Self {
         let rows = OutboxRows::default();
-        let tags = |queue: &str| [KeyValue::new("messaging.destination.name", queue.to_owned())];
-        let (a, b, c) = (rows.clone(), rows.clone(), rows.clone());
+        let observe = |of: fn(&crate::transport::OutboxQueue) -> u64| {
+            let rows = rows.clone();
+            move |gauge: &dyn opentelemetry::metrics::AsyncInstrument<u64>| {
+                for q in rows.lock().unwrap_or_else(|p| p.into_inner()).iter() {
+                    gauge.observe(of(q), &[KeyValue::new("messaging.destination.name", q.queue.clone())]);
+                }
+            }
+        };
         let depth = meter()
             .u64_observable_gauge("messaging.outbox.depth")
             .with_unit("{message}")
             .with_description("Messages in the outbox waiting to be relayed, as last observed")
-            .with_callback(move |gauge| {
-                for q in a.lock().unwrap_or_else(|p| p.into_inner()).iter() {
-                    gauge.observe(q.pending, &tags(&q.queue));
-                }
-            })
+            .with_callback(observe(|q| q.pending))
             .build();
         let failed = meter()
             .u64_observable_gauge("messaging.outbox.failed")
             .with_unit("{message}")
             .with_description("Messages in the outbox that the transport refused for good, as last observed")
-            .with_callback(move |gauge| {
-                for q in b.lock().unwrap_or_else(|p| p.into_inner()).iter() {
-                    gauge.observe(q.failed, &tags(&q.queue));
-                }
-            })
+            .with_callback(observe(|q| q.failed))
             .build();
+        let aged = rows.clone();
         let age = meter()
             .f64_observable_gauge("messaging.outbox.oldest_age")
             .with_unit("s")
             .with_description("Age of the oldest message in the outbox waiting to be relayed, as last observed")
             .with_callback(move |gauge| {
-                for q in c.lock().unwrap_or_else(|p| p.into_inner()).iter() {
-                    gauge.observe(q.oldest_pending_ms.unwrap_or(0) as f64 / 1000.0, &tags(&q.queue));
+                for q in aged.lock().unwrap_or_else(|p| p.into_inner()).iter() {
+                    let age = q.oldest_pending_ms.unwrap_or(0) as f64 / 1000.0;
+                    gauge.observe(age, &[KeyValue::new("messaging.destination.name", q.queue.clone())]);
                 }
             })
             .build();
