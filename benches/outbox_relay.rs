@@ -64,7 +64,12 @@ fn line(what: &str, count: usize, took: Duration, requests: Option<u64>, baselin
 }
 
 /// One queue kind: baseline, outbox write, relay.
-async fn measure<Q: Queue>(t: &Arc<SqsTransport>, outbox: &Outbox, pool: &sqlx::PgPool, count: usize) -> anyhow::Result<()>
+async fn measure<Q: Queue>(
+    t: &Arc<SqsTransport>,
+    outbox: &Outbox,
+    pool: &sqlx::PgPool,
+    count: usize,
+) -> anyhow::Result<()>
 where
     (Q::Kind, messaging::publish::Ungrouped, Q::HasDefaultGroup, messaging::__private::Yes):
         messaging::publish::GroupResolved<Q, Tick>,
@@ -115,7 +120,8 @@ where
 }
 
 async fn run(server: &SqsServer, count: usize) -> anyhow::Result<()> {
-    let postgres = std::env::var("TEST_POSTGRES_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
+    let postgres =
+        std::env::var("TEST_POSTGRES_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
     let schema = format!("relaybench_{}", std::process::id());
     let admin = sqlx::PgPool::connect(&postgres).await.context("PostgreSQL (TEST_POSTGRES_URL)")?;
     sqlx::query(&format!("CREATE SCHEMA {schema}")).execute(&admin).await?;
