@@ -332,3 +332,98 @@ async fn the_chain_example_goes_through_the_outbox_with_its_queues_on_sqs() {
     tokio::task::spawn_blocking(blocking).await.expect("ran");
     assert_eq!(chain_counts(&db).await, (9, 9, 9, 0));
 }
+
+/// A process that only relays: `MESSAGING_TEST_URL` (SQS), `MESSAGING_TEST_OUTBOX`;
+/// it drains the outbox, then prints how many SQS requests it made after starting.
+#[cfg(feature = "sqs")]
+#[test]
+#[ignore = "entry point of the relay processes started by two_relay_processes_send_each_row_once_in_group_order"]
+fn outbox_relay_worker() {
+    let (Ok(url), Ok(outbox)) = (std::env::var("MESSAGING_TEST_URL"), std::env::var("MESSAGING_TEST_OUTBOX")) else {
+        return;
+    };
+    fixtures::runtime().block_on(async move {
+        let sqs = Arc::new(messaging::transport::sqs::connect(&url).await.expect("sqs"));
+        let mut app = messaging::App::new(sqs.clone() as Arc<dyn messaging::transport::Transport>).await.expect("app");
+        app.only_queues(&[]);
+        app.setup().outbox(Outbox::connect(&outbox).await.expect("outbox"));
+        app.set_run_mode(messaging::RunMode::Drain);
+        let before = sqs.requests();
+        app.start().expect("start").wait().await;
+        println!("requests: {}", sqs.requests() - before);
+    });
+}
+
+#[cfg(feature = "sqs")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_relay_processes_send_each_row_once_in_group_order() {
+    let moto = fixtures::SqsServer::start();
+    let db = fixtures::Postgres::new().await;
+    let outbox = Outbox::connect(&format!("{}&migrate=true", db.url)).await.expect("outbox");
+    let transport = messaging::transport::connect(&moto.url(true)).await.expect("sqs");
+    let mut app = messaging::App::new(transport.clone()).await.expect("declare the queues");
+    app.only_queues(&[]);
+    app.setup().outbox(outbox.clone());
+    let publisher = app.setup().publisher();
+    let pool = sqlx::PgPool::connect(&db.url).await.expect("pool");
+    for t in 0..4u32 {
+        let mut tx = pool.begin().await.expect("begin");
+        for i in 0..50u32 {
+            let n = t * 50 + i;
+            let entry = Entry { account: format!("acct-{}", n % 4), n };
+            publisher.send::<Ledger, _>(&entry).in_transaction(&mut tx).await.expect("a FIFO entry");
+            publisher.send::<Events, _>(&Event { n }).in_transaction(&mut tx).await.expect("a standard one");
+        }
+        tx.commit().await.expect("commit");
+    }
+    let spawn = || {
+        std::process::Command::new(std::env::current_exe().expect("test binary"))
+            .arg(fixtures::entry_point(module_path!(), "outbox_relay_worker"))
+            .args(["--exact", "--ignored", "--nocapture", "--test-threads=1"])
+            .env("MESSAGING_TEST_URL", moto.url(false))
+            .env("MESSAGING_TEST_OUTBOX", &db.url)
+            .env("RUST_LOG", "error")
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("a relay process")
+    };
+    let (a, b) = (spawn(), spawn());
+    let requests = tokio::task::spawn_blocking(move || {
+        [a, b].map(|child| {
+            let out = child.wait_with_output().expect("the relay process");
+            assert!(out.status.success(), "{out:?}");
+            let text = String::from_utf8_lossy(&out.stdout).into_owned();
+            // The harness prints the test's name on the same line first.
+            let count = text.lines().find_map(|l| l.split("requests: ").nth(1)?.trim().parse::<u64>().ok());
+            count.unwrap_or_else(|| panic!("no count in {text:?}"))
+        })
+    })
+    .await
+    .expect("both ran");
+    eprintln!("SQS requests of the two relay processes: {requests:?}");
+    assert!(requests.iter().all(|&r| r > 0), "both processes relayed: {requests:?}");
+    assert!(outbox.stats().await.expect("stats").is_empty(), "the outbox is empty");
+
+    let mut consuming = messaging::App::new(transport.clone()).await.expect("app");
+    consuming.only_queues(&["outbox-events", "outbox-ledger.fifo"]);
+    let seen = Arc::new(Seen::default());
+    consuming.setup().provide(seen.clone());
+    let running = consuming.start().expect("start");
+    let all = || seen.entries.lock().unwrap().len() >= 200 && seen.events.lock().unwrap().len() >= 200;
+    fixtures::eventually(Duration::from_secs(60), all, || {
+        format!("{} entries, {} events", seen.entries.lock().unwrap().len(), seen.events.lock().unwrap().len())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    running.stop().await;
+    let events: std::collections::BTreeSet<u32> = seen.events.lock().unwrap().iter().map(|e| e.0).collect();
+    assert_eq!((seen.events.lock().unwrap().len(), events.len()), (200, 200), "each standard message once");
+    let entries = seen.entries.lock().unwrap().clone();
+    assert_eq!(entries.len(), 200, "each FIFO message once");
+    for account in ["acct-0", "acct-1", "acct-2", "acct-3"] {
+        let ns: Vec<u32> = entries.iter().filter(|(a, _)| a == account).map(|(_, n)| *n).collect();
+        let mut sorted = ns.clone();
+        sorted.sort_unstable();
+        assert_eq!(ns, sorted, "group {account} in order across two relay processes");
+    }
+}

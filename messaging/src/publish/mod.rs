@@ -79,8 +79,10 @@ impl Publisher {
 
     /// This publisher with `outbox`: publishes inside a transaction on the
     /// outbox's database, to queues whose transport does not take that
-    /// transaction, are written there for a relay to send. (In an app,
-    /// [`Setup::outbox`](crate::Setup::outbox) gives it to every publisher.)
+    /// transaction, are written there for a relay to send. Relays run in
+    /// the processes whose app has the outbox (`run`, [`App::start`](crate::App::start));
+    /// in an app, [`Setup::outbox`](crate::Setup::outbox) gives it to every
+    /// publisher.
     pub fn with_outbox(self, outbox: Outbox) -> Self {
         Publisher { outbox: Arc::new(std::sync::RwLock::new(Some(outbox))), ..self }
     }

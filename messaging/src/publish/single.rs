@@ -112,7 +112,10 @@ where
     /// on SQLite commit with [`Publisher::commit`] to wake this process's
     /// receivers (otherwise they find it at their next poll). An
     /// error means nothing was written for this call: roll back, or go on
-    /// without the message. Queues on other transports refuse it.
+    /// without the message. A queue on another transport (SQS,
+    /// `memory://`, another database) goes through the app's
+    /// [`Outbox`](crate::transport::Outbox) in the transaction's database
+    /// when it has one, and is refused otherwise.
     ///
     /// ```rust,no_run
     /// # use messaging::prelude::*;
