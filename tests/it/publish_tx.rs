@@ -131,6 +131,14 @@ async fn postgres_commit_publishes_once_rollback_nothing_and_the_commit_wakes_th
     let mut other = lite_pool.begin().await.expect("begin");
     let err = publisher.send::<TxJobs, _>(&TxJob { n: 9 }).in_transaction(&mut other).await.unwrap_err().to_string();
     assert!(err.contains("the transaction is not on postgresql, where queue `tx-jobs` is"), "{err}");
+    // A transaction of the same kind on another database of the server.
+    let base = fixtures::postgres_base();
+    let (server, _) = base.rsplit_once('/').expect("a database in the URL");
+    let elsewhere = sqlx::PgPool::connect(&format!("{server}/postgres")).await.expect("the server's postgres database");
+    let mut other = elsewhere.begin().await.expect("begin");
+    let err = publisher.send::<TxJobs, _>(&TxJob { n: 9 }).in_transaction(&mut other).await.unwrap_err().to_string();
+    assert!(err.contains("the transaction is on postgresql database `postgres@"), "{err}");
+    assert!(err.contains("queue `tx-jobs` on `test@"), "{err}");
     let memory = messaging::transport::connect("memory://").await.expect("memory");
     let mut on_memory = messaging::App::new(memory).await.expect("app");
     let mut tx = pool.begin().await.expect("begin");

@@ -65,6 +65,10 @@ pub trait Dialect: Driver + sealed::Sealed + Sized {
     /// turns, inside the claim's transaction (SQLite's `BEGIN IMMEDIATE`
     /// does already).
     const OUTBOX_LOCK: &'static str;
+    /// One text naming the database a connection is on (server and
+    /// database on PostgreSQL, the file on SQLite): a caller's transaction
+    /// must be on the store's.
+    const DATABASE: &'static str;
 
     /// What a store keeps beside its pool.
     type State: Clone + Debug + Send + Sync + 'static;
@@ -246,6 +250,47 @@ impl<'c, D: Dialect> Write<'c, D> {
                 Err(e)
             }
         }
+    }
+}
+
+/// Which database a connection is on ([`Dialect::DATABASE`]).
+async fn database_of<D: Dialect>(conn: &mut D::Connection) -> Result<String, TransportError> {
+    let rows = D::fetch_all(conn, D::DATABASE, &[]).await.map_err(fail::<D>("naming the database"))?;
+    let name = rows.first().map(|r| D::text(r, 0)).transpose().map_err(fail::<D>("naming the database"))?;
+    Ok(name.flatten().unwrap_or_default())
+}
+
+/// The database of a store's pool, asked once, against which a caller's
+/// transaction is checked: a transaction of the same kind on another
+/// database would write the framework's rows there.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Home(std::sync::Arc<tokio::sync::OnceCell<String>>);
+
+impl Home {
+    /// Fails with a sentence when `conn` is not on `store`'s database
+    /// (`whose` names what lives there: "queue `orders`", "the outbox").
+    pub(crate) async fn check<D: Dialect>(
+        &self,
+        store: &SqlStore<D>,
+        conn: &mut D::Connection,
+        whose: &str,
+    ) -> Result<(), TransportError> {
+        let theirs = database_of::<D>(conn).await?;
+        let ours = self
+            .0
+            .get_or_try_init(|| async {
+                let mut own = store.pool.acquire().await.map_err(fail::<D>("connect"))?;
+                database_of::<D>(&mut own).await
+            })
+            .await?;
+        if theirs == *ours {
+            return Ok(());
+        }
+        Err(TransportError::Rejected(format!(
+            "the transaction is on {} database `{theirs}`, {whose} on `{ours}`: publish inside a transaction on that \
+             database",
+            D::SYSTEM
+        )))
     }
 }
 

@@ -78,6 +78,8 @@ struct SqlQueue {
 /// The transport over a database: one [`SqlStore`] and the queues declared on it.
 pub(crate) struct SqlTransport<D: Dialect> {
     store: Arc<SqlStore<D>>,
+    /// The store's database, which a caller's transaction must be on.
+    home: dialect::Home,
     options: SqlOptions,
     claims_purged: Throttle,
     queues: Arc<QueueMap>,
@@ -134,6 +136,7 @@ impl<D: Dialect> SqlTransport<D> {
     pub(crate) fn new(store: SqlStore<D>, options: SqlOptions) -> Self {
         let transport = SqlTransport {
             store: Arc::new(store),
+            home: dialect::Home::default(),
             options,
             claims_purged: Throttle::default(),
             queues: Arc::default(),
@@ -504,6 +507,7 @@ impl<D: Dialect> Transport for SqlTransport<D> {
                 )));
             };
             let q = self.queue(queue)?;
+            self.home.check(&self.store, conn, &format!("queue `{queue}`")).await?;
             let now = self.store.now();
             let mut items = Vec::with_capacity(messages.len());
             for message in messages {

@@ -12,7 +12,7 @@
 use std::any::Any;
 use std::time::Duration;
 
-use super::dialect::{fail, Dialect, SqlStore, Write};
+use super::dialect::{fail, Dialect, Home, SqlStore, Write};
 use super::driver::Value;
 use crate::boxed::BoxFuture;
 use crate::error::TransportError;
@@ -63,6 +63,8 @@ fn delete_statement() -> String {
 /// The outbox's rows in a database.
 pub(crate) struct SqlOutbox<D: Dialect> {
     pub(crate) store: SqlStore<D>,
+    /// The outbox's database, which a caller's transaction must be on.
+    home: Home,
 }
 
 impl<D: Dialect> SqlOutbox<D> {
@@ -216,6 +218,7 @@ impl<D: Dialect> OutboxStore for SqlOutbox<D> {
                     D::SYSTEM
                 )));
             };
+            self.home.check(&self.store, conn, "the outbox").await?;
             let now = self.store.now();
             let mut ids = Vec::with_capacity(rows.len());
             let mut w = Write::on(conn);
@@ -300,7 +303,7 @@ pub(crate) async fn connect<D: Dialect>(url: &str) -> Result<crate::transport::O
     }
     let mut store = SqlStore::<D>::connect(&driver_url).await?;
     store.tables = super::Tables::in_schema(options.schema.as_deref());
-    let outbox = SqlOutbox { store };
+    let outbox = SqlOutbox { store, home: Home::default() };
     if options.migrate {
         outbox.store.migrate().await?;
     }
@@ -313,5 +316,5 @@ pub(crate) async fn connect<D: Dialect>(url: &str) -> Result<crate::transport::O
 pub(crate) fn on_pool<D: Dialect>(pool: sqlx::Pool<D>) -> crate::transport::Outbox {
     let state = D::adopt(&pool);
     let store = SqlStore { pool, state, tables: super::Tables::default() };
-    crate::transport::Outbox::of(std::sync::Arc::new(SqlOutbox { store }))
+    crate::transport::Outbox::of(std::sync::Arc::new(SqlOutbox { store, home: Home::default() }))
 }
