@@ -161,9 +161,7 @@ async fn a_postgres_outbox_relays_what_commits_to_another_transport() {
     let err = publisher.send::<Events, _>(&Event { n: 9 }).in_transaction(&mut other).await.unwrap_err().to_string();
     assert!(err.contains("the transaction is not on postgresql, where the outbox is"), "{err}");
     // One on another database of the same server.
-    let base = fixtures::postgres_base();
-    let (server, _) = base.rsplit_once('/').expect("a database in the URL");
-    let elsewhere = sqlx::PgPool::connect(&format!("{server}/postgres")).await.expect("the server's postgres database");
+    let elsewhere = fixtures::another_postgres_database().await;
     let mut other = elsewhere.begin().await.expect("begin");
     let err = publisher.send::<Events, _>(&Event { n: 9 }).in_transaction(&mut other).await.unwrap_err().to_string();
     assert!(err.contains("the transaction is on postgresql database `postgres@"), "{err}");

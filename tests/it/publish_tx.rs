@@ -132,9 +132,7 @@ async fn postgres_commit_publishes_once_rollback_nothing_and_the_commit_wakes_th
     let err = publisher.send::<TxJobs, _>(&TxJob { n: 9 }).in_transaction(&mut other).await.unwrap_err().to_string();
     assert!(err.contains("the transaction is not on postgresql, where queue `tx-jobs` is"), "{err}");
     // A transaction of the same kind on another database of the server.
-    let base = fixtures::postgres_base();
-    let (server, _) = base.rsplit_once('/').expect("a database in the URL");
-    let elsewhere = sqlx::PgPool::connect(&format!("{server}/postgres")).await.expect("the server's postgres database");
+    let elsewhere = fixtures::another_postgres_database().await;
     let mut other = elsewhere.begin().await.expect("begin");
     let err = publisher.send::<TxJobs, _>(&TxJob { n: 9 }).in_transaction(&mut other).await.unwrap_err().to_string();
     assert!(err.contains("the transaction is on postgresql database `postgres@"), "{err}");
