@@ -241,6 +241,8 @@ async fn through_an_outbox_the_relay_links_to_the_producer_and_the_consumer_cont
     let root = tracing::info_span!("request");
     let root_trace = root.context().span().span_context().trace_id();
     let id = async {
+        // A deferred BEGIN, while the relay claims: the publish must write
+        // first (a read before it once met SQLITE_BUSY here).
         let mut tx = pool.begin().await.expect("begin");
         let id = publisher.send::<Traced, _>(&job(7, "ok")).in_transaction(&mut tx).await.expect("in the tx");
         publisher.commit(tx).await.expect("commit");

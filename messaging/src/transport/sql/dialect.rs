@@ -66,9 +66,12 @@ pub trait Dialect: Driver + sealed::Sealed + Sized {
     /// does already).
     const OUTBOX_LOCK: &'static str;
     /// One text naming the database a connection is on (server and
-    /// database on PostgreSQL, the file on SQLite): a caller's transaction
-    /// must be on the store's.
-    const DATABASE: &'static str;
+    /// database on PostgreSQL): a caller's transaction must be on the
+    /// store's. `None` on SQLite: the statement would start a read
+    /// transaction before the write, and a deferred transaction that reads
+    /// first fails with `SQLITE_BUSY` when another writer commits
+    /// meanwhile (seen in the suite), so the file is not compared.
+    const DATABASE: Option<&'static str>;
 
     /// What a store keeps beside its pool.
     type State: Clone + Debug + Send + Sync + 'static;
@@ -254,8 +257,8 @@ impl<'c, D: Dialect> Write<'c, D> {
 }
 
 /// Which database a connection is on ([`Dialect::DATABASE`]).
-async fn database_of<D: Dialect>(conn: &mut D::Connection) -> Result<String, TransportError> {
-    let rows = D::fetch_all(conn, D::DATABASE, &[]).await.map_err(fail::<D>("naming the database"))?;
+async fn database_of<D: Dialect>(conn: &mut D::Connection, sql: &str) -> Result<String, TransportError> {
+    let rows = D::fetch_all(conn, sql, &[]).await.map_err(fail::<D>("naming the database"))?;
     let name = rows.first().map(|r| D::text(r, 0)).transpose().map_err(fail::<D>("naming the database"))?;
     Ok(name.flatten().unwrap_or_default())
 }
@@ -275,12 +278,13 @@ impl Home {
         conn: &mut D::Connection,
         whose: &str,
     ) -> Result<(), TransportError> {
-        let theirs = database_of::<D>(conn).await?;
+        let Some(sql) = D::DATABASE else { return Ok(()) };
+        let theirs = database_of::<D>(conn, sql).await?;
         let ours = self
             .0
             .get_or_try_init(|| async {
                 let mut own = store.pool.acquire().await.map_err(fail::<D>("connect"))?;
-                database_of::<D>(&mut own).await
+                database_of::<D>(&mut own, sql).await
             })
             .await?;
         if theirs == *ours {

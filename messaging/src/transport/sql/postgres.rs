@@ -148,8 +148,10 @@ impl Dialect for Postgres {
     const MIGRATION_LOCK: &'static str = "SELECT pg_advisory_xact_lock(hashtext('messaging:migrate'))";
     const MISSING_TABLE: &'static str = "(code 42P01)";
     const OUTBOX_LOCK: &'static str = "SELECT pg_advisory_xact_lock(hashtext($1))";
-    const DATABASE: &'static str = "SELECT current_database() || '@' || coalesce(host(inet_server_addr()), 'socket') \
-        || ':' || coalesce(inet_server_port(), 0)::text";
+    const DATABASE: Option<&'static str> = Some(
+        "SELECT current_database() || '@' || coalesce(host(inet_server_addr()), 'socket') || ':' \
+         || coalesce(inet_server_port(), 0)::text",
+    );
 
     type State = PgState;
 

@@ -160,7 +160,7 @@ impl Dialect for Sqlite {
     const MIGRATION_LOCK: &'static str = "SELECT 1";
     const MISSING_TABLE: &'static str = "no such table";
     const OUTBOX_LOCK: &'static str = "SELECT $1";
-    const DATABASE: &'static str = "SELECT file FROM pragma_database_list WHERE name = 'main'";
+    const DATABASE: Option<&'static str> = None;
 
     type State = LiteState;
 
