@@ -44,11 +44,16 @@ pub(crate) async fn probe(transport: &Arc<dyn Transport>, queues: &[&'static str
 /// oldest pending row is older than its `max_age` (its relays are stuck or
 /// the broker has refused them for that long).
 pub(crate) async fn probe_outbox(outbox: &Outbox) -> Option<String> {
-    let rows = match tokio::time::timeout(PROBE_TIMEOUT, outbox.stats()).await {
-        Ok(Ok(rows)) => rows,
-        Ok(Err(e)) => return Some(format!("the outbox cannot be read: {e}")),
-        Err(_) => return Some(format!("the outbox gave no answer within {PROBE_TIMEOUT:?}")),
-    };
+    match tokio::time::timeout(PROBE_TIMEOUT, outbox.stats()).await {
+        Ok(Ok(rows)) => outbox_problem(outbox, &rows),
+        Ok(Err(e)) => Some(format!("the outbox cannot be read: {e}")),
+        Err(_) => Some(format!("the outbox gave no answer within {PROBE_TIMEOUT:?}")),
+    }
+}
+
+/// What `rows` (the outbox's stats) say is wrong: pending rows older than
+/// the outbox's `max_age`.
+pub(crate) fn outbox_problem(outbox: &Outbox, rows: &[crate::transport::OutboxQueue]) -> Option<String> {
     let limit = outbox.max_age.as_millis() as u64;
     let old: Vec<String> = rows
         .iter()

@@ -54,7 +54,7 @@ pub(super) async fn run(outbox: Option<&Outbox>, args: OutboxArgs) -> Result<(),
 async fn show(outbox: &Outbox, json: bool) -> Result<(), Error> {
     let queues = outbox.stats().await?;
     let failed = outbox.failed(LISTED).await?;
-    let problem = crate::health::probe_outbox(outbox).await;
+    let problem = crate::health::outbox_problem(outbox, &queues);
     if json {
         let value = serde_json::json!({
             "database": outbox.system(),

@@ -113,6 +113,14 @@ impl<D: Dialect> std::fmt::Debug for SqlTransport<D> {
 /// takes the framework's options out, opens the store, and runs the
 /// migrations when the URL asks for them (`migrate=true`).
 pub(crate) async fn connect<D: Dialect>(url: &str) -> Result<SqlTransport<D>, crate::error::Error> {
+    let (store, options) = open::<D>(url).await?;
+    Ok(SqlTransport::new(store, options))
+}
+
+/// Opens the store a database URL names, with the framework's options taken
+/// out (what the transport and the outbox share): the tables in the
+/// `schema=` the URL names, migrated when it asks (`migrate=true`).
+pub(crate) async fn open<D: Dialect>(url: &str) -> Result<(SqlStore<D>, SqlOptions), crate::error::Error> {
     let (options, driver_url) = SqlOptions::parse(url)?;
     if options.schema.is_some() && !D::SCHEMAS {
         return Err(crate::error::Error::Config {
@@ -128,7 +136,7 @@ pub(crate) async fn connect<D: Dialect>(url: &str) -> Result<SqlTransport<D>, cr
     if options.migrate {
         store.migrate().await?;
     }
-    Ok(SqlTransport::new(store, options))
+    Ok((store, options))
 }
 
 impl<D: Dialect> SqlTransport<D> {

@@ -294,19 +294,8 @@ impl<D: Dialect> OutboxStore for SqlOutbox<D> {
 /// with the framework's `migrate=true`, `schema=NAME` (PostgreSQL) and
 /// `poll=` options.
 pub(crate) async fn connect<D: Dialect>(url: &str) -> Result<crate::transport::Outbox, crate::error::Error> {
-    let (options, driver_url) = super::SqlOptions::parse(url)?;
-    if options.schema.is_some() && !D::SCHEMAS {
-        return Err(crate::error::Error::Config {
-            url: url.to_owned(),
-            reason: format!("`schema=` is a PostgreSQL option; {} has no schemas", D::SYSTEM),
-        });
-    }
-    let mut store = SqlStore::<D>::connect(&driver_url).await?;
-    store.tables = super::Tables::in_schema(options.schema.as_deref());
+    let (store, options) = super::open::<D>(url).await?;
     let outbox = SqlOutbox { store, home: Home::default() };
-    if options.migrate {
-        outbox.store.migrate().await?;
-    }
     outbox.check().await?;
     Ok(crate::transport::Outbox::of(std::sync::Arc::new(outbox)).poll(options.poll))
 }
