@@ -100,6 +100,7 @@ pub(crate) fn serve(
     shutdown: Shutdown,
     readiness: Readiness,
     outbox: Option<Outbox>,
+    extra: Router,
 ) -> Result<(SocketAddr, tokio::task::JoinHandle<()>), Error> {
     let bound = listener.local_addr().map_err(|e| Error::Telemetry(format!("cannot listen: {e}")))?;
     let endpoints = Endpoints { transport, queues: queues.into(), shutdown: shutdown.clone(), readiness, outbox };
@@ -107,7 +108,8 @@ pub(crate) fn serve(
         .route("/health", get(health))
         .route("/ready", get(ready))
         .route("/metrics", get(metrics))
-        .with_state(endpoints);
+        .with_state(endpoints)
+        .merge(extra);
     let task = tokio::spawn(async move {
         let served = axum::serve(listener, router).with_graceful_shutdown(async move { shutdown.wait().await }).await;
         if let Err(e) = served {

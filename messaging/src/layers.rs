@@ -6,7 +6,7 @@
 
 /// Bottom first. Within a layer, modules do not use each other.
 pub(crate) const LAYERS: &[(&str, &[&str])] = &[
-    ("vocabulary", &["boxed", "duration", "error", "message", "shutdown"]),
+    ("vocabulary", &["boxed", "control", "duration", "error", "message", "shutdown"]),
     ("wire", &["envelope", "queue"]),
     ("idempotency stores", &["claims"]),
     ("transports", &["transport"]),
@@ -18,6 +18,7 @@ pub(crate) const LAYERS: &[(&str, &[&str])] = &[
     ("pipeline", &["pipeline"]),
     ("worker", &["relay", "worker"]),
     ("app", &["app"]),
+    ("console", &["console"]),
     ("tools", &["cli", "testing"]),
     ("generated code and the crate root", &["__private", "lib", "layers"]),
 ];

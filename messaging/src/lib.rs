@@ -15,13 +15,17 @@
 //! | errors | [`Error`], [`TransportError`], [`PublishError`] |
 //! | observability | [`telemetry`] (spans, metrics, logging setup) |
 //! | tests of your own service | [`testing`] (an app on the in-memory transport) |
+//! | an operator's console (feature `console`) | `console` (a JSON API and pages over every queue) |
 //! | everything at once | [`prelude`] |
 
 pub mod app;
 mod boxed;
 mod claims;
 pub mod cli;
+#[cfg(feature = "console")]
+pub mod console;
 pub mod context;
+mod control;
 mod duration;
 mod enrich;
 pub mod envelope;

@@ -66,6 +66,17 @@ impl App {
         &self.setup.transport
     }
 
+    /// What an operator's console reads and changes of this app.
+    #[cfg_attr(not(feature = "console"), allow(dead_code))]
+    pub(crate) fn operations(&self) -> Operations {
+        Operations {
+            transport: self.setup.transport.clone(),
+            specs: self.registry.queues().to_vec(),
+            pauses: self.setup.pauses.clone(),
+            counters: self.setup.counters.clone(),
+        }
+    }
+
     /// The validated registry.
     pub fn registry(&self) -> &Registry {
         &self.registry
@@ -125,6 +136,8 @@ impl App {
             observer: setup.observer.clone(),
             telemetry: setup.telemetry.clone(),
             enrich: setup.enrich.clone(),
+            pauses: setup.pauses.clone(),
+            counters: setup.counters.clone(),
         };
         for routes in registry.routes() {
             let handle = Worker::start(routes.clone(), setup.transport.clone(), pipeline.clone(), hooks.clone());
@@ -136,6 +149,12 @@ impl App {
             tasks.spawn(task);
         }
         let queues: Vec<&'static str> = registry.queues().iter().map(|q| q.name).collect();
+        let operations = Operations {
+            transport: setup.transport.clone(),
+            specs: registry.queues().to_vec(),
+            pauses: setup.pauses.clone(),
+            counters: setup.counters.clone(),
+        };
         // The dead letters of the queues this app consumes.
         let consumed: Vec<&'static str> = handles.iter().map(WorkerHandle::queue).collect();
         let monitor = setup.telemetry.dlq_gauge().map(|gauge| {
@@ -175,6 +194,7 @@ impl App {
             relay,
             outbox,
             outbox_monitor,
+            operations,
         })
     }
 
@@ -187,6 +207,17 @@ impl App {
     pub fn set_receive_wait(&mut self, wait: Duration) {
         self.setup.receive_wait = wait;
     }
+}
+
+/// What an operator's console works on: the transport, the declared
+/// queues, this process's pause switches and counters.
+#[cfg_attr(not(feature = "console"), allow(dead_code))]
+#[derive(Clone)]
+pub(crate) struct Operations {
+    pub(crate) transport: Arc<dyn Transport>,
+    pub(crate) specs: Vec<crate::queue::QueueSpec>,
+    pub(crate) pauses: crate::control::Pauses,
+    pub(crate) counters: crate::control::Counters,
 }
 
 /// What a shutdown left behind, over every worker of the app: returned by
@@ -235,6 +266,9 @@ pub struct Running {
     outbox: Option<Outbox>,
     /// The task observing the outbox for its gauges.
     outbox_monitor: Option<tokio::task::JoinHandle<()>>,
+    /// What the console works on.
+    #[cfg_attr(not(feature = "console"), allow(dead_code))]
+    operations: Operations,
 }
 
 impl std::fmt::Debug for Running {
@@ -289,8 +323,25 @@ impl Running {
         self.serve_http_on(listener)
     }
 
+    /// What an operator's console reads and changes of this app.
+    #[cfg_attr(not(feature = "console"), allow(dead_code))]
+    pub(crate) fn operations(&self) -> Operations {
+        self.operations.clone()
+    }
+
     /// Like [`Running::serve_http`] on a listener bound beforehand.
     pub fn serve_http_on(&mut self, listener: tokio::net::TcpListener) -> Result<std::net::SocketAddr, Error> {
+        self.serve_http_with(listener, axum::Router::new())
+    }
+
+    /// Like [`Running::serve_http_on`], serving `extra`'s routes beside the
+    /// endpoints (the console's, say: `Console::of_running(&running).router()`
+    /// with the `console` feature).
+    pub fn serve_http_with(
+        &mut self,
+        listener: tokio::net::TcpListener,
+        extra: axum::Router,
+    ) -> Result<std::net::SocketAddr, Error> {
         let handles = self.handles.clone();
         let readiness: crate::health::Readiness = Arc::new(move || {
             handles
@@ -305,6 +356,7 @@ impl Running {
             self.shutdown.clone(),
             readiness,
             self.outbox.clone(),
+            extra,
         )?;
         self.http = Some(task);
         Ok(bound)

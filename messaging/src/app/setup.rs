@@ -59,6 +59,10 @@ pub struct Setup {
     pub(crate) dlq_depth_interval: Duration,
     /// The app's outbox, shared with its publishers.
     pub(crate) outbox: OutboxSlot,
+    /// This process's pause switches, shared with its workers and console.
+    pub(crate) pauses: crate::control::Pauses,
+    /// What this process's workers handled and failed, per queue.
+    pub(crate) counters: crate::control::Counters,
 }
 
 impl std::fmt::Debug for Setup {
@@ -90,6 +94,8 @@ impl Setup {
             enrich: None,
             dlq_depth_interval: Duration::from_secs(30),
             outbox: OutboxSlot::default(),
+            pauses: Default::default(),
+            counters: Default::default(),
         }
     }
 

@@ -73,22 +73,13 @@ pub(super) enum DlqCommand {
     },
 }
 
-/// The registered message type names, sorted.
-fn type_names() -> Vec<&'static str> {
-    let mut names: Vec<&'static str> =
-        inventory::iter::<crate::registry::MessageEntry>.into_iter().filter_map(|m| m.name).collect();
-    names.sort_unstable();
-    names.dedup();
-    names
-}
-
 /// A filter on the envelope's type name, which must be a registered one.
 fn type_filter(type_name: Option<&str>) -> Result<Option<DeadLetterFilter>, Error> {
     let Some(wanted) = type_name else { return Ok(None) };
-    if !type_names().contains(&wanted) {
+    if !crate::registry::message_type_names().contains(&wanted) {
         return Err(Error::Command(format!(
             "`{wanted}` is not a registered message type; registered: {}",
-            type_names().join(", ")
+            crate::registry::message_type_names().join(", ")
         )));
     }
     let wanted = wanted.to_owned();
@@ -122,21 +113,6 @@ fn capability<'a>(app: &'a App, queue: &str) -> Result<&'a dyn DeadLetters, Erro
         .ok_or_else(|| Error::Command(format!("the {} transport has no dead letters", app.setup_transport().system())))
 }
 
-fn json_of(letter: &DeadLetter) -> serde_json::Value {
-    serde_json::json!({
-        "message_id": letter.message_id.as_str(),
-        "type": letter.type_name(),
-        "group_id": letter.group_id,
-        "receive_count": letter.receive_count,
-        "reason": letter.reason,
-        "history": letter.history,
-        "attributes": &*letter.attributes,
-        // When its last attempt failed (none known on SQS, which keeps no history).
-        "failed_at": letter.history.last().map(|a| super::show::rfc3339(a.at_ms)),
-        "body": super::show::decoded(&letter.body),
-    })
-}
-
 /// Whether `queue` is declared FIFO: its dead letters are then read a group
 /// head at a time, which the commands explain when it shows.
 fn is_fifo(app: &App, queue: &str) -> bool {
@@ -164,7 +140,7 @@ pub(super) async fn run(app: &App, command: DlqCommand) -> Result<(), Error> {
             );
             if json {
                 for letter in &letters {
-                    println!("{}", json_of(letter));
+                    println!("{}", letter.to_json());
                 }
                 if hidden > 0 {
                     // Not on stdout, which carries one JSON object per line.
@@ -190,7 +166,7 @@ pub(super) async fn run(app: &App, command: DlqCommand) -> Result<(), Error> {
                     println!(
                         "    attempt {} at {}: {}: {}",
                         attempt.attempt,
-                        super::show::rfc3339(attempt.at_ms),
+                        crate::transport::rfc3339(attempt.at_ms),
                         attempt.error_type,
                         attempt.message
                     );

@@ -51,6 +51,13 @@ struct Cli {
     /// another transport (default: $MESSAGING_OUTBOX_URL, else none).
     #[arg(long, env = "MESSAGING_OUTBOX_URL", global = true)]
     outbox: Option<String>,
+    /// The console's token: every request needs it (required when the
+    /// console listens beyond loopback).
+    #[arg(long, env = "MESSAGING_ADMIN_TOKEN", global = true, hide_env_values = true)]
+    admin_token: Option<String>,
+    /// The console refuses every action (it only shows).
+    #[arg(long, env = "MESSAGING_ADMIN_READ_ONLY", global = true)]
+    read_only: bool,
     #[command(subcommand)]
     command: Option<Command>,
 }
@@ -61,8 +68,8 @@ enum Command {
     Run(RunArgs),
     /// Check registrations, transport, queues and setup, then exit (0 when all is well).
     Validate(JsonArg),
-    /// List the declared queues with their kinds, options and depths.
-    Queues(JsonArg),
+    /// List the declared queues with their kinds, options and depths; pause or resume one.
+    Queues(QueuesArgs),
     /// Create or upgrade the database tables (sqlite://, postgres://), then exit.
     Migrate,
     /// Dead letters: peek at them, or redrive them to their queue.
@@ -77,6 +84,43 @@ enum Command {
     Show(show::ShowArgs),
     /// Show what waits in the outbox per queue and what the transport refused.
     Outbox(outbox::OutboxArgs),
+    /// Serve the console (a JSON API under /api/v1 and pages at /) without
+    /// consuming, until SIGINT/SIGTERM (feature `console`).
+    Console(ConsoleArgs),
+}
+
+/// `queues [--json]`, `queues pause NAME`, `queues resume NAME`.
+#[derive(Debug, Default, clap::Args)]
+#[command(args_conflicts_with_subcommands = true)]
+struct QueuesArgs {
+    #[command(subcommand)]
+    action: Option<QueuesAction>,
+    #[command(flatten)]
+    json: JsonArg,
+}
+
+#[derive(Debug, Subcommand)]
+enum QueuesAction {
+    /// Pause a database queue for every process: none leases its messages
+    /// (within one poll interval) until it is resumed.
+    Pause {
+        /// The queue.
+        queue: String,
+    },
+    /// Resume a paused database queue.
+    Resume {
+        /// The queue.
+        queue: String,
+    },
+}
+
+/// Arguments of `console`.
+#[derive(Debug, clap::Args)]
+struct ConsoleArgs {
+    /// Where to listen (a bare port binds to loopback). Beyond loopback the
+    /// console needs a token (--admin-token or MESSAGING_ADMIN_TOKEN).
+    #[arg(long, value_name = "ADDR", value_parser = parse_http_addr, default_value = "127.0.0.1:9090")]
+    http: std::net::SocketAddr,
 }
 
 /// `--json`, for the commands that print data.
@@ -164,13 +208,15 @@ fn uses_existing(command: &Command) -> bool {
         | Command::Health(_)
         | Command::Show(_)
         | Command::Dlq(_)
-        | Command::Outbox(_) => true,
+        | Command::Outbox(_)
+        | Command::Console(_) => true,
         Command::Run(_) | Command::Migrate | Command::Publish(_) => false,
     }
 }
 
 async fn execute(cli: Cli, hook: SetupHook) -> Result<(), Error> {
     let url = cli.transport.unwrap_or_else(|| transport::DEFAULT_URL.to_owned());
+    let access = ConsoleAccess { token: cli.admin_token.filter(|t| !t.is_empty()), read_only: cli.read_only };
     let command = cli.command.unwrap_or(Command::Run(RunArgs::default()));
     // The outbox alone, without the transport: what an operator looks at
     // when the broker is down.
@@ -239,9 +285,14 @@ async fn execute(cli: Cli, hook: SetupHook) -> Result<(), Error> {
         }
         Command::Publish(args) => publish::run(&mut app, args).await,
         Command::Show(args) => show::run(&app, args).await,
-        Command::Queues(JsonArg { json }) => {
+        Command::Queues(QueuesArgs { action: Some(action), .. }) => pause(&app, action).await,
+        Command::Queues(QueuesArgs { action: None, json: JsonArg { json } }) => {
             print_queues(&app, json).await;
             Ok(())
+        }
+        Command::Console(args) => {
+            hook(app.setup()).await.map_err(Error::Setup)?;
+            console(&app, args.http, access).await
         }
         Command::Validate(JsonArg { json }) => {
             let checked = match hook(app.setup()).await {
@@ -287,7 +338,8 @@ async fn execute(cli: Cli, hook: SetupHook) -> Result<(), Error> {
             }
             let mut running = app.start()?;
             if let Some(listener) = listener {
-                running.serve_http_on(listener)?;
+                let extra = console_routes(&running, &listener, &access);
+                running.serve_http_with(listener, extra)?;
             }
             let shutdown = running.shutdown_handle();
             tokio::spawn(async move {
@@ -317,6 +369,99 @@ async fn execute(cli: Cli, hook: SetupHook) -> Result<(), Error> {
             Ok(())
         }
     }
+}
+
+/// The console's access settings from the command line.
+#[derive(Debug, Clone)]
+#[cfg_attr(not(feature = "console"), allow(dead_code))]
+struct ConsoleAccess {
+    token: Option<String>,
+    read_only: bool,
+}
+
+/// The console's routes beside `/health` for `run --http`: with the
+/// `console` feature, the console of the running app (locked, and said so,
+/// when it listens beyond loopback without a token); without it, none.
+#[cfg(feature = "console")]
+fn console_routes(
+    running: &crate::Running,
+    listener: &tokio::net::TcpListener,
+    access: &ConsoleAccess,
+) -> axum::Router {
+    let mut console =
+        crate::console::Console::of_running(running).token(access.token.clone()).read_only(access.read_only);
+    if let Ok(addr) = listener.local_addr() {
+        console = console.listening_on(addr);
+    }
+    if console.locked() {
+        tracing::warn!(
+            "the console listens beyond loopback without a token and refuses every request: set MESSAGING_ADMIN_TOKEN"
+        );
+    }
+    console.router()
+}
+
+#[cfg(not(feature = "console"))]
+fn console_routes(_: &crate::Running, _: &tokio::net::TcpListener, _: &ConsoleAccess) -> axum::Router {
+    axum::Router::new()
+}
+
+/// `console`: serves the console of `app` (not consuming) on `addr` until a signal.
+#[cfg(feature = "console")]
+async fn console(app: &App, addr: std::net::SocketAddr, access: ConsoleAccess) -> Result<(), Error> {
+    let console =
+        crate::console::Console::of_app(app).token(access.token).read_only(access.read_only).listening_on(addr);
+    if console.locked() {
+        return Err(Error::Command(format!(
+            "the console would listen on {addr}, beyond loopback, without a token: set MESSAGING_ADMIN_TOKEN \
+             (or --admin-token), or listen on 127.0.0.1"
+        )));
+    }
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|e| Error::Command(format!("cannot listen on {addr} for the console: {e}")))?;
+    let bound = listener.local_addr().map_err(|e| Error::Command(e.to_string()))?;
+    println!("console: http://{bound}/ (JSON API under /api/v1); Ctrl-C stops it");
+    axum::serve(listener, console.router())
+        .with_graceful_shutdown(wait_for_signal())
+        .await
+        .map_err(|e| Error::Command(format!("the console stopped: {e}")))
+}
+
+#[cfg(not(feature = "console"))]
+async fn console(_: &App, _: std::net::SocketAddr, _: ConsoleAccess) -> Result<(), Error> {
+    Err(Error::Command(
+        "this binary was built without the console: enable the `console` feature of messaging \
+         (features = [\"console\"])"
+            .to_owned(),
+    ))
+}
+
+/// `queues pause|resume NAME`: the queue's flag in the database, for every process.
+async fn pause(app: &App, action: QueuesAction) -> Result<(), Error> {
+    let (queue, paused) = match &action {
+        QueuesAction::Pause { queue } => (queue.as_str(), true),
+        QueuesAction::Resume { queue } => (queue.as_str(), false),
+    };
+    declared(app, queue)?;
+    let transport = app.setup_transport();
+    let shared = match transport.browse() {
+        Some(browse) => browse.set_paused(queue, paused).await?,
+        None => false,
+    };
+    if !shared {
+        return Err(Error::Command(format!(
+            "the {} transport keeps no pause flag that every process reads: pause the workers of one process \
+             through its console (POST /api/v1/queues/{queue}/pause, with `run --http` and the `console` feature)",
+            transport.system()
+        )));
+    }
+    if paused {
+        println!("paused `{queue}`: no process leases its messages (each sees it within one poll interval)");
+    } else {
+        println!("resumed `{queue}`");
+    }
+    Ok(())
 }
 
 /// The exit status after a forced shutdown: 128 + SIGINT, as shells report

@@ -3,7 +3,7 @@
 
 use crate::app::App;
 use crate::error::Error;
-use crate::transport::MessageId;
+use crate::transport::{decoded, rfc3339, MessageId};
 
 /// Arguments of `show`.
 #[derive(Debug, clap::Args)]
@@ -17,18 +17,6 @@ pub(super) struct ShowArgs {
     json: bool,
 }
 
-/// A time in milliseconds since the Unix epoch, as RFC 3339 in UTC.
-pub(super) fn rfc3339(ms: i64) -> String {
-    let at = std::time::UNIX_EPOCH + std::time::Duration::from_millis(u64::try_from(ms).unwrap_or(0));
-    humantime::format_rfc3339_millis(at).to_string()
-}
-
-/// A body as JSON when it is JSON, else as text.
-pub(super) fn decoded(body: &[u8]) -> serde_json::Value {
-    serde_json::from_slice(body)
-        .unwrap_or_else(|_| serde_json::Value::String(String::from_utf8_lossy(body).into_owned()))
-}
-
 pub(super) async fn run(app: &App, args: ShowArgs) -> Result<(), Error> {
     let ShowArgs { queue, id, json } = args;
     super::declared(app, &queue)?;
@@ -38,13 +26,11 @@ pub(super) async fn run(app: &App, args: ShowArgs) -> Result<(), Error> {
             "no message `{id}` in `{queue}` or its dead letters (processed messages are kept only with `retention=`)"
         )));
     };
-    let body = decoded(&report.body);
     if json {
-        let mut value = serde_json::to_value(&report).map_err(|e| Error::Command(e.to_string()))?;
-        value["body"] = body;
-        println!("{value}");
+        println!("{}", report.to_json());
         return Ok(());
     }
+    let body = decoded(&report.body);
     println!("message   {}", report.message_id);
     println!("queue     {}", report.queue);
     println!("status    {}", report.status);

@@ -137,3 +137,11 @@ impl Registry {
         self.routes.retain(|r| keep(r.spec().name));
     }
 }
+
+/// The message type names registered in this binary, sorted.
+pub(crate) fn message_type_names() -> Vec<&'static str> {
+    let mut names: Vec<&'static str> = inventory::iter::<MessageEntry>.into_iter().filter_map(|m| m.name).collect();
+    names.sort_unstable();
+    names.dedup();
+    names
+}

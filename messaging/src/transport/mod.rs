@@ -11,7 +11,9 @@ use std::time::{Duration, SystemTime};
 use crate::error::TransportError;
 use crate::queue::QueueSpec;
 
+mod browse;
 mod id;
+mod json;
 pub mod memory;
 mod outbox;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
@@ -20,8 +22,10 @@ pub(crate) mod sql;
 pub mod sqs;
 mod url;
 
+pub use browse::{Browse, Listing, MessagePage, MessageStatus, PauseScope, QueueCounts};
 pub use bytes::Bytes;
 pub use id::MessageId;
+pub use json::{decoded, rfc3339};
 pub(crate) use outbox::{Claimed, OutboxWrite, Settle, MESSAGE_ID_ATTRIBUTE, WAKE as OUTBOX_WAKE};
 pub use outbox::{FailedOutboxRow, Outbox, OutboxQueue, DEFAULT_MAX_AGE};
 pub(crate) use url::connect_existing;
@@ -169,6 +173,39 @@ pub struct MessageReport {
     /// The body as published.
     #[serde(skip)]
     pub body: Bytes,
+    /// A newer version of its identity, waiting for the running handler to
+    /// end (status `awaiting_release`, database queues).
+    pub deferred: Option<DeferredVersion>,
+    /// Where a listing goes on after this message (its cursor).
+    #[serde(skip)]
+    pub(crate) cursor: String,
+}
+
+/// The version of an identity that waits while an older one is handled.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct DeferredVersion {
+    /// Its message id (the one its publish returned).
+    pub message_id: String,
+    /// When it was sent, in milliseconds since the Unix epoch.
+    pub sent_at_ms: Option<i64>,
+    /// Its body as published.
+    #[serde(skip)]
+    pub body: Bytes,
+}
+
+impl MessageReport {
+    /// The envelope's type name and version, if the body is an envelope.
+    pub fn envelope(&self) -> Option<(String, u32)> {
+        match crate::envelope::Incoming::parse(&self.body) {
+            Ok(crate::envelope::Incoming::Envelope { name, version, .. }) => Some((name.into_owned(), version)),
+            _ => None,
+        }
+    }
+
+    /// The envelope's type name, if the body is an envelope.
+    pub fn type_name(&self) -> Option<String> {
+        self.envelope().map(|(name, _)| name)
+    }
 }
 
 fn as_str<S: serde::Serializer>(id: &MessageId, s: S) -> Result<S::Ok, S::Error> {
@@ -308,6 +345,28 @@ pub trait Transport: Send + Sync + 'static {
 
     /// Approximate number of messages in the queue, visible or not.
     fn depth<'a>(&'a self, queue: &'a str) -> BoxFuture<'a, Result<u64, TransportError>>;
+
+    /// How many messages `queue` holds by status, as far as the backend can
+    /// tell: [`Browse::counts`] where the backend has it, else only the dead
+    /// letters' count (SQS overrides it with its approximate counts).
+    fn counts<'a>(&'a self, queue: &'a str) -> BoxFuture<'a, Result<QueueCounts, TransportError>> {
+        Box::pin(async move {
+            if let Some(browse) = self.browse() {
+                return browse.counts(queue).await;
+            }
+            let mut counts = QueueCounts::default();
+            if let Some(dead) = self.dead_letters() {
+                counts.dead = Some(dead.depth(queue).await?);
+            }
+            Ok(counts)
+        })
+    }
+
+    /// The browsing capability (list, retry now, delete, pause for every
+    /// process), if the backend has it: database queues and `memory://`.
+    fn browse(&self) -> Option<&dyn Browse> {
+        None
+    }
 
     /// The dead-letter capability, if the backend has it.
     fn dead_letters(&self) -> Option<&dyn DeadLetters> {

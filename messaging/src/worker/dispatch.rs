@@ -216,6 +216,13 @@ impl Worker {
     }
 
     fn report(&self, delivery: &Delivery, outcome: Outcome) {
+        match outcome {
+            Outcome::Handled => self.counted.handled(),
+            Outcome::InProgressElsewhere { .. } => {}
+            Outcome::Retried { .. } | Outcome::DeadLettered { .. } | Outcome::Undecodable { .. } => {
+                self.counted.failed()
+            }
+        }
         if let Some(observer) = &self.hooks.observer {
             observer.on_dispatch(&DispatchEvent {
                 queue: self.routes.spec().name,

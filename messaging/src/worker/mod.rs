@@ -23,6 +23,7 @@ pub(crate) use self::inflight::Batch;
 use self::inflight::{InFlight, Unit};
 use self::pace::Pace;
 use self::ready::{Ready, Task, Work};
+use crate::control::{Counters, Pauses, QueueCounters};
 use crate::enrich::EnrichHook;
 use crate::error::TransportError;
 use crate::observe::SharedObserver;
@@ -62,6 +63,8 @@ pub(crate) struct Worker {
     parking: std::sync::Mutex<Option<mpsc::UnboundedReceiver<Parked>>>,
     /// The error of the last receive, while receives fail (for `/ready`).
     receive_error: std::sync::Mutex<Option<String>>,
+    /// This queue's counts of handled and failed messages.
+    counted: Arc<QueueCounters>,
 }
 
 /// What watches a worker: the test observer, metrics, the span enrichment hook.
@@ -70,6 +73,10 @@ pub(crate) struct Hooks {
     pub(crate) observer: SharedObserver,
     pub(crate) telemetry: Arc<Telemetry>,
     pub(crate) enrich: Option<EnrichHook>,
+    /// This process's pause switches (the console's).
+    pub(crate) pauses: Pauses,
+    /// What the workers handled and failed, per queue (the console's rates).
+    pub(crate) counters: Counters,
 }
 
 /// A running worker's handle, for drain detection.
@@ -107,6 +114,7 @@ impl Worker {
         let acker = Acker::start(transport.clone(), routes.spec().name, inflight.clone());
         let ready = Ready::new(routes.spec().concurrency);
         let (parked, parking) = mpsc::unbounded_channel();
+        let counted = hooks.counters.of(routes.spec().name);
         WorkerHandle {
             worker: Arc::new(Worker {
                 routes,
@@ -120,6 +128,7 @@ impl Worker {
                 parked,
                 parking: std::sync::Mutex::new(Some(parking)),
                 receive_error: std::sync::Mutex::new(None),
+                counted,
             }),
         }
     }
@@ -370,6 +379,14 @@ impl Worker {
             }
         }
         let spec = self.routes.spec();
+        // Paused by an operator (this process's switch): nothing is received
+        // until the queue is resumed or shutdown begins.
+        if self.hooks.pauses.is_paused(spec.name) {
+            tokio::select! {
+                _ = self.hooks.pauses.resumed(spec.name) => {}
+                _ = shutdown.wait() => {}
+            }
+        }
         if spec.fifo {
             self.acker.settled(Duration::from_secs(1)).await;
         }

@@ -6,6 +6,7 @@
 //! within five minutes all behave as on SQS, so tests against it mean
 //! something. Messages live as long as the process.
 
+mod browse;
 mod dead_letters;
 mod state;
 
@@ -288,6 +289,10 @@ impl Transport for MemoryTransport {
 
     fn depth<'a>(&'a self, queue: &'a str) -> BoxFuture<'a, Result<u64, TransportError>> {
         Box::pin(async move { Ok(self.queue(queue)?.lock().len() as u64) })
+    }
+
+    fn browse(&self) -> Option<&dyn super::Browse> {
+        Some(self)
     }
 
     fn dead_letters(&self) -> Option<&dyn DeadLetters> {

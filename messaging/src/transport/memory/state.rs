@@ -74,7 +74,29 @@ impl Stored {
             history: self.history.clone(),
             attributes: (*self.attributes).clone(),
             body: self.body.clone(),
+            deferred: None,
+            cursor: self.seq.to_string(),
         }
+    }
+
+    /// Where it stands, as the console groups messages (a dead letter is
+    /// `Pending` in its dead-letter queue).
+    pub(super) fn browse_status(&self) -> crate::transport::MessageStatus {
+        match self.status {
+            Status::Visible => crate::transport::MessageStatus::Pending,
+            Status::Hidden(_) => crate::transport::MessageStatus::Sleeping,
+            Status::InFlight { .. } => crate::transport::MessageStatus::InFlight,
+        }
+    }
+
+    /// When it was sent, in milliseconds since the Unix epoch.
+    pub(super) fn sent_at_ms(&self) -> i64 {
+        self.sent_at.duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64)
+    }
+
+    /// Its arrival order in the queue.
+    pub(super) fn seq(&self) -> u64 {
+        self.seq
     }
 }
 
@@ -512,6 +534,25 @@ impl QueueState {
             self.slots.iter().enumerate().filter_map(|(k, m)| m.as_ref().map(|m| (k as u64, m))).collect();
         all.sort_unstable_by_key(|(_, m)| m.seq);
         all
+    }
+
+    /// Makes a delayed message visible now (the console's "retry now");
+    /// whether it was delayed or visible already.
+    pub(super) fn due_now(&mut self, key: u64) -> bool {
+        match self.get(key).map(|m| (m.status, m.epoch)) {
+            Some((Status::Hidden(_), epoch)) => {
+                self.expire(key, epoch);
+                true
+            }
+            Some((Status::Visible, _)) => true,
+            _ => false,
+        }
+    }
+
+    /// Takes a message out unless a consumer holds it; whether it did.
+    pub(super) fn remove_waiting(&mut self, key: u64) -> bool {
+        let held = self.get(key).is_none_or(|m| matches!(m.status, Status::InFlight { .. }));
+        !held && self.remove(key).is_some()
     }
 
     /// A visible status, for messages added from outside.

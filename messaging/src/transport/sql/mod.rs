@@ -59,8 +59,9 @@ use crate::error::TransportError;
 use crate::queue::QueueSpec;
 use crate::transport::sql::machine::{Enqueue, EnqueueOutcome, QueueRules, Row};
 use crate::transport::{
-    Attributes, DeadLetter, DeadLetters, Delivery, FailedAttempt, MessageId, MessageReport, Outgoing, PurgeOutcome,
-    Receipt, RedriveOptions, RedriveOutcome, Transport,
+    Attributes, Browse, DeadLetter, DeadLetters, Delivery, FailedAttempt, Listing, MessageId, MessagePage,
+    MessageReport, MessageStatus, Outgoing, PurgeOutcome, QueueCounts, Receipt, RedriveOptions, RedriveOutcome,
+    Transport,
 };
 
 /// A queue known to the transport.
@@ -73,6 +74,10 @@ struct SqlQueue {
     maintained: Throttle,
     /// Which partition the next lease of a standard queue takes.
     turn: std::sync::atomic::AtomicU32,
+    /// The queue's pause flag as last read, and when: read again once it is
+    /// a poll interval old, so that every process honours a pause within
+    /// one poll interval at the cost of one read per interval.
+    paused: Mutex<Option<(std::time::Instant, bool)>>,
 }
 
 /// The transport over a database: one [`SqlStore`] and the queues declared on it.
@@ -279,9 +284,11 @@ impl<D: Dialect> SqlTransport<D> {
                 return Ok(Vec::new());
             }
             self.maintain(&q, force).await?;
-            let rows = self.lease(&q, max.max(1), lease_ms).await?;
-            if !rows.is_empty() {
-                return Ok(rows.into_iter().map(delivery).collect());
+            if !self.is_paused(&q).await? {
+                let rows = self.lease(&q, max.max(1), lease_ms).await?;
+                if !rows.is_empty() {
+                    return Ok(rows.into_iter().map(delivery).collect());
+                }
             }
             let now = tokio::time::Instant::now();
             if now >= deadline {
@@ -300,6 +307,76 @@ impl<D: Dialect> SqlTransport<D> {
             }
         }
     }
+}
+
+impl<D: Dialect> SqlTransport<D> {
+    /// Whether `q` is paused, from the flag read at most a poll interval ago.
+    async fn is_paused(&self, q: &SqlQueue) -> Result<bool, TransportError> {
+        let cached = *q.paused.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((at, paused)) = cached {
+            if at.elapsed() < self.options.poll {
+                return Ok(paused);
+            }
+        }
+        let paused = self.store.paused(q.spec.name).await?;
+        *q.paused.lock().unwrap_or_else(|p| p.into_inner()) = Some((std::time::Instant::now(), paused));
+        Ok(paused)
+    }
+
+    /// A page of `listing`: rows read a page at a time in lease order,
+    /// those passing the type filter kept (it needs the body), until the
+    /// page is full or the rows run out.
+    async fn list_rows(&self, queue: &str, listing: &Listing) -> Result<MessagePage, TransportError> {
+        let status = match listing.status {
+            MessageStatus::Pending => "pending",
+            MessageStatus::Sleeping => "sleeping",
+            MessageStatus::InFlight => "processing",
+            MessageStatus::AwaitingRelease => "awaiting_release",
+            MessageStatus::Dead => "error",
+        };
+        let mut after = match listing.after.as_deref() {
+            None => (i64::MAX, i64::MIN),
+            Some(text) => parse_cursor(text)?,
+        };
+        let limit = listing.limit.max(1);
+        let (identity, group) = (listing.identity.as_deref(), listing.group.as_deref());
+        let mut page = MessagePage::default();
+        loop {
+            let read = if listing.type_name.is_some() { DEAD_LETTER_PAGE } else { limit + 1 };
+            let rows = self.store.page(queue, status, after, read, identity, group).await?;
+            let full = rows.len() == read;
+            for row in rows {
+                after = (i64::from(row.priority), row.seq as i64);
+                let report = report_of(queue, row);
+                if !listing.matches(&report) {
+                    continue;
+                }
+                if page.messages.len() == limit {
+                    // One more than the page: there is a next page, which
+                    // starts after the page's last message.
+                    page.next = page.messages.last().map(|m| m.cursor.clone());
+                    return Ok(page);
+                }
+                page.messages.push(report);
+            }
+            if !full {
+                return Ok(page);
+            }
+        }
+    }
+}
+
+/// The cursor of a row: its priority and enqueue position.
+fn cursor_of(priority: i32, seq: u64) -> String {
+    format!("{priority}.{seq}")
+}
+
+fn parse_cursor(text: &str) -> Result<(i64, i64), TransportError> {
+    let parsed = text.split_once('.').and_then(|(p, s)| Some((p.parse::<i32>().ok()?, s.parse::<u64>().ok()?)));
+    let (priority, seq) = parsed.ok_or_else(|| {
+        TransportError::Rejected(format!("`{text}` is not a page cursor: pass the `next` of the page before"))
+    })?;
+    Ok((i64::from(priority), i64::try_from(seq).unwrap_or(i64::MAX)))
 }
 
 /// What a walk over the dead letters does with the ones it chooses.
@@ -414,6 +491,12 @@ fn report_of(queue: &str, row: Row) -> MessageReport {
         history: row.history,
         attributes: decode_attributes(&row.attributes),
         body: row.payload.into(),
+        deferred: row.deferred.map(|d| crate::transport::DeferredVersion {
+            message_id: d.message_id,
+            sent_at_ms: Some(d.sent_at),
+            body: d.payload.into(),
+        }),
+        cursor: cursor_of(row.priority, row.seq),
     }
 }
 
@@ -451,6 +534,7 @@ impl<D: Dialect> Transport for SqlTransport<D> {
                 interrupts: std::sync::atomic::AtomicU64::new(0),
                 maintained: Throttle::default(),
                 turn: Default::default(),
+                paused: Mutex::new(None),
             });
             self.queues.write().unwrap_or_else(|p| p.into_inner()).insert(spec.name.to_owned(), queue);
             Ok(())
@@ -613,6 +697,10 @@ impl<D: Dialect> Transport for SqlTransport<D> {
         Some(self)
     }
 
+    fn browse(&self) -> Option<&dyn Browse> {
+        Some(self)
+    }
+
     fn interrupt_receives(&self, queue: &str) {
         if let Ok(q) = self.queue(queue) {
             q.interrupts.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
@@ -703,5 +791,79 @@ impl<D: Dialect> DeadLetters for SqlTransport<D> {
 
     fn depth<'a>(&'a self, queue: &'a str) -> BoxFuture<'a, Result<u64, TransportError>> {
         Box::pin(self.store.error_depth(queue))
+    }
+}
+
+impl<D: Dialect> Browse for SqlTransport<D> {
+    fn counts<'a>(&'a self, queue: &'a str) -> BoxFuture<'a, Result<QueueCounts, TransportError>> {
+        Box::pin(async move {
+            let found = self.store.counts(queue).await?;
+            let mut counts =
+                QueueCounts { oldest_sent_at_ms: SqlStore::<D>::oldest_live(&found), ..Default::default() };
+            for status in MessageStatus::ALL {
+                counts.set(status, 0);
+            }
+            for c in &found {
+                let status = match c.status.as_str() {
+                    "pending" => MessageStatus::Pending,
+                    "sleeping" => MessageStatus::Sleeping,
+                    "processing" => MessageStatus::InFlight,
+                    "awaiting_release" => MessageStatus::AwaitingRelease,
+                    "error" => MessageStatus::Dead,
+                    _ => continue, // processed rows, kept for retention
+                };
+                counts.set(status, c.count);
+            }
+            Ok(counts)
+        })
+    }
+
+    fn list<'a>(&'a self, queue: &'a str, listing: &'a Listing) -> BoxFuture<'a, Result<MessagePage, TransportError>> {
+        Box::pin(self.list_rows(queue, listing))
+    }
+
+    fn retry_now<'a>(&'a self, queue: &'a str, ids: &'a [MessageId]) -> BoxFuture<'a, Result<usize, TransportError>> {
+        Box::pin(async move {
+            let ids: Vec<&str> = ids.iter().map(MessageId::as_str).collect();
+            let changed = self.store.retry_now(queue, &ids).await?;
+            if let Ok(q) = self.queue(queue) {
+                q.local.notify_waiters();
+            }
+            Ok(changed)
+        })
+    }
+
+    fn delete<'a>(&'a self, queue: &'a str, ids: &'a [MessageId]) -> BoxFuture<'a, Result<usize, TransportError>> {
+        Box::pin(async move {
+            let ids: Vec<&str> = ids.iter().map(MessageId::as_str).collect();
+            self.store.delete_waiting(queue, &ids).await
+        })
+    }
+
+    fn redrive_ids<'a>(&'a self, queue: &'a str, ids: &'a [MessageId]) -> BoxFuture<'a, Result<usize, TransportError>> {
+        Box::pin(async move {
+            let ids: Vec<&str> = ids.iter().map(MessageId::as_str).collect();
+            let rows = self.store.dead_rows(queue, &ids).await?;
+            let moved = self.store.redrive(queue, rows).await?;
+            if let Ok(q) = self.queue(queue) {
+                q.local.notify_waiters();
+            }
+            Ok(moved)
+        })
+    }
+
+    fn set_paused<'a>(&'a self, queue: &'a str, paused: bool) -> BoxFuture<'a, Result<bool, TransportError>> {
+        Box::pin(async move {
+            self.store.set_paused(queue, paused).await?;
+            if let Ok(q) = self.queue(queue) {
+                *q.paused.lock().unwrap_or_else(|p| p.into_inner()) = Some((std::time::Instant::now(), paused));
+                q.local.notify_waiters();
+            }
+            Ok(true)
+        })
+    }
+
+    fn paused<'a>(&'a self, queue: &'a str) -> BoxFuture<'a, Result<Option<bool>, TransportError>> {
+        Box::pin(async move { Ok(Some(self.store.paused(queue).await?)) })
     }
 }

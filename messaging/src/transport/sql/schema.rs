@@ -6,7 +6,7 @@ use crate::error::TransportError;
 /// The tables and columns the transport and the idempotency store use (the
 /// message columns as the statements list them).
 const EXPECTED: &[(&str, &str)] = &[
-    ("messaging_queues", "name, fifo, created_at"),
+    ("messaging_queues", "name, fifo, created_at, paused"),
     ("messaging_messages", concat!("queue, ", super::statements::columns!())),
     ("messaging_previous", "queue, identity, message_id, payload, processed_at"),
     ("messaging_idempotency", "message_id, scope, processor_id, lease_expires_at, completed, completed_at"),

@@ -138,6 +138,34 @@ pub(crate) const DELETE_DEAD: &str = "DELETE FROM messaging_messages WHERE id = 
 /// Deletes one dead letter by message id (`$1`) of queue `$2`.
 pub(crate) const DELETE_DEAD_BY_MESSAGE_ID: &str =
     "DELETE FROM messaging_messages WHERE message_id = $1 AND queue = $2 AND status = 'error'";
+/// How many rows `queue` holds per status, and the oldest's send time.
+pub(crate) const COUNTS: &str =
+    "SELECT status, count(*), min(sent_at) FROM messaging_messages WHERE queue = $1 GROUP BY status";
+/// A page of the rows of `queue` in status `$2`, in lease order (priority,
+/// then enqueue order) after the row at (`$3` priority, `$4` seq), of identity
+/// `$6` and group `$7` when given: the console's listing (the ready index
+/// serves the pending rows, the dead letters' index the rows in error).
+pub(crate) const LIST: &str = concat!(
+    "SELECT ",
+    columns!(),
+    " FROM messaging_messages WHERE queue = $1 AND status = $2 \
+     AND (priority < $3 OR (priority = $3 AND seq > $4)) \
+     AND (CAST($6 AS TEXT) IS NULL OR identity = $6) AND (CAST($7 AS TEXT) IS NULL OR group_id = $7) \
+     ORDER BY priority DESC, seq LIMIT $5"
+);
+/// A sleeping message (`$2`) of `$1` becomes due now; a pending one is already.
+pub(crate) const RETRY_NOW: &str = "UPDATE messaging_messages SET status = 'pending', process_at = NULL \
+    WHERE queue = $1 AND message_id = $2 AND status IN ('sleeping', 'pending')";
+/// Deletes message `$2` of `$1` unless a consumer holds it.
+pub(crate) const DELETE_WAITING: &str = "DELETE FROM messaging_messages WHERE queue = $1 AND message_id = $2 \
+    AND status IN ('pending', 'sleeping', 'error')";
+/// The row of dead letter `$2` of `$1`.
+pub(crate) const DEAD_BY_MESSAGE_ID: &str =
+    "SELECT id FROM messaging_messages WHERE queue = $1 AND message_id = $2 AND status = 'error'";
+/// Whether queue `$1` is paused (for every process).
+pub(crate) const PAUSED: &str = "SELECT paused FROM messaging_queues WHERE name = $1";
+/// Pauses (`$2` true) or resumes queue `$1` for every process.
+pub(crate) const SET_PAUSED: &str = "UPDATE messaging_queues SET paused = $2 WHERE name = $1";
 #[cfg(test)]
 pub(crate) const ROWS: &str = concat!("SELECT ", columns!(), " FROM messaging_messages WHERE queue = $1 ORDER BY id");
 

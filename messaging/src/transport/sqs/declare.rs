@@ -167,6 +167,27 @@ pub(super) async fn depth(client: &Client, url: &str) -> Result<u64, TransportEr
     Ok(out.attributes().map_or(0, |a| a.values().filter_map(|v| v.parse::<u64>().ok()).sum()))
 }
 
+/// The queue's approximate counts: (visible, in flight, delayed).
+pub(super) async fn counts(client: &Client, url: &str) -> Result<(u64, u64, u64), TransportError> {
+    let out = client
+        .get_queue_attributes()
+        .queue_url(url)
+        .attribute_names(QueueAttributeName::ApproximateNumberOfMessages)
+        .attribute_names(QueueAttributeName::ApproximateNumberOfMessagesNotVisible)
+        .attribute_names(QueueAttributeName::ApproximateNumberOfMessagesDelayed)
+        .send()
+        .await
+        .map_err(|e| sdk("GetQueueAttributes", e))?;
+    let read = |name: QueueAttributeName| {
+        out.attributes().and_then(|a| a.get(&name)).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0)
+    };
+    Ok((
+        read(QueueAttributeName::ApproximateNumberOfMessages),
+        read(QueueAttributeName::ApproximateNumberOfMessagesNotVisible),
+        read(QueueAttributeName::ApproximateNumberOfMessagesDelayed),
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

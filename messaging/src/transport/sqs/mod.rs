@@ -383,6 +383,28 @@ impl Transport for SqsTransport {
         })
     }
 
+    fn counts<'a>(&'a self, queue: &'a str) -> BoxFuture<'a, Result<crate::transport::QueueCounts, TransportError>> {
+        Box::pin(async move {
+            let q = self.queue(queue)?;
+            self.count();
+            let (pending, in_flight, sleeping) = declare::counts(&self.client, &q.url).await?;
+            let dead = match self.dead_letters() {
+                Some(dead) if q.dlq_url.is_some() => Some(dead.depth(queue).await?),
+                _ => None,
+            };
+            Ok(crate::transport::QueueCounts {
+                pending: Some(pending),
+                sleeping: Some(sleeping),
+                in_flight: Some(in_flight),
+                // SQS has no such state: a publish while a message is handled
+                // is another message.
+                awaiting_release: Some(0),
+                dead,
+                oldest_sent_at_ms: None,
+            })
+        })
+    }
+
     fn dead_letters(&self) -> Option<&dyn DeadLetters> {
         Some(self)
     }

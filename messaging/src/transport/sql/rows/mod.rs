@@ -4,6 +4,7 @@
 //! goes through the [`Dialect`]. Every operation takes the time (ms since the
 //! Unix epoch), so that tests can drive the clock.
 
+mod browse;
 mod write;
 
 use super::dialect::{fail, int, rows, Dialect, SqlStore, Write};
