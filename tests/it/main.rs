@@ -22,6 +22,8 @@
 mod fixtures;
 
 mod cli;
+mod console;
+mod console_browser;
 mod envelope;
 mod outbox;
 mod publish;

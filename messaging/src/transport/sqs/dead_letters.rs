@@ -325,13 +325,24 @@ impl DeadLetters for SqsTransport {
             } else {
                 tracing::warn!(queue, message_id = %delivery.message_id, %reason, "dead-lettered without its reason attribute: no room for it in the message");
             }
-            let outgoing = Outgoing {
+            // The letter keeps its id (SQS gives the copy in the DLQ a new
+            // one), so that `show`, the console and a redrive name it as the
+            // logs did: where an attribute is left and the size allows.
+            let id_attribute = crate::transport::MESSAGE_ID_ATTRIBUTE;
+            let carries_id = attributes.len() < super::text::MAX_ATTRIBUTES && !attributes.contains_key(id_attribute);
+            if carries_id {
+                attributes.insert(id_attribute.into(), delivery.message_id.to_string());
+            }
+            let mut outgoing = Outgoing {
                 body: delivery.body.clone(),
                 group_id: delivery.group_id.clone(),
                 dedup_id: Some(delivery.message_id.to_string()),
                 attributes,
                 ..Outgoing::default()
             };
+            if carries_id && Self::size(&outgoing) > q.dlq_max_message_bytes {
+                outgoing.attributes.remove(id_attribute);
+            }
             let size = Self::size(&outgoing);
             if size > q.dlq_max_message_bytes {
                 return Err(TransportError::Rejected(format!(
