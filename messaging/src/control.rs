@@ -74,6 +74,9 @@ impl QueueCounters {
     }
 }
 
+/// The totals at one time: (when, handled, failed).
+type Sample = (Instant, u64, u64);
+
 /// How far back the rates look.
 const RATE_WINDOW: Duration = Duration::from_secs(60);
 /// How often a sample is kept (a read at most this often adds one).
@@ -83,8 +86,8 @@ const SAMPLE_EVERY: Duration = Duration::from_secs(5);
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Counters {
     queues: Arc<Mutex<HashMap<String, Arc<QueueCounters>>>>,
-    /// Samples of the totals, per queue: (when, handled, failed), oldest first.
-    samples: Arc<Mutex<HashMap<String, Vec<(Instant, u64, u64)>>>>,
+    /// Samples of the totals, per queue, oldest first.
+    samples: Arc<Mutex<HashMap<String, Vec<Sample>>>>,
 }
 
 /// A queue's counts since the process started, and the rates of the last

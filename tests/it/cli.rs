@@ -796,3 +796,70 @@ fn the_outbox_from_the_command_line_lists_retries_and_needs_no_broker() {
     assert_eq!(value["status"], "unhealthy");
     assert!(value["outbox"].as_str().unwrap_or("").contains("older than 300 s"), "{value}");
 }
+
+/// A port that was free a moment ago.
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).unwrap()
+}
+
+#[cfg(all(unix, feature = "console"))]
+#[test]
+fn the_console_command_serves_without_consuming_and_queues_pause_for_every_process() {
+    let dir = WorkDir::new();
+    let console = || {
+        let mut cmd = example("console");
+        cmd.current_dir(&dir.0).env_remove("MESSAGING_ADMIN_TOKEN");
+        cmd
+    };
+    let data = r#"{"order":"X1","customer":"ada","cents":5}"#;
+    let out = run(console().args(["publish", "shop-payments.fifo", "--type", "shop.payment", "--data", data]));
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+
+    // Paused in the database, for every process; `queues` says so.
+    let out = run(console().args(["queues", "pause", "shop-payments.fifo"]));
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout(&out).contains("paused `shop-payments.fifo`"), "{}", stdout(&out));
+    let out = run(console().args(["queues", "--json"]));
+    let line = stdout(&out).lines().find(|l| l.contains("\"shop-payments.fifo\"")).map(str::to_owned);
+    let line: serde_json::Value = serde_json::from_str(&line.expect("the queue's line")).unwrap();
+    assert_eq!(line["paused"], true);
+    let out = run(console().args(["queues"]));
+    assert!(stdout(&out).contains("shop-payments.fifo (paused)"), "{}", stdout(&out));
+
+    // The console alone: serves the queues and consumes nothing.
+    let port = free_port();
+    let mut child = console()
+        .args(["console", "--http", &port.to_string()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let addr = format!("127.0.0.1:{port}");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while std::net::TcpStream::connect(&addr).is_err() {
+        assert!(Instant::now() < deadline, "the console did not listen");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let (status, body) = fixtures::http_get(&addr, "/api/v1/queues/shop-payments.fifo");
+    assert_eq!(status, 200, "{body}");
+    let queue: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!((queue["paused"].clone(), queue["counts"]["pending"].clone()), (true.into(), 1.into()));
+    let (status, page) = fixtures::http_get(&addr, "/");
+    assert!(status == 200 && page.contains("shop-payments.fifo"), "{status}: {page}");
+    assert!(Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap().success());
+    let status = fixtures::wait_for(&mut child, Duration::from_secs(10), "the console after SIGTERM");
+    assert!(status.success(), "{status:?}");
+
+    // Beyond loopback it needs a token.
+    let out = run(console().args(["console", "--http", &format!("0.0.0.0:{}", free_port())]));
+    assert!(!out.status.success());
+    let error = String::from_utf8_lossy(&out.stderr);
+    assert!(error.contains("beyond loopback") && error.contains("MESSAGING_ADMIN_TOKEN"), "{error}");
+
+    let out = run(console().args(["queues", "resume", "shop-payments.fifo"]));
+    assert!(stdout(&out).contains("resumed `shop-payments.fifo`"), "{}", stdout(&out));
+    // memory:// keeps no flag that other processes read: said so.
+    let out = run(console().args(["--transport", "memory://", "queues", "pause", "shop-payments.fifo"]));
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("keeps no pause flag"));
+}

@@ -526,6 +526,8 @@ struct QueueLine<'a> {
     depth: Result<u64, String>,
     /// The dead letters' count, where the transport keeps them.
     dead: Option<Result<u64, String>>,
+    /// Whether the queue is paused for every process (database queues).
+    paused: Option<bool>,
 }
 
 async fn print_queues(app: &App, json: bool) {
@@ -537,10 +539,14 @@ async fn print_queues(app: &App, json: bool) {
             Some(dl) => Some(dl.depth(spec.name).await.map_err(|e| e.to_string())),
             None => None,
         };
-        lines.push(QueueLine { spec, depth, dead });
+        let paused = match transport.browse() {
+            Some(browse) => browse.paused(spec.name).await.ok().flatten(),
+            None => None,
+        };
+        lines.push(QueueLine { spec, depth, dead, paused });
     }
     if json {
-        for QueueLine { spec, depth, dead } in &lines {
+        for QueueLine { spec, depth, dead, paused } in &lines {
             let value = serde_json::json!({
                 "name": spec.name,
                 "kind": if spec.fifo { "fifo" } else { "standard" },
@@ -551,21 +557,23 @@ async fn print_queues(app: &App, json: bool) {
                 "max_receives": spec.max_receives,
                 "dead_letter_queue": spec.dlq,
                 "dead_letters": dead.as_ref().and_then(|d| d.as_ref().ok()),
+                "paused": paused,
             });
             println!("{value}");
         }
         return;
     }
     println!("{:<40} {:<9} {:>6} {:>8} {:>5}  dead letters", "queue", "kind", "depth", "visible", "conc");
-    for QueueLine { spec, depth, dead } in &lines {
+    for QueueLine { spec, depth, dead, paused } in &lines {
         let depth = depth.as_ref().map_or_else(|e| format!("? ({e})"), |d| d.to_string());
         let dead = match dead {
             Some(Ok(n)) => format!("{n} in {}", spec.dlq.unwrap_or("status error")),
             Some(Err(_)) | None => spec.dlq.map_or_else(|| "-".to_owned(), str::to_owned),
         };
+        let name = if *paused == Some(true) { format!("{} (paused)", spec.name) } else { spec.name.to_owned() };
         println!(
             "{:<40} {:<9} {:>6} {:>7}s {:>5}  {}",
-            spec.name,
+            name,
             if spec.fifo { "fifo" } else { "standard" },
             depth,
             spec.visibility.as_secs(),
