@@ -37,6 +37,11 @@ pub(crate) struct Shop {
 
 #[messaging::handler(queue = ConsoleJobs)]
 async fn console_job(job: Job, shop: State<Arc<Shop>>) -> Result<(), HandlerError> {
+    if job.note == "slow" {
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        shop.handled.fetch_add(1, Ordering::SeqCst);
+        return Ok(());
+    }
     if job.note != "ok" && !shop.fixed.load(Ordering::SeqCst) {
         return Err(HandlerError::permanent(format!("job {} is poison", job.n)));
     }
@@ -257,6 +262,16 @@ async fn console_on(url: &str, database: bool) {
     assert_eq!(h.counts("console-jobs").await["dead"], 0);
     let handled = h.shop.handled.load(Ordering::SeqCst);
     assert!(handled >= 13, "the redriven jobs ran: {handled}");
+
+    // A message being handled is in flight, held until its visibility ends.
+    let slow = h.publisher.send::<ConsoleJobs, _>(&Job { n: 1500, note: "slow".into() }).await.expect("sent");
+    h.until_count("console-jobs", "in_flight", 1).await;
+    let held = h.get_json("/api/v1/queues/console-jobs/messages?status=in_flight").await;
+    assert_eq!(held["messages"][0]["message_id"], slow.as_str());
+    let until = held["messages"][0]["held_until_ms"].as_i64().expect("held_until_ms");
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("clock").as_millis() as i64;
+    assert!(until > now && until <= now + 31_000, "held until the visibility ends: {until} vs {now}");
+    h.until_count("console-jobs", "in_flight", 0).await;
 
     // Pause: nothing is received until the queue is resumed.
     let paused = h.post("/api/v1/queues/console-jobs/pause", json!({})).await;

@@ -46,6 +46,9 @@ pub(super) async fn run(app: &App, args: ShowArgs) -> Result<(), Error> {
     if let (Some(at), "sleeping" | "pending" | "delayed") = (report.process_at_ms, report.status.as_str()) {
         println!("due       {}", rfc3339(at));
     }
+    if let Some(at) = report.held_until_ms {
+        println!("held till {} (then it comes back, unless settled)", rfc3339(at));
+    }
     if let Some(reason) = &report.reason {
         println!("reason    {reason}");
     }

@@ -388,7 +388,11 @@ async fn message(
             fields.push(Field { name: label, value: v });
         }
     }
-    for (label, key) in [("sent", "sent_at_ms"), ("due", "process_at_ms")] {
+    let waiting = matches!(status.as_str(), "sleeping" | "pending" | "delayed" | "visible");
+    for (label, key) in [("sent", "sent_at_ms"), ("due", "process_at_ms"), ("held until", "held_until_ms")] {
+        if key == "process_at_ms" && !waiting {
+            continue; // a due time matters only while the message waits for it
+        }
         if let Some(ms) = value.get(key).and_then(Value::as_i64) {
             fields.push(Field { name: label, value: rfc3339(ms) });
         }

@@ -164,6 +164,10 @@ pub struct MessageReport {
     pub sent_at_ms: i64,
     /// Not handed out before this time (a delay or a retry's backoff).
     pub process_at_ms: Option<i64>,
+    /// While a consumer holds it (in flight): when its lease or visibility
+    /// ends and it comes back, unless settled first (also after that
+    /// consumer crashed).
+    pub held_until_ms: Option<i64>,
     /// The reason of its last failure (a dead letter's reason).
     pub reason: Option<String>,
     /// Its failed attempts, oldest first.

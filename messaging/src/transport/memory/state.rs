@@ -69,7 +69,14 @@ impl Stored {
             identity: None,
             group_id: self.group.clone(),
             sent_at_ms: ms(self.sent_at),
-            process_at_ms: None,
+            process_at_ms: match self.status {
+                Status::Hidden(at) => Some(wall_ms(at)),
+                _ => None,
+            },
+            held_until_ms: match self.status {
+                Status::InFlight { until, .. } => Some(wall_ms(until)),
+                _ => None,
+            },
             reason: self.reason.clone(),
             history: self.history.clone(),
             attributes: (*self.attributes).clone(),
@@ -97,6 +104,17 @@ impl Stored {
     /// Its arrival order in the queue.
     pub(super) fn seq(&self) -> u64 {
         self.seq
+    }
+}
+
+/// The wall-clock time (ms since the Unix epoch) of a monotonic instant.
+fn wall_ms(at: Instant) -> i64 {
+    let now = Instant::now();
+    let wall = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64);
+    if at >= now {
+        wall + at.duration_since(now).as_millis() as i64
+    } else {
+        wall - now.duration_since(at).as_millis() as i64
     }
 }
 

@@ -487,6 +487,7 @@ fn report_of(queue: &str, row: Row) -> MessageReport {
         group_id: row.group,
         sent_at_ms: row.sent_at,
         process_at_ms: row.process_at,
+        held_until_ms: if row.status.is_leased() { row.lease_expires } else { None },
         reason: row.error,
         history: row.history,
         attributes: decode_attributes(&row.attributes),
