@@ -273,6 +273,25 @@ async fn console_on(url: &str, database: bool) {
     assert!(until > now && until <= now + 31_000, "held until the visibility ends: {until} vs {now}");
     h.until_count("console-jobs", "in_flight", 0).await;
 
+    // A newer version of an identity being handled waits, and shows.
+    if database {
+        let first = Job { n: 1600, note: "slow".into() };
+        h.publisher.send::<ConsoleJobs, _>(&first).id("job-1600").await.expect("sent");
+        h.until_count("console-jobs", "in_flight", 1).await;
+        let newer = Job { n: 1601, note: "slow".into() };
+        let second = h.publisher.send::<ConsoleJobs, _>(&newer).id("job-1600").await.expect("sent");
+        let waiting =
+            h.get_json("/api/v1/queues/console-jobs/messages?status=awaiting_release&identity=job-1600").await;
+        let row = &waiting["messages"][0];
+        assert_eq!(row["identity"], "job-1600", "{waiting}");
+        assert_eq!(row["deferred"]["message_id"], second.as_str());
+        assert_eq!(row["deferred"]["body"]["data"]["n"], 1601, "the waiting version's body, decoded");
+        let page = h.get(&format!("/queues/console-jobs/messages/{}", row["message_id"].as_str().unwrap_or(""))).await;
+        assert!(page.body.contains("waiting version") && page.body.contains("&#34;n&#34;: 1601"), "{}", page.body);
+        h.until_count("console-jobs", "awaiting_release", 0).await;
+        h.until_count("console-jobs", "in_flight", 0).await;
+    }
+
     // Pause: nothing is received until the queue is resumed.
     let paused = h.post("/api/v1/queues/console-jobs/pause", json!({})).await;
     let scope = if database { "all_processes" } else { "this_process" };
@@ -589,14 +608,24 @@ mod another_process {
         let app = messaging::App::new(transport.clone()).await.expect("app");
         let addr = serve(Console::of_app(&app), "127.0.0.1:0").await;
         let publisher = Publisher::new(transport);
-        let mut child = std::process::Command::new(std::env::current_exe().expect("test binary"))
-            .arg(fixtures::entry_point(module_path!(), "consumer_process"))
-            .args(["--exact", "--ignored", "--nocapture", "--test-threads=1"])
-            .env("MESSAGING_TEST_URL", &url)
-            .env("RUST_LOG", "warn")
-            .stdout(std::process::Stdio::null())
-            .spawn()
-            .expect("spawn the consumer");
+        /// Kills the consumer however the test ends.
+        struct Killed(std::process::Child);
+        impl Drop for Killed {
+            fn drop(&mut self) {
+                let _ = self.0.kill();
+                let _ = self.0.wait();
+            }
+        }
+        let _child = Killed(
+            std::process::Command::new(std::env::current_exe().expect("test binary"))
+                .arg(fixtures::entry_point(module_path!(), "consumer_process"))
+                .args(["--exact", "--ignored", "--nocapture", "--test-threads=1"])
+                .env("MESSAGING_TEST_URL", &url)
+                .env("RUST_LOG", "warn")
+                .stdout(std::process::Stdio::null())
+                .spawn()
+                .expect("spawn the consumer"),
+        );
         let ticks = || async {
             sqlx::query_scalar::<_, i64>("SELECT count(*) FROM console_ticks").fetch_one(&pool).await.expect("count")
         };
@@ -625,7 +654,5 @@ mod another_process {
             assert!(std::time::Instant::now() < deadline, "the resumed queue was not consumed");
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        let _ = child.kill();
-        let _ = child.wait();
     }
 }
