@@ -113,12 +113,17 @@ pub(crate) struct ConsoleHarness {
 
 impl ConsoleHarness {
     pub(crate) async fn start(url: &str) -> ConsoleHarness {
+        ConsoleHarness::start_with(url, &["console-jobs", "console-groups.fifo"], Duration::from_millis(200)).await
+    }
+
+    /// The app consuming `queues` on `url`, each receive waiting at most `wait`.
+    async fn start_with(url: &str, queues: &[&str], wait: Duration) -> ConsoleHarness {
         let transport = messaging::transport::connect(url).await.expect("connect");
         let mut app = messaging::App::new(transport).await.expect("app");
-        app.only_queues(&["console-jobs", "console-groups.fifo"]);
+        app.only_queues(queues);
         let shop = Arc::new(Shop::default());
         app.setup().provide(shop.clone());
-        app.set_receive_wait(Duration::from_millis(200));
+        app.set_receive_wait(wait);
         let publisher = app.setup().publisher();
         let mut running = app.start().expect("start");
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
@@ -351,6 +356,7 @@ async fn errors_are_json(h: &ConsoleHarness) {
         ("POST", "/api/v1/queues/console-jobs/delete", "{\"ids\": 3}", 400),
         ("POST", "/api/v1/queues/console-jobs/redrive", "{\"type\": \"not.registered\"}", 400),
         ("POST", "/api/v1/queues/console-jobs/purge", "{\"older_than\": \"soon\"}", 400),
+        ("POST", "/api/v1/queues/console-jobs/purge", "{\"ids\": [\"a\"]}", 400),
         ("POST", "/api/v1/queues/console-jobs/pause", "{\"why\": 1}", 400),
         ("POST", "/api/v1/queues/console-jobs/pause", "not json", 400),
         ("GET", "/api/v1/nothing/here", "", 404),
@@ -489,18 +495,7 @@ async fn beyond_loopback_every_request_needs_the_token() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_console_on_sqs_shows_counts_and_browses_dead_letters() {
     let moto = fixtures::SqsServer::start();
-    let transport = messaging::transport::connect(&moto.url(true)).await.expect("connect");
-    let mut app = messaging::App::new(transport).await.expect("app");
-    app.only_queues(&["console-jobs"]);
-    let shop = Arc::new(Shop::default());
-    app.setup().provide(shop.clone());
-    app.set_receive_wait(Duration::from_secs(1));
-    let publisher = app.setup().publisher();
-    let mut running = app.start().expect("start");
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let bound = listener.local_addr().expect("address");
-    running.serve_http_with(listener, Console::of_running(&running).listening_on(bound).router()).expect("serve");
-    let h = ConsoleHarness { addr: bound.to_string(), running: Some(running), shop, publisher };
+    let h = ConsoleHarness::start_with(&moto.url(true), &["console-jobs"], Duration::from_secs(1)).await;
 
     let view = h.get_json("/api/v1/queues/console-jobs").await;
     let caps = &view["capabilities"];
@@ -655,4 +650,39 @@ mod another_process {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_console_nests_under_a_prefix_of_another_service() {
+    let transport = messaging::transport::connect("memory://").await.expect("connect");
+    let app = messaging::App::new(transport).await.expect("app");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let bound = listener.local_addr().expect("address");
+    let console = Console::of_app(&app).listening_on(bound).router();
+    let service = axum::Router::new().route("/", axum::routing::get(|| async { "the shop" })).nest("/ops", console);
+    tokio::spawn(async move { axum::serve(listener, service).await });
+    let addr = bound.to_string();
+    assert_eq!(call(&addr, "GET", "/", &[], "").await.body, "the shop");
+    let overview = call(&addr, "GET", "/ops", &[], "").await;
+    assert_eq!(overview.status, 200);
+    assert!(overview.body.contains("href=\"/ops/queues/console-jobs\""), "{}", overview.body);
+    assert!(overview.body.contains("href=\"/ops/assets/console.css\""));
+    assert!(overview.body.contains("class=\"home\" href=\"/ops\""), "the home link is the mount point");
+    assert_eq!(call(&addr, "GET", "/ops/assets/console.css", &[], "").await.status, 200);
+    assert_eq!(call(&addr, "GET", "/ops/api/v1/queues/console-jobs", &[], "").await.json()["name"], "console-jobs");
+    // A page's form acts and sends the operator back under the prefix.
+    let page = call(&addr, "GET", "/ops/queues/console-jobs", &[], "").await.body;
+    let token = page
+        .split("name=\"form_token\" value=\"")
+        .nth(1)
+        .and_then(|rest| rest.split('"').next())
+        .expect("a form token");
+    let form = format!("form_token={token}&status=pending&action=pause");
+    let form_type = ("Content-Type", "application/x-www-form-urlencoded");
+    let acted = call(&addr, "POST", "/ops/ui/queues/console-jobs", &[form_type], &form).await;
+    assert_eq!(acted.status, 303, "{}", acted.body);
+    let back = acted.header("location").expect("back to the queue");
+    assert!(back.starts_with("/ops/queues/console-jobs?status=pending&notice=paused"), "{back}");
+    let unknown = call(&addr, "GET", "/ops/nowhere", &[], "").await;
+    assert_eq!((unknown.status, unknown.json()["status"].clone()), (404, json!(404)));
 }

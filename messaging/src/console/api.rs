@@ -139,9 +139,11 @@ struct Ids {
     ids: Vec<String>,
 }
 
+/// The body of a bulk action on dead letters: `ids`, or a filter (`type`,
+/// `group`, `older_than`) with `max` (redrive only) and `dry_run`.
 #[derive(serde::Deserialize)]
 #[serde(deny_unknown_fields)]
-struct Redrive {
+struct Bulk {
     #[serde(default)]
     ids: Option<Vec<String>>,
     #[serde(rename = "type", default)]
@@ -152,19 +154,6 @@ struct Redrive {
     older_than: Option<String>,
     #[serde(default)]
     max: Option<usize>,
-    #[serde(default)]
-    dry_run: bool,
-}
-
-#[derive(serde::Deserialize)]
-#[serde(deny_unknown_fields)]
-struct Purge {
-    #[serde(rename = "type", default)]
-    type_name: Option<String>,
-    #[serde(default)]
-    group: Option<String>,
-    #[serde(default)]
-    older_than: Option<String>,
     #[serde(default)]
     dry_run: bool,
 }
@@ -186,12 +175,17 @@ pub(crate) fn action_of(name: &str, bytes: &[u8]) -> Result<Action, Failure> {
         "retry" => Action::RetryNow { ids: ids(body::<Ids>(bytes)?.ids)? },
         "delete" => Action::Delete { ids: ids(body::<Ids>(bytes)?.ids)? },
         "redrive" => {
-            let Redrive { ids: given, type_name, group, older_than, max, dry_run } = body(bytes)?;
+            let Bulk { ids: given, type_name, group, older_than, max, dry_run } = body(bytes)?;
             let filter = Filter { type_name, group, older_than };
             Action::Redrive { ids: given.map(ids).transpose()?, filter, max, dry_run }
         }
         "purge" => {
-            let Purge { type_name, group, older_than, dry_run } = body(bytes)?;
+            let Bulk { ids: given, type_name, group, older_than, max, dry_run } = body(bytes)?;
+            if given.is_some() || max.is_some() {
+                return Err(Failure::bad_request(
+                    "a purge takes a filter (type, group, older_than) and dry_run; delete takes ids",
+                ));
+            }
             Action::Purge { filter: Filter { type_name, group, older_than }, dry_run }
         }
         "pause" | "resume" => {

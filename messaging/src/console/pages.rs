@@ -59,6 +59,16 @@ struct Frame {
 }
 
 impl Frame {
+    /// The overview's address: `/` at the root, the mount point itself when
+    /// nested (axum serves a nested router's `/` there, not at `/ops/`).
+    fn home(&self) -> String {
+        if self.base.is_empty() {
+            "/".to_owned()
+        } else {
+            self.base.clone()
+        }
+    }
+
     fn new(shared: &Shared, uri: &OriginalUri, inner: &str, title: impl Into<String>) -> Frame {
         Frame {
             base: base(uri.0.path(), inner),
@@ -559,7 +569,7 @@ async fn login(State(shared): State<Arc<Shared>>, uri: OriginalUri, bytes: Bytes
     }
     let path = if frame.base.is_empty() { "/".to_owned() } else { frame.base.clone() };
     let cookie = format!("{}={given}; Path={path}; HttpOnly; SameSite=Strict", super::access::COOKIE);
-    let home = format!("{}/", frame.base);
+    let home = frame.home();
     ([(header::SET_COOKIE, cookie)], Redirect::to(&home)).into_response()
 }
 

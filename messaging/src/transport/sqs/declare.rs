@@ -155,16 +155,8 @@ fn check_redrive(
 
 /// Messages in the queue: visible, in flight and delayed.
 pub(super) async fn depth(client: &Client, url: &str) -> Result<u64, TransportError> {
-    let out = client
-        .get_queue_attributes()
-        .queue_url(url)
-        .attribute_names(QueueAttributeName::ApproximateNumberOfMessages)
-        .attribute_names(QueueAttributeName::ApproximateNumberOfMessagesNotVisible)
-        .attribute_names(QueueAttributeName::ApproximateNumberOfMessagesDelayed)
-        .send()
-        .await
-        .map_err(|e| sdk("GetQueueAttributes", e))?;
-    Ok(out.attributes().map_or(0, |a| a.values().filter_map(|v| v.parse::<u64>().ok()).sum()))
+    let (visible, in_flight, delayed) = counts(client, url).await?;
+    Ok(visible + in_flight + delayed)
 }
 
 /// The queue's approximate counts: (visible, in flight, delayed).
