@@ -421,6 +421,24 @@ impl Row {
             if rules.retry_abandoned && self.attempts < rules.max_attempts { Status::Pending } else { Status::Error };
     }
 
+    /// An operator's "retry now": a sleeping row (a delay, a retry's
+    /// backoff) is due at once; a pending one already is. Whether the row
+    /// was either. (The store does it set-based: `RETRY_NOW`.)
+    pub fn retry_now(&mut self) -> bool {
+        if !matches!(self.status, Status::Sleeping | Status::Pending) {
+            return false;
+        }
+        self.status = Status::Pending;
+        self.process_at = None;
+        true
+    }
+
+    /// Whether an operator may delete the row: nobody holds it (pending,
+    /// sleeping, or a dead letter). (The store: `DELETE_WAITING`.)
+    pub fn deletable(&self) -> bool {
+        matches!(self.status, Status::Pending | Status::Sleeping | Status::Error)
+    }
+
     /// `Error` → `Pending` with attempts reset, at the back of the queue.
     pub fn redrive(&mut self, seq: u64) -> bool {
         if self.status != Status::Error {
@@ -607,6 +625,21 @@ impl IdentityQueue {
     pub(crate) fn redrive(&mut self, id: RowId) -> bool {
         let seq = self.seq();
         self.rows.get_mut(&id).is_some_and(|row| row.redrive(seq))
+    }
+
+    /// An operator's "retry now" of row `id` (see [`Row::retry_now`]).
+    pub(crate) fn retry_now(&mut self, id: RowId) -> bool {
+        self.rows.get_mut(&id).is_some_and(Row::retry_now)
+    }
+
+    /// An operator's delete of row `id`, when nobody holds it.
+    pub(crate) fn delete(&mut self, id: RowId) -> bool {
+        let Some(row) = self.rows.get(&id).filter(|r| r.deletable()) else { return false };
+        if let Some(k) = row.identity.clone() {
+            self.by_identity.remove(&k);
+        }
+        self.rows.remove(&id);
+        true
     }
 
     /// Deletes `Processed` rows older than the retention period.

@@ -1,7 +1,8 @@
 //! Model-based tests of the database queues: random sequences of enqueue
 //! (with and without identity, identical payloads, future process-at,
 //! priority), lease, complete, fail, release, dead-letter, extend, lease
-//! expiry and redrive run against the pure state machine
+//! expiry, redrive and the console's retry now, delete and redrive by id
+//! run against the pure state machine
 //! (`machine::IdentityQueue`, the oracle) and against the real
 //! PostgreSQL and SQLite stores, with the same clock, comparing every row
 //! after every step.
@@ -19,16 +20,56 @@ const START: i64 = 1_800_000_000_000;
 
 #[derive(Debug, Clone)]
 enum Cmd {
-    Enqueue { identity: Option<u8>, payload: u8, priority: i32, delay: Option<i64>, group: u8, via: Via },
-    EnqueueBatch { items: Vec<(Option<u8>, u8)>, via: Via },
-    Lease { n: usize },
-    Complete { pick: usize },
-    Fail { pick: usize, backoff: i64 },
-    Release { pick: usize },
-    DeadLetter { pick: usize },
-    Extend { pick: usize },
-    Advance { ms: i64 },
-    Redrive { pick: usize },
+    Enqueue {
+        identity: Option<u8>,
+        payload: u8,
+        priority: i32,
+        delay: Option<i64>,
+        group: u8,
+        via: Via,
+    },
+    EnqueueBatch {
+        items: Vec<(Option<u8>, u8)>,
+        via: Via,
+    },
+    Lease {
+        n: usize,
+    },
+    Complete {
+        pick: usize,
+    },
+    Fail {
+        pick: usize,
+        backoff: i64,
+    },
+    Release {
+        pick: usize,
+    },
+    DeadLetter {
+        pick: usize,
+    },
+    Extend {
+        pick: usize,
+    },
+    Advance {
+        ms: i64,
+    },
+    Redrive {
+        pick: usize,
+    },
+    /// The console's operations, on a row picked among all: retry now,
+    /// delete, redrive by message id.
+    Console {
+        pick: usize,
+        op: ConsoleOp,
+    },
+}
+
+#[derive(Debug, Clone, Copy)]
+enum ConsoleOp {
+    RetryNow,
+    Delete,
+    RedriveById,
 }
 
 /// How an enqueue reaches the store: by itself, or inside a transaction of
@@ -85,6 +126,8 @@ fn cmd() -> impl Strategy<Value = Cmd> {
         1 => any::<usize>().prop_map(|pick| Cmd::Extend { pick }),
         2 => (1i64..1_500).prop_map(|ms| Cmd::Advance { ms }),
         1 => any::<usize>().prop_map(|pick| Cmd::Redrive { pick }),
+        1 => (any::<usize>(), prop_oneof![Just(ConsoleOp::RetryNow), Just(ConsoleOp::Delete), Just(ConsoleOp::RedriveById)])
+            .prop_map(|(pick, op)| Cmd::Console { pick, op }),
     ]
 }
 
@@ -260,6 +303,25 @@ async fn run_case<D: Dialect>(store: &SqlStore<D>, queue: &str, rules: QueueRule
                 let moved = store.redrive(queue, vec![sid]).await.map_err(|e| at(e.to_string()))?;
                 if moved != 1 {
                     return Err(at(format!("redrive moved {moved}")));
+                }
+            }
+            Cmd::Console { pick, op } => {
+                let all: Vec<(RowId, String)> = model.rows().map(|r| (r.id, r.message_id.clone())).collect();
+                if all.is_empty() {
+                    continue;
+                }
+                let (mid, message_id) = all[pick % all.len()].clone();
+                let (expected, got) = match op {
+                    ConsoleOp::RetryNow => (model.retry_now(mid), store.retry_now(queue, &[&message_id]).await),
+                    ConsoleOp::Delete => (model.delete(mid), store.delete_waiting(queue, &[&message_id]).await),
+                    ConsoleOp::RedriveById => {
+                        let rows = store.dead_rows(queue, &[&message_id]).await.map_err(|e| at(e.to_string()))?;
+                        (model.redrive(mid), store.redrive(queue, rows).await)
+                    }
+                };
+                let got = got.map_err(|e| at(e.to_string()))?;
+                if usize::from(expected) != got {
+                    return Err(at(format!("model changed {expected}, the store {got} row(s)")));
                 }
             }
         }
