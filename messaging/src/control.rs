@@ -42,9 +42,26 @@ impl Pauses {
         *self.switch(queue).borrow()
     }
 
-    /// Returns once `queue` is not paused (at once when it is not).
-    pub(crate) async fn resumed(&self, queue: &str) {
-        let mut watching = self.switch(queue).subscribe();
+    /// The switch of `queue`, to watch: what a worker holds, so that its
+    /// check before each receive takes no lock of the map.
+    pub(crate) fn watch(&self, queue: &str) -> PauseWatch {
+        PauseWatch(self.switch(queue).subscribe())
+    }
+}
+
+/// One queue's pause switch, as its worker sees it.
+#[derive(Debug, Clone)]
+pub(crate) struct PauseWatch(watch::Receiver<bool>);
+
+impl PauseWatch {
+    /// Whether the queue is paused now.
+    pub(crate) fn is_paused(&self) -> bool {
+        *self.0.borrow()
+    }
+
+    /// Returns once the queue is not paused (at once when it is not).
+    pub(crate) async fn resumed(&self) {
+        let mut watching = self.0.clone();
         // An error means the sender is gone, which cannot happen while the
         // map holds it; either way there is nothing left to wait for.
         let _ = watching.wait_for(|paused| !paused).await;
@@ -144,13 +161,11 @@ mod tests {
     async fn a_paused_queue_is_waited_for_until_resumed() {
         let pauses = Pauses::default();
         assert!(!pauses.is_paused("q"));
-        pauses.resumed("q").await; // not paused: at once
+        let watch = pauses.watch("q");
+        watch.resumed().await; // not paused: at once
         pauses.set("q", true);
-        assert!(pauses.is_paused("q") && !pauses.is_paused("other"));
-        let waiting = tokio::spawn({
-            let pauses = pauses.clone();
-            async move { pauses.resumed("q").await }
-        });
+        assert!(pauses.is_paused("q") && !pauses.is_paused("other") && watch.is_paused());
+        let waiting = tokio::spawn(async move { watch.resumed().await });
         tokio::time::sleep(Duration::from_millis(20)).await;
         assert!(!waiting.is_finished(), "a paused queue must hold its waiter");
         pauses.set("q", false);

@@ -146,8 +146,9 @@ struct RunArgs {
     /// Create or upgrade the database tables before starting.
     #[arg(long)]
     migrate: bool,
-    /// Serve /health, /ready and /metrics on this address (a bare port binds
-    /// to loopback: `--http 9090` is 127.0.0.1:9090).
+    /// Serve /health, /ready and /metrics on this address, and the console
+    /// at / with the `console` feature (a bare port binds to loopback:
+    /// `--http 9090` is 127.0.0.1:9090).
     #[arg(long, value_name = "ADDR", value_parser = parse_http_addr)]
     http: Option<std::net::SocketAddr>,
 }
@@ -397,6 +398,8 @@ fn console_routes(
         tracing::warn!(
             "the console listens beyond loopback without a token and refuses every request: set MESSAGING_ADMIN_TOKEN"
         );
+    } else if let Ok(addr) = listener.local_addr() {
+        tracing::info!("the console: http://{addr}/ (its JSON API under /api/v1)");
     }
     console.router()
 }

@@ -23,7 +23,7 @@ pub(crate) use self::inflight::Batch;
 use self::inflight::{InFlight, Unit};
 use self::pace::Pace;
 use self::ready::{Ready, Task, Work};
-use crate::control::{Counters, Pauses, QueueCounters};
+use crate::control::{Counters, PauseWatch, Pauses, QueueCounters};
 use crate::enrich::EnrichHook;
 use crate::error::TransportError;
 use crate::observe::SharedObserver;
@@ -65,6 +65,8 @@ pub(crate) struct Worker {
     receive_error: std::sync::Mutex<Option<String>>,
     /// This queue's counts of handled and failed messages.
     counted: Arc<QueueCounters>,
+    /// This queue's pause switch in this process.
+    paused: PauseWatch,
 }
 
 /// What watches a worker: the test observer, metrics, the span enrichment hook.
@@ -115,6 +117,7 @@ impl Worker {
         let ready = Ready::new(routes.spec().concurrency);
         let (parked, parking) = mpsc::unbounded_channel();
         let counted = hooks.counters.of(routes.spec().name);
+        let paused = hooks.pauses.watch(routes.spec().name);
         WorkerHandle {
             worker: Arc::new(Worker {
                 routes,
@@ -129,6 +132,7 @@ impl Worker {
                 parking: std::sync::Mutex::new(Some(parking)),
                 receive_error: std::sync::Mutex::new(None),
                 counted,
+                paused,
             }),
         }
     }
@@ -381,9 +385,9 @@ impl Worker {
         let spec = self.routes.spec();
         // Paused by an operator (this process's switch): nothing is received
         // until the queue is resumed or shutdown begins.
-        if self.hooks.pauses.is_paused(spec.name) {
+        if self.paused.is_paused() {
             tokio::select! {
-                _ = self.hooks.pauses.resumed(spec.name) => {}
+                _ = self.paused.resumed() => {}
                 _ = shutdown.wait() => {}
             }
         }
