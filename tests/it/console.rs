@@ -338,7 +338,34 @@ async fn console_on(url: &str, database: bool) {
 
     errors_are_json(&h).await;
     hostile_payloads_render_as_text(&h).await;
+    a_purge_from_the_page_asks_first(&h).await;
     h.stop().await;
+}
+
+/// The form token a page of the console carries.
+fn form_token(page: &str) -> String {
+    let rest = page.split("name=\"form_token\" value=\"").nth(1).expect("a form on the page");
+    rest.split('"').next().unwrap_or_default().to_owned()
+}
+
+/// "Purge all" on the dead letters' page shows the count and deletes
+/// nothing until it is confirmed.
+async fn a_purge_from_the_page_asks_first(h: &ConsoleHarness) {
+    let dead = h.counts("console-jobs").await["dead"].as_u64().expect("dead");
+    assert!(dead >= 1, "a dead letter to purge");
+    let page = h.get("/queues/console-jobs?status=dead").await.body;
+    let token = form_token(&page);
+    let form_type = ("Content-Type", "application/x-www-form-urlencoded");
+    let form = format!("form_token={token}&status=dead&action=purge_all");
+    let asked = call(&h.addr, "POST", "/ui/queues/console-jobs", &[form_type], &form).await;
+    assert_eq!(asked.status, 200, "{}", asked.body);
+    assert!(asked.body.contains(&format!("This deletes {dead} dead letter(s)")), "{}", asked.body);
+    assert_eq!(h.counts("console-jobs").await["dead"], dead, "nothing deleted before the confirmation");
+    let confirmed =
+        call(&h.addr, "POST", "/ui/queues/console-jobs", &[form_type], &format!("{form}&confirm=yes")).await;
+    assert_eq!(confirmed.status, 303, "{}", confirmed.body);
+    assert!(confirmed.header("location").is_some_and(|l| l.contains(&format!("deleted%20{dead}%20message"))));
+    assert_eq!(h.counts("console-jobs").await["dead"], 0);
 }
 
 /// Bad input is a JSON error with its status, never a panic.
@@ -672,11 +699,7 @@ async fn the_console_nests_under_a_prefix_of_another_service() {
     assert_eq!(call(&addr, "GET", "/ops/api/v1/queues/console-jobs", &[], "").await.json()["name"], "console-jobs");
     // A page's form acts and sends the operator back under the prefix.
     let page = call(&addr, "GET", "/ops/queues/console-jobs", &[], "").await.body;
-    let token = page
-        .split("name=\"form_token\" value=\"")
-        .nth(1)
-        .and_then(|rest| rest.split('"').next())
-        .expect("a form token");
+    let token = form_token(&page);
     let form = format!("form_token={token}&status=pending&action=pause");
     let form_type = ("Content-Type", "application/x-www-form-urlencoded");
     let acted = call(&addr, "POST", "/ops/ui/queues/console-jobs", &[form_type], &form).await;

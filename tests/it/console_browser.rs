@@ -79,16 +79,44 @@ async fn shoot(client: &Client, name: &str) {
     std::fs::write(screenshots().join(name), png).expect("write the screenshot");
 }
 
-async fn text_of(client: &Client, css: &str) -> String {
-    client
-        .wait()
-        .at_most(Duration::from_secs(10))
-        .for_element(Locator::Css(css))
-        .await
-        .expect(css)
-        .text()
-        .await
-        .expect("text")
+/// The text of the element `css` picks, once `wanted` holds for it: a
+/// click that navigates returns before the next page may have replaced the
+/// last one, so what is read is polled (and a stale element read again)
+/// for at most 10 s.
+async fn until_text(client: &Client, css: &str, wanted: impl Fn(&str) -> bool) -> String {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut last = None;
+    loop {
+        if let Ok(element) = client.find(Locator::Css(css)).await {
+            if let Ok(text) = element.text().await {
+                if wanted(&text) {
+                    return text;
+                }
+                last = Some(text);
+            }
+        }
+        assert!(Instant::now() < deadline, "`{css}` never read as wanted; last read: {last:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Waits until `css` picks `n` elements (see [`until_text`]).
+async fn until_count(client: &Client, css: &str, n: usize) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let found = client.find_all(Locator::Css(css)).await.map(|all| all.len()).ok();
+        if found == Some(n) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "`{css}` picks {found:?} elements, not {n}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Clicks the element `css` picks, once it is there.
+async fn click(client: &Client, locator: Locator<'_>) {
+    let element = client.wait().at_most(Duration::from_secs(10)).for_element(locator).await.expect("the element");
+    element.click().await.expect("click");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -113,30 +141,30 @@ async fn a_browser_opens_a_dead_letter_and_redrives_it() {
 
     // The overview lists the queues with their counts.
     client.goto(&format!("{base}/")).await.expect("open the console");
-    let overview = text_of(&client, "#queues").await;
-    assert!(overview.contains("console-jobs") && overview.contains("console-groups.fifo"), "{overview}");
+    let overview = until_text(&client, "#queues", |t| t.contains("console-jobs")).await;
+    assert!(overview.contains("console-groups.fifo"), "{overview}");
     shoot(&client, "overview.png").await;
 
     // The queue's dead letters.
-    client.find(Locator::LinkText("console-jobs")).await.expect("the queue's link").click().await.expect("click");
-    client.find(Locator::Id("tab-dead")).await.expect("the dead tab").click().await.expect("click");
-    let rows = client.find_all(Locator::Css("#messages tbody tr")).await.expect("rows");
-    assert_eq!(rows.len(), 3, "three dead letters");
-    assert!(text_of(&client, "#messages").await.contains("is poison"));
+    click(&client, Locator::LinkText("console-jobs")).await;
+    click(&client, Locator::Id("tab-dead")).await;
+    until_text(&client, "nav.tabs a.current", |t| t.starts_with("dead")).await;
+    until_count(&client, "#messages tbody tr", 3).await;
+    until_text(&client, "#messages", |t| t.contains("is poison")).await;
     shoot(&client, "dead-letters.png").await;
 
     // One of them, with its error and body.
-    client.find(Locator::Css("#messages tbody td.id a")).await.expect("a message").click().await.expect("click");
-    let fields = text_of(&client, "#fields").await;
-    assert!(fields.contains("dead_letter") && fields.contains("console.job"), "{fields}");
-    assert!(text_of(&client, "#body").await.contains("\"note\": \"bad\""));
+    click(&client, Locator::Css("#messages tbody td.id a")).await;
+    let fields = until_text(&client, "#fields", |t| t.contains("dead_letter")).await;
+    assert!(fields.contains("console.job"), "{fields}");
+    until_text(&client, "#body", |t| t.contains("\"note\": \"bad\"")).await;
     shoot(&client, "message.png").await;
 
     // Fixed: redrive it, and see it leave the dead letters and run.
     h.shop.fixed.store(true, Ordering::SeqCst);
-    client.find(Locator::Id("redrive")).await.expect("the redrive button").click().await.expect("click");
-    assert_eq!(text_of(&client, "#notice").await, "redrove 1 message(s)");
-    assert_eq!(text_of(&client, "#tab-dead b").await, "2");
+    click(&client, Locator::Id("redrive")).await;
+    until_text(&client, "#notice", |t| t == "redrove 1 message(s)").await;
+    until_text(&client, "#tab-dead b", |t| t == "2").await;
     let deadline = Instant::now() + Duration::from_secs(10);
     while h.shop.handled.load(Ordering::SeqCst) < 1 {
         assert!(Instant::now() < deadline, "the redriven job did not run");
@@ -144,20 +172,23 @@ async fn a_browser_opens_a_dead_letter_and_redrives_it() {
     }
 
     // The other two at once: tick them, redrive the selection.
+    until_count(&client, "#messages tbody input[type=checkbox]", 2).await;
     for checkbox in client.find_all(Locator::Css("#messages tbody input[type=checkbox]")).await.expect("boxes") {
         checkbox.click().await.expect("tick");
     }
-    client.find(Locator::Id("redrive-selected")).await.expect("the bulk button").click().await.expect("click");
-    assert_eq!(text_of(&client, "#notice").await, "redrove 2 message(s)");
-    assert_eq!(text_of(&client, "#tab-dead b").await, "0");
-    assert!(text_of(&client, "#empty").await.contains("No dead messages"));
+    click(&client, Locator::Id("redrive-selected")).await;
+    until_text(&client, "#notice", |t| t == "redrove 2 message(s)").await;
+    until_text(&client, "#tab-dead b", |t| t == "0").await;
+    until_text(&client, "#empty", |t| t.contains("No dead messages")).await;
 
     // The sleeping ones, on a phone's screen.
     client.set_window_size(390, 844).await.expect("a phone's size");
-    client.find(Locator::Id("tab-sleeping")).await.expect("the sleeping tab").click().await.expect("click");
-    assert_eq!(client.find_all(Locator::Css("#messages tbody tr")).await.expect("rows").len(), 2);
+    click(&client, Locator::Id("tab-sleeping")).await;
+    until_text(&client, "nav.tabs a.current", |t| t.starts_with("sleeping")).await;
+    until_count(&client, "#messages tbody tr", 2).await;
     shoot(&client, "phone-sleeping.png").await;
     client.goto(&format!("{base}/")).await.expect("the overview");
+    until_text(&client, "#queues", |t| t.contains("console-jobs")).await;
     shoot(&client, "phone-overview.png").await;
 
     client.close().await.expect("close the browser");

@@ -499,6 +499,24 @@ async fn act(State(shared): State<Arc<Shared>>, uri: OriginalUri, Path(name): Pa
             return failed(frame, unknown);
         }
     };
+    // A purge asks first, with the count a dry run finds (the command line
+    // asks for --yes likewise).
+    if matches!(action, Action::Purge { .. }) && field(&fields, "confirm") != Some("yes") {
+        let counted = shared.operations.act(spec, Action::Purge { filter: filter(), dry_run: true }).await;
+        let count = match counted {
+            Ok(done) => done.get("deleted").and_then(Value::as_u64).unwrap_or(0),
+            Err(e) => return failed(frame, e),
+        };
+        let (type_filter, group_filter) =
+            (field(&fields, "type").unwrap_or("").to_owned(), field(&fields, "group").unwrap_or("").to_owned());
+        let filter = [("type", &type_filter), ("group", &group_filter)]
+            .iter()
+            .filter(|(_, v)| !v.is_empty())
+            .map(|(k, v)| format!("{k} {v}"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        return render(ConfirmPage { frame, queue: name, count, filter, type_filter, group_filter });
+    }
     let needs_ids =
         matches!(&action, Action::Delete { .. } | Action::RetryNow { .. } | Action::Redrive { ids: Some(_), .. });
     if needs_ids && ids.is_empty() {
@@ -513,6 +531,17 @@ async fn act(State(shared): State<Arc<Shared>>, uri: OriginalUri, Path(name): Pa
     let back =
         format!("{}/queues/{}?status={}&notice={}", frame.base, percent(&name), percent(status), percent(&notice));
     Redirect::to(&back).into_response()
+}
+
+#[derive(Template)]
+#[template(path = "confirm.html")]
+struct ConfirmPage {
+    frame: Frame,
+    queue: String,
+    count: u64,
+    filter: String,
+    type_filter: String,
+    group_filter: String,
 }
 
 /// What an action did, in a sentence.
