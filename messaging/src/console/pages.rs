@@ -328,7 +328,7 @@ async fn queue(
         can_delete: !frame.read_only && caps.delete && listing.status != MessageStatus::InFlight,
         can_redrive: !frame.read_only && dead && caps.dead_letters,
         can_purge: !frame.read_only && dead && caps.purge,
-        by_identity: caps.list && shared.operations.transport.system() != "memory",
+        by_identity: caps.identities,
         frame,
     };
     render(page)

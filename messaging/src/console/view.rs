@@ -32,6 +32,8 @@ pub(crate) struct Capabilities {
     pub(crate) dead_letters: bool,
     /// Dead letters can be purged by filter.
     pub(crate) purge: bool,
+    /// Listings filter by identity (database queues).
+    pub(crate) identities: bool,
     /// Who a pause stops.
     pub(crate) pause: PauseScope,
     /// The statuses a listing takes.
@@ -80,26 +82,23 @@ impl Operations {
     }
 
     pub(crate) fn capabilities(&self, spec: &QueueSpec) -> Capabilities {
-        let browse = self.transport.browse().is_some();
+        let browse = self.transport.browse();
         let dead_letters = self.transport.keeps_dead_letters(spec);
-        let mut statuses = Vec::new();
-        if browse {
-            statuses.extend([MessageStatus::Pending, MessageStatus::Sleeping, MessageStatus::InFlight]);
-            if self.transport.system() != "memory" {
-                statuses.push(MessageStatus::AwaitingRelease);
-            }
-        }
+        let mut statuses: Vec<MessageStatus> = browse
+            .map(|b| b.statuses().iter().copied().filter(|&s| s != MessageStatus::Dead).collect())
+            .unwrap_or_default();
         if dead_letters {
             statuses.push(MessageStatus::Dead);
         }
-        let shared = browse && self.transport.system() != "memory";
+        let shared = browse.is_some_and(|b| b.shares_pauses());
         Capabilities {
-            list: browse,
-            inspect: browse,
-            retry_now: browse,
-            delete: browse,
+            list: browse.is_some(),
+            inspect: browse.is_some(),
+            retry_now: browse.is_some(),
+            delete: browse.is_some(),
+            identities: browse.is_some_and(|b| b.identities()),
             dead_letters,
-            purge: browse && dead_letters,
+            purge: browse.is_some() && dead_letters,
             pause: if shared { PauseScope::AllProcesses } else { PauseScope::ThisProcess },
             statuses,
         }

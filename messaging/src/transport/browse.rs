@@ -161,6 +161,22 @@ pub enum PauseScope {
 /// Listing, inspecting and acting on the messages of a queue, for an
 /// operator's console (database queues and `memory://`).
 pub trait Browse: Send + Sync {
+    /// The statuses a message can have here, which [`Browse::list`] takes.
+    fn statuses(&self) -> &'static [MessageStatus] {
+        &MessageStatus::ALL
+    }
+
+    /// Whether messages carry an identity that listings can filter by
+    /// (database queues: one row per identity).
+    fn identities(&self) -> bool {
+        true
+    }
+
+    /// Whether [`Browse::set_paused`] pauses the queue for every process.
+    fn shares_pauses(&self) -> bool {
+        true
+    }
+
     /// How many messages `queue` holds, by status.
     fn counts<'a>(&'a self, queue: &'a str) -> BoxFuture<'a, Result<QueueCounts, TransportError>>;
 

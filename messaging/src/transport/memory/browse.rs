@@ -33,6 +33,19 @@ impl MemoryTransport {
 }
 
 impl Browse for MemoryTransport {
+    fn statuses(&self) -> &'static [MessageStatus] {
+        // No identities, so nothing waits for a release.
+        &[MessageStatus::Pending, MessageStatus::Sleeping, MessageStatus::InFlight, MessageStatus::Dead]
+    }
+
+    fn identities(&self) -> bool {
+        false // identity is the FIFO deduplication id here, as on SQS
+    }
+
+    fn shares_pauses(&self) -> bool {
+        false // one process: the console pauses this process's workers
+    }
+
     fn counts<'a>(&'a self, queue: &'a str) -> BoxFuture<'a, Result<QueueCounts, TransportError>> {
         Box::pin(async move {
             let mut counts = QueueCounts::default();
