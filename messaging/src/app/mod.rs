@@ -119,6 +119,7 @@ impl App {
     /// Validates, then starts the workers and the setup's tasks.
     pub fn start(self) -> Result<Running, Error> {
         self.validate()?;
+        let operations = self.operations();
         let App { registry, mut setup } = self;
         let publisher = setup.publisher();
         let states = std::mem::take(&mut setup.states).into_iter().collect();
@@ -149,12 +150,6 @@ impl App {
             tasks.spawn(task);
         }
         let queues: Vec<&'static str> = registry.queues().iter().map(|q| q.name).collect();
-        let operations = Operations {
-            transport: setup.transport.clone(),
-            specs: registry.queues().to_vec(),
-            pauses: setup.pauses.clone(),
-            counters: setup.counters.clone(),
-        };
         // The dead letters of the queues this app consumes.
         let consumed: Vec<&'static str> = handles.iter().map(WorkerHandle::queue).collect();
         let monitor = setup.telemetry.dlq_gauge().map(|gauge| {

@@ -391,15 +391,16 @@ fn console_routes(
 ) -> axum::Router {
     let mut console =
         crate::console::Console::of_running(running).token(access.token.clone()).read_only(access.read_only);
-    if let Ok(addr) = listener.local_addr() {
+    let addr = listener.local_addr().ok();
+    if let Some(addr) = addr {
         console = console.listening_on(addr);
     }
-    if console.locked() {
-        tracing::warn!(
+    match addr {
+        _ if console.locked() => tracing::warn!(
             "the console listens beyond loopback without a token and refuses every request: set MESSAGING_ADMIN_TOKEN"
-        );
-    } else if let Ok(addr) = listener.local_addr() {
-        tracing::info!("the console: http://{addr}/ (its JSON API under /api/v1)");
+        ),
+        Some(addr) => tracing::info!("the console: http://{addr}/ (its JSON API under /api/v1)"),
+        None => {}
     }
     console.router()
 }

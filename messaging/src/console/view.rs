@@ -221,12 +221,7 @@ impl Operations {
                 dead_letters()?;
                 let moved = match self.transport.browse() {
                     Some(browse) => browse.redrive_ids(queue, &ids).await?,
-                    None => {
-                        let wanted = ids.clone();
-                        let filter: DeadLetterFilter = Arc::new(move |l: &DeadLetter| wanted.contains(&l.message_id));
-                        let options = RedriveOptions { filter: Some(filter), ..Default::default() };
-                        dead_letters()?.redrive(queue, options).await?.moved
-                    }
+                    None => dead_letters()?.redrive(queue, RedriveOptions::of_ids(&ids)).await?.moved,
                 };
                 serde_json::json!({ "queue": queue, "requested": ids.len(), "moved": moved })
             }

@@ -80,6 +80,15 @@ pub struct QueueCounts {
 }
 
 impl QueueCounts {
+    /// Every status counted, at zero (for a backend that counts them all).
+    pub fn zeros() -> QueueCounts {
+        let mut counts = QueueCounts::default();
+        for status in MessageStatus::ALL {
+            counts.set(status, 0);
+        }
+        counts
+    }
+
     /// The count of `status`.
     pub fn of(&self, status: MessageStatus) -> Option<u64> {
         match status {
@@ -208,4 +217,9 @@ pub trait Browse: Send + Sync {
         let _ = queue;
         Box::pin(async { Ok(None) })
     }
+}
+
+/// The refusal of a listing cursor that is not one.
+pub(crate) fn bad_cursor(text: &str) -> TransportError {
+    TransportError::Rejected(format!("`{text}` is not a page cursor: pass the `next` of the page before"))
 }

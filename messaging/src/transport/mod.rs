@@ -22,6 +22,7 @@ pub(crate) mod sql;
 pub mod sqs;
 mod url;
 
+pub(crate) use browse::bad_cursor;
 pub use browse::{Browse, Listing, MessagePage, MessageStatus, PauseScope, QueueCounts};
 pub use bytes::Bytes;
 pub use id::MessageId;
@@ -197,13 +198,18 @@ pub struct DeferredVersion {
     pub body: Bytes,
 }
 
+/// The envelope's type name and version, if `body` is an envelope.
+fn envelope_of(body: &[u8]) -> Option<(String, u32)> {
+    match crate::envelope::Incoming::parse(body) {
+        Ok(crate::envelope::Incoming::Envelope { name, version, .. }) => Some((name.into_owned(), version)),
+        _ => None,
+    }
+}
+
 impl MessageReport {
     /// The envelope's type name and version, if the body is an envelope.
     pub fn envelope(&self) -> Option<(String, u32)> {
-        match crate::envelope::Incoming::parse(&self.body) {
-            Ok(crate::envelope::Incoming::Envelope { name, version, .. }) => Some((name.into_owned(), version)),
-            _ => None,
-        }
+        envelope_of(&self.body)
     }
 
     /// The envelope's type name, if the body is an envelope.
@@ -436,10 +442,7 @@ pub struct DeadLetter {
 impl DeadLetter {
     /// The envelope's type name, if the body is an envelope.
     pub fn type_name(&self) -> Option<String> {
-        match crate::envelope::Incoming::parse(&self.body) {
-            Ok(crate::envelope::Incoming::Envelope { name, .. }) => Some(name.into_owned()),
-            _ => None,
-        }
+        envelope_of(&self.body).map(|(name, _)| name)
     }
 }
 
@@ -455,6 +458,17 @@ pub struct RedriveOptions {
     pub filter: Option<DeadLetterFilter>,
     /// Count what would be taken without changing anything.
     pub dry_run: bool,
+}
+
+impl RedriveOptions {
+    /// The dead letters with these ids, and no others.
+    pub fn of_ids(ids: &[MessageId]) -> RedriveOptions {
+        let wanted = ids.to_vec();
+        RedriveOptions {
+            filter: Some(Arc::new(move |l: &DeadLetter| wanted.contains(&l.message_id))),
+            ..Default::default()
+        }
+    }
 }
 
 impl std::fmt::Debug for RedriveOptions {

@@ -48,10 +48,7 @@ impl Browse for MemoryTransport {
 
     fn counts<'a>(&'a self, queue: &'a str) -> BoxFuture<'a, Result<QueueCounts, TransportError>> {
         Box::pin(async move {
-            let mut counts = QueueCounts::default();
-            for status in MessageStatus::ALL {
-                counts.set(status, 0);
-            }
+            let mut counts = QueueCounts::zeros();
             let q = self.queue(queue)?;
             let dlq = {
                 let state = q.lock();
@@ -75,11 +72,7 @@ impl Browse for MemoryTransport {
             let Some(name) = self.holding(queue, listing.status)? else { return Ok(MessagePage::default()) };
             let after = match listing.after.as_deref() {
                 None => None,
-                Some(text) => Some(text.parse::<u64>().map_err(|_| {
-                    TransportError::Rejected(format!(
-                        "`{text}` is not a page cursor: pass the `next` of the page before"
-                    ))
-                })?),
+                Some(text) => Some(text.parse::<u64>().map_err(|_| crate::transport::bad_cursor(text))?),
             };
             let q = self.queue(&name)?;
             let state = q.lock();
@@ -114,8 +107,8 @@ impl Browse for MemoryTransport {
     fn delete<'a>(&'a self, queue: &'a str, ids: &'a [MessageId]) -> BoxFuture<'a, Result<usize, TransportError>> {
         Box::pin(async move {
             let mut deleted = self.each(queue, ids, |state, key| state.remove_waiting(key));
-            if let Some(dlq) = self.holding(queue, MessageStatus::Dead)? {
-                deleted += self.each(&dlq, ids, |state, key| state.remove(key).is_some());
+            if self.holding(queue, MessageStatus::Dead)?.is_some() {
+                deleted += DeadLetters::delete(self, queue, ids).await?;
             }
             Ok(deleted)
         })
@@ -123,10 +116,7 @@ impl Browse for MemoryTransport {
 
     fn redrive_ids<'a>(&'a self, queue: &'a str, ids: &'a [MessageId]) -> BoxFuture<'a, Result<usize, TransportError>> {
         Box::pin(async move {
-            let wanted: Vec<MessageId> = ids.to_vec();
-            let filter: crate::transport::DeadLetterFilter =
-                std::sync::Arc::new(move |l: &crate::transport::DeadLetter| wanted.contains(&l.message_id));
-            let options = crate::transport::RedriveOptions { filter: Some(filter), ..Default::default() };
+            let options = crate::transport::RedriveOptions::of_ids(ids);
             Ok(DeadLetters::redrive(self, queue, options).await?.moved)
         })
     }

@@ -57,7 +57,7 @@ pub(crate) use store::RowOp;
 use crate::boxed::BoxFuture;
 use crate::error::TransportError;
 use crate::queue::QueueSpec;
-use crate::transport::sql::machine::{Enqueue, EnqueueOutcome, QueueRules, Row};
+use crate::transport::sql::machine::{Enqueue, EnqueueOutcome, QueueRules, Row, Status};
 use crate::transport::{
     Attributes, Browse, DeadLetter, DeadLetters, Delivery, FailedAttempt, Listing, MessageId, MessagePage,
     MessageReport, MessageStatus, Outgoing, PurgeOutcome, QueueCounts, Receipt, RedriveOptions, RedriveOutcome,
@@ -327,13 +327,7 @@ impl<D: Dialect> SqlTransport<D> {
     /// those passing the type filter kept (it needs the body), until the
     /// page is full or the rows run out.
     async fn list_rows(&self, queue: &str, listing: &Listing) -> Result<MessagePage, TransportError> {
-        let status = match listing.status {
-            MessageStatus::Pending => "pending",
-            MessageStatus::Sleeping => "sleeping",
-            MessageStatus::InFlight => "processing",
-            MessageStatus::AwaitingRelease => "awaiting_release",
-            MessageStatus::Dead => "error",
-        };
+        let status = stored(listing.status).as_str();
         let mut after = match listing.after.as_deref() {
             None => (i64::MAX, i64::MIN),
             Some(text) => parse_cursor(text)?,
@@ -366,6 +360,17 @@ impl<D: Dialect> SqlTransport<D> {
     }
 }
 
+/// The row status that holds the messages of `status`.
+fn stored(status: MessageStatus) -> Status {
+    match status {
+        MessageStatus::Pending => Status::Pending,
+        MessageStatus::Sleeping => Status::Sleeping,
+        MessageStatus::InFlight => Status::Processing,
+        MessageStatus::AwaitingRelease => Status::AwaitingRelease,
+        MessageStatus::Dead => Status::Error,
+    }
+}
+
 /// The cursor of a row: its priority and enqueue position.
 fn cursor_of(priority: i32, seq: u64) -> String {
     format!("{priority}.{seq}")
@@ -373,9 +378,7 @@ fn cursor_of(priority: i32, seq: u64) -> String {
 
 fn parse_cursor(text: &str) -> Result<(i64, i64), TransportError> {
     let parsed = text.split_once('.').and_then(|(p, s)| Some((p.parse::<i32>().ok()?, s.parse::<u64>().ok()?)));
-    let (priority, seq) = parsed.ok_or_else(|| {
-        TransportError::Rejected(format!("`{text}` is not a page cursor: pass the `next` of the page before"))
-    })?;
+    let (priority, seq) = parsed.ok_or_else(|| crate::transport::bad_cursor(text))?;
     Ok((i64::from(priority), i64::try_from(seq).unwrap_or(i64::MAX)))
 }
 
@@ -800,20 +803,13 @@ impl<D: Dialect> Browse for SqlTransport<D> {
         Box::pin(async move {
             let found = self.store.counts(queue).await?;
             let mut counts =
-                QueueCounts { oldest_sent_at_ms: SqlStore::<D>::oldest_live(&found), ..Default::default() };
-            for status in MessageStatus::ALL {
-                counts.set(status, 0);
-            }
+                QueueCounts { oldest_sent_at_ms: SqlStore::<D>::oldest_live(&found), ..QueueCounts::zeros() };
             for c in &found {
-                let status = match c.status.as_str() {
-                    "pending" => MessageStatus::Pending,
-                    "sleeping" => MessageStatus::Sleeping,
-                    "processing" => MessageStatus::InFlight,
-                    "awaiting_release" => MessageStatus::AwaitingRelease,
-                    "error" => MessageStatus::Dead,
-                    _ => continue, // processed rows, kept for retention
-                };
-                counts.set(status, c.count);
+                // Processed rows, kept for retention, are none of the console's statuses.
+                let row = Status::parse(&c.status);
+                if let Some(status) = MessageStatus::ALL.into_iter().find(|&s| Some(stored(s)) == row) {
+                    counts.set(status, c.count);
+                }
             }
             Ok(counts)
         })

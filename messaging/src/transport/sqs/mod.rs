@@ -388,9 +388,9 @@ impl Transport for SqsTransport {
             let q = self.queue(queue)?;
             self.count();
             let (pending, in_flight, sleeping) = declare::counts(&self.client, &q.url).await?;
-            let dead = match self.dead_letters() {
-                Some(dead) if q.dlq_url.is_some() => Some(dead.depth(queue).await?),
-                _ => None,
+            let dead = match q.dlq_url {
+                Some(_) => Some(DeadLetters::depth(self, queue).await?),
+                None => None,
             };
             Ok(crate::transport::QueueCounts {
                 pending: Some(pending),
