@@ -259,6 +259,14 @@ const ALIASES: &[(&str, &str)] = &[
     ("idempotency_scope", "idempotent"),
     ("scope", "idempotent"),
     ("backoff", "retry"),
+    ("timezone", "tz"),
+    ("time_zone", "tz"),
+    ("zone", "tz"),
+    ("catchup", "catch_up"),
+    ("missed", "catch_up"),
+    ("interval", "every"),
+    ("period", "every"),
+    ("delay", "jitter"),
 ];
 
 /// The known option closest to a misspelt one, if any is close.
@@ -298,4 +306,16 @@ pub(crate) fn with_error(item: TokenStream, error: syn::Error) -> TokenStream {
     let mut out = item;
     out.extend(error.into_compile_error());
     out
+}
+
+/// Whether a type mentions `impl Trait`, which cannot be named in a path.
+pub(crate) fn mentions_impl(ty: &syn::Type) -> bool {
+    fn walk(tokens: TokenStream) -> bool {
+        tokens.into_iter().any(|t| match t {
+            proc_macro2::TokenTree::Ident(i) => i == "impl",
+            proc_macro2::TokenTree::Group(g) => walk(g.stream()),
+            _ => false,
+        })
+    }
+    walk(quote::quote!(#ty))
 }

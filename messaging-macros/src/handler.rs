@@ -6,7 +6,7 @@ use quote::{format_ident, quote, quote_spanned};
 use syn::spanned::Spanned;
 use syn::{FnArg, ItemFn, LitStr, Path, ReturnType, Type};
 
-use crate::attr::{with_error, Args, Errors, Reader};
+use crate::attr::{mentions_impl, with_error, Args, Errors, Reader};
 
 const KNOWN: &[&str] = &["queue", "idempotent", "lease", "retry"];
 
@@ -277,16 +277,4 @@ fn generate(func: &ItemFn, args: &HandlerArgs, sig: &Signature) -> TokenStream {
             }
         };
     }
-}
-
-/// Whether a type mentions `impl Trait`, which cannot be named in a path.
-fn mentions_impl(ty: &Type) -> bool {
-    fn walk(tokens: TokenStream) -> bool {
-        tokens.into_iter().any(|t| match t {
-            proc_macro2::TokenTree::Ident(i) => i == "impl",
-            proc_macro2::TokenTree::Group(g) => walk(g.stream()),
-            _ => false,
-        })
-    }
-    walk(quote!(#ty))
 }

@@ -6,6 +6,12 @@
 //! module, where parsing and checking are apart from code generation.
 
 mod attr;
+// The runtime's cadence code (cron dialect, time zones, intervals),
+// compiled here too: an expression the compiler accepts is read the same
+// way when the service runs.
+#[path = "../../messaging/src/schedule/cadence.rs"]
+#[allow(dead_code)]
+mod cadence;
 // The runtime crate's duration parser, compiled here too: one syntax for
 // macros, command line and URLs.
 #[path = "../../messaging/src/duration.rs"]
@@ -14,6 +20,7 @@ mod handler;
 mod main_fn;
 mod message;
 mod queue;
+mod schedule;
 
 use proc_macro::TokenStream;
 
@@ -108,6 +115,46 @@ pub fn message(args: TokenStream, item: TokenStream) -> TokenStream {
 #[proc_macro_attribute]
 pub fn handler(args: TokenStream, item: TokenStream) -> TokenStream {
     handler::expand(args.into(), item.into()).into()
+}
+
+/// Declares a recurring message: a function that returns the message to
+/// publish, run on a cron expression or an interval, once per tick across
+/// every process of the app.
+///
+/// ```ignore
+/// #[messaging::schedule("30 2 * * *", queue = Reports, tz = "Europe/Oslo", catch_up = "last")]
+/// fn nightly_report(tick: Tick) -> ReportDue {
+///     ReportDue { at: tick.local_time().to_owned() }
+/// }
+///
+/// #[messaging::schedule(every = "5m", queue = Probes, jitter = "30s")]
+/// async fn probe(db: State<Db>) -> Option<Probe> { db.stale_probe().await }
+/// ```
+///
+/// The cadence: a cron expression first (Vixie cron: `minute hour
+/// day-of-month month day-of-week`, or six fields with seconds first), or
+/// `every = "5m"` (elapsed time, aligned to the Unix epoch). Options:
+/// `queue = Type` (required); `name = ".."` (default: the function's path;
+/// the key of its ledger row); `tz = "Europe/Oslo"` (the cron expression's
+/// wall clock, default UTC; a repeated local time fires once, a skipped one
+/// once at the end of the gap); `catch_up = "skip" | "last" | "all"` (ticks
+/// missed while no process ran: skipped, the newest published, or all of
+/// them up to 100); `group = ".."` (the FIFO message group); `jitter =
+/// "30s"` (each tick published up to that long after its time). Checked at
+/// compile time: the expression, the zone, the options, and the FIFO rules
+/// of a send (a FIFO queue needs a group from `group`, the message or the
+/// queue's `default_group`).
+///
+/// The function may be `async`; it takes `Tick`, `State<T>` and `Publisher`
+/// and returns the message (`M`, `Option<M>`, or a `Result` of either).
+/// It stays callable as written.
+///
+/// Equivalent code without the macro: a function that builds each argument
+/// from the tick, calls this one and encodes the message, plus a
+/// registration naming the schedule, its queue, its cadence and options.
+#[proc_macro_attribute]
+pub fn schedule(args: TokenStream, item: TokenStream) -> TokenStream {
+    schedule::expand(args.into(), item.into()).into()
 }
 
 /// Turns `async fn main` into a service: tokio runtime, logging, the command

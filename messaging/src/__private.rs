@@ -16,8 +16,10 @@ pub use crate::extract::{FromContext, Requirement, Resources};
 pub use crate::handler::{AnyMessage, ErasedHandler, IdempotencySpec, IntoHandlerResult, RetryPolicy};
 pub use crate::message::Message;
 pub use crate::message::{const_name_is, const_str_eq, Flag, IdentityField, No, Yes};
+pub use crate::publish::{Grouped, ScheduleGroupResolved, Ungrouped};
 pub use crate::queue::{Fifo, Queue, QueueKind, QueueSpec, Standard};
-pub use crate::registry::{HandlerEntry, MessageEntry, QueueEntry, Upcast};
+pub use crate::registry::{HandlerEntry, MessageEntry, QueueEntry, ScheduleEntry, Upcast};
+pub use crate::schedule::{BoxError, CatchUp, FromTick, ScheduleOutput, Tick};
 
 /// The `TypeId` of `T`, as a `fn` pointer for registry entries.
 pub fn type_id<T: 'static>() -> TypeId {
@@ -46,6 +48,18 @@ pub fn encode<M: Message>(data: &[u8]) -> Result<Encoded, serde_json::Error> {
         identity: message.message_id(),
         ignored,
     })
+}
+
+/// Encodes what a schedule function returned: the message as it travels,
+/// with its group and identity; `None` when it returned none.
+pub fn encode_scheduled<R: ScheduleOutput>(output: R) -> Result<Option<Encoded>, BoxError> {
+    let Some(message) = output.into_message()? else { return Ok(None) };
+    Ok(Some(Encoded {
+        body: crate::envelope::encode(&message)?,
+        group: message.group_id(),
+        identity: message.message_id(),
+        ignored: Vec::new(),
+    }))
 }
 
 /// Converts a decoded `A` into the next version `B`.

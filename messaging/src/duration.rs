@@ -26,9 +26,30 @@ pub(crate) fn parse_duration(text: &str) -> Result<Duration, String> {
     }
 }
 
+/// Writes `ms` milliseconds in the largest unit that holds it whole:
+/// `5m`, `90s`, `1500ms` (what [`parse_duration`] reads back).
+#[allow(dead_code)] // the macro crate compiles this file and formats nothing
+pub(crate) fn format_duration(ms: u64) -> String {
+    const UNITS: [(u64, &str); 4] = [(86_400_000, "d"), (3_600_000, "h"), (60_000, "m"), (1_000, "s")];
+    for (size, unit) in UNITS {
+        if ms >= size && ms % size == 0 {
+            return format!("{}{unit}", ms / size);
+        }
+    }
+    format!("{ms}ms")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn formatting_reads_back() {
+        for (ms, text) in [(300_000, "5m"), (90_000, "90s"), (1_500, "1500ms"), (86_400_000, "1d"), (0, "0ms")] {
+            assert_eq!(format_duration(ms), text);
+            assert_eq!(parse_duration(text), Ok(Duration::from_millis(ms)));
+        }
+    }
 
     #[test]
     fn one_syntax_with_a_unit_always() {

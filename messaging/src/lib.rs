@@ -42,6 +42,8 @@ pub mod publish;
 pub mod queue;
 pub mod registry;
 mod relay;
+pub mod schedule;
+mod scheduler;
 pub mod shutdown;
 pub mod telemetry;
 pub mod testing;
@@ -113,6 +115,11 @@ pub use messaging_macros::message;
 /// Declares a handler. See the [crate docs](crate#handlers).
 #[doc(inline)]
 pub use messaging_macros::handler;
+
+/// Declares a recurring message: a function run on a cron expression or an
+/// interval, whose message is published once per tick. See [`schedule`](mod@schedule).
+#[doc(inline)]
+pub use messaging_macros::schedule;
 
 /// Turns `async fn main` into a service with a command line. See the [crate docs](crate#main).
 #[doc(inline)]

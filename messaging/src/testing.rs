@@ -238,6 +238,23 @@ impl TestAppBuilder {
         self
     }
 
+    /// Runs the app's schedules on a clock that reads `at` now and advances
+    /// with tokio's: under `#[tokio::test(start_paused = true)]`, a test
+    /// sleeps through hours of ticks in an instant. (Without it the
+    /// schedules tick by the machine's clock.)
+    ///
+    /// ```no_run
+    /// # use messaging::testing::TestApp;
+    /// # async fn f() {
+    /// let midnight = std::time::UNIX_EPOCH + std::time::Duration::from_secs(1_767_225_600);
+    /// let app = TestApp::builder().clock_at(midnight).start().await.unwrap();
+    /// tokio::time::sleep(std::time::Duration::from_secs(3 * 3600)).await; // three hours of ticks
+    /// # }
+    /// ```
+    pub fn clock_at(self, at: std::time::SystemTime) -> Self {
+        self.setup(move |setup| setup.clock = crate::scheduler::Clock::tokio_at(at))
+    }
+
     /// Runs on `transport` instead of a fresh in-memory one (a SQLite file,
     /// PostgreSQL, SQS...), to test against the semantics used in production.
     pub fn transport(mut self, transport: Arc<dyn Transport>) -> Self {

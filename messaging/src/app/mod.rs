@@ -66,6 +66,11 @@ impl App {
         &self.setup.transport
     }
 
+    /// Where this app keeps its schedules' ledger.
+    pub(crate) fn setup_schedule_ledger(&self) -> Arc<dyn crate::transport::schedules::ScheduleLedger> {
+        self.setup.schedule_ledger()
+    }
+
     /// What an operator's console reads and changes of this app.
     #[cfg_attr(not(feature = "console"), allow(dead_code))]
     pub(crate) fn operations(&self) -> Operations {
@@ -109,6 +114,16 @@ impl App {
                 }
             }
         }
+        for schedule in self.registry.schedules() {
+            for req in (schedule.requirements)() {
+                if !self.setup.states.contains_key(&req.type_id) {
+                    problems.push(format!(
+                        "schedule `{}` takes `State<{}>`, which was not provided; call `setup.provide(..)` with one in `#[messaging::main]`",
+                        schedule.name, req.type_name
+                    ));
+                }
+            }
+        }
         if problems.is_empty() {
             Ok(())
         } else {
@@ -123,10 +138,10 @@ impl App {
         let App { registry, mut setup } = self;
         let publisher = setup.publisher();
         let states = std::mem::take(&mut setup.states).into_iter().collect();
-        let resources = Arc::new(Resources::new(states, publisher));
+        let resources = Arc::new(Resources::new(states, publisher.clone()));
         let pipeline = Arc::new(Pipeline {
             behaviours: std::mem::take(&mut setup.behaviours),
-            resources,
+            resources: resources.clone(),
             idempotency: setup.idempotency.clone(),
         });
         let settings = WorkerSettings { receive_wait: setup.receive_wait, grace: setup.grace };
@@ -149,6 +164,7 @@ impl App {
         for task in std::mem::take(&mut setup.tasks) {
             tasks.spawn(task);
         }
+        let schedules = start_schedules(&registry, &setup, publisher, resources);
         let queues: Vec<&'static str> = registry.queues().iter().map(|q| q.name).collect();
         // The dead letters of the queues this app consumes.
         let consumed: Vec<&'static str> = handles.iter().map(WorkerHandle::queue).collect();
@@ -189,6 +205,7 @@ impl App {
             relay,
             outbox,
             outbox_monitor,
+            schedules,
             operations,
         })
     }
@@ -261,6 +278,8 @@ pub struct Running {
     outbox: Option<Outbox>,
     /// The task observing the outbox for its gauges.
     outbox_monitor: Option<tokio::task::JoinHandle<()>>,
+    /// The schedules' tasks (they stop with the app's shutdown).
+    schedules: JoinSet<()>,
     /// What the console works on.
     #[cfg_attr(not(feature = "console"), allow(dead_code))]
     operations: Operations,
@@ -359,6 +378,12 @@ impl Running {
 
     async fn join(&mut self) -> Stopped {
         let mut stopped = Stopped::default();
+        // Schedules stop at the shutdown signal; a tick being published
+        // finishes, unless the shutdown is forced.
+        tokio::select! {
+            _ = async { while self.schedules.join_next().await.is_some() {} } => {}
+            _ = self.shutdown.forced() => self.schedules.abort_all(),
+        }
         while let Some(worker) = self.workers.join_next().await {
             if let Ok(worker) = worker {
                 stopped.add(worker);
@@ -416,6 +441,41 @@ impl Running {
             }
         }
     }
+}
+
+/// Starts the app's schedules in serve mode: a drained app stops when its
+/// queues are empty, which a schedule would keep from happening.
+fn start_schedules(
+    registry: &Registry,
+    setup: &Setup,
+    publisher: crate::publish::Publisher,
+    resources: Arc<Resources>,
+) -> JoinSet<()> {
+    let schedules = registry.scheduled();
+    if schedules.is_empty() {
+        return JoinSet::new();
+    }
+    if setup.run_mode == RunMode::Drain {
+        tracing::info!("drain mode: the app's {} schedule(s) do not run", schedules.len());
+        return JoinSet::new();
+    }
+    let ledger = setup.schedule_ledger();
+    if !ledger.shared() && setup.transport.system() != "memory" {
+        tracing::warn!(
+            "the schedules' ledger is this process's: with several processes, each publishes every tick (on a FIFO \
+             queue deduplicated within five minutes); give the app a database they share with an outbox \
+             (--outbox URL, MESSAGING_OUTBOX_URL or setup.outbox(..)) to publish each tick once"
+        );
+    }
+    tracing::info!(schedules = schedules.len(), ledger = ledger.describe(), "scheduling");
+    let scheduler = crate::scheduler::Scheduler {
+        ledger,
+        publisher,
+        resources,
+        clock: setup.clock.clone(),
+        telemetry: setup.telemetry.clone(),
+    };
+    scheduler.start(schedules, setup.shutdown.clone())
 }
 
 /// Whether the outbox holds no pending row for `queues` (an unreadable

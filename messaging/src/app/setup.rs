@@ -63,6 +63,10 @@ pub struct Setup {
     pub(crate) pauses: crate::control::Pauses,
     /// What this process's workers handled and failed, per queue.
     pub(crate) counters: crate::control::Counters,
+    /// The wall clock the schedules tick by.
+    pub(crate) clock: crate::scheduler::Clock,
+    /// The schedules' ledger when no database keeps it: this process's.
+    pub(crate) local_ledger: Arc<crate::transport::schedules::MemoryLedger>,
 }
 
 impl std::fmt::Debug for Setup {
@@ -96,7 +100,21 @@ impl Setup {
             outbox: OutboxSlot::default(),
             pauses: Default::default(),
             counters: Default::default(),
+            clock: Default::default(),
+            local_ledger: Default::default(),
         }
+    }
+
+    /// Where the schedules' ledger is: the transport's database (database
+    /// queues), else the outbox's database, else this process.
+    pub(crate) fn schedule_ledger(&self) -> Arc<dyn crate::transport::schedules::ScheduleLedger> {
+        if let Some(ledger) = self.transport.schedule_ledger() {
+            return ledger;
+        }
+        if let Some(outbox) = self.outbox.read().unwrap_or_else(|p| p.into_inner()).as_ref() {
+            return outbox.schedule_ledger();
+        }
+        self.local_ledger.clone()
     }
 
     /// Provides a value that handlers take as `State<T>`.

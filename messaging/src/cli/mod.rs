@@ -4,6 +4,7 @@
 mod dlq;
 mod outbox;
 mod publish;
+mod schedules;
 mod show;
 
 use std::process::ExitCode;
@@ -84,6 +85,9 @@ enum Command {
     Show(show::ShowArgs),
     /// Show what waits in the outbox per queue and what the transport refused.
     Outbox(outbox::OutboxArgs),
+    /// List the schedules with their queues, the last tick published and the
+    /// next three; pause or resume one.
+    Schedules(schedules::SchedulesArgs),
     /// Serve the console (a JSON API under /api/v1 and pages at /) without
     /// consuming, until SIGINT/SIGTERM (feature `console`).
     Console(ConsoleArgs),
@@ -210,6 +214,7 @@ fn uses_existing(command: &Command) -> bool {
         | Command::Show(_)
         | Command::Dlq(_)
         | Command::Outbox(_)
+        | Command::Schedules(_)
         | Command::Console(_) => true,
         Command::Run(_) | Command::Migrate | Command::Publish(_) => false,
     }
@@ -285,6 +290,14 @@ async fn execute(cli: Cli, hook: SetupHook) -> Result<(), Error> {
             outbox::run(outbox.as_ref(), args).await
         }
         Command::Publish(args) => publish::run(&mut app, args).await,
+        Command::Schedules(args) => {
+            // An outbox the app gives itself in `main` keeps the ledger of
+            // a transport without a database.
+            if app.setup_transport().schedule_ledger().is_none() && outbox.is_none() {
+                hook(app.setup()).await.map_err(Error::Setup)?;
+            }
+            schedules::run(&app, args).await
+        }
         Command::Show(args) => show::run(&app, args).await,
         Command::Queues(QueuesArgs { action: Some(action), .. }) => pause(&app, action).await,
         Command::Queues(QueuesArgs { action: None, json: JsonArg { json } }) => {

@@ -81,6 +81,7 @@ pub(super) async fn run(app: &mut App, args: PublishArgs) -> Result<(), Error> {
         identity: args.id,
         delay: args.delay,
         attributes: args.attributes.into_iter().collect(),
+        ..EncodedSend::default()
     };
     let id = app.setup().publisher().send_encoded(&spec, encoded, send).await?;
     if args.json {

@@ -8,7 +8,7 @@ use super::{single, Publisher, SendOptions};
 use crate::envelope::Encoded;
 use crate::error::PublishError;
 use crate::queue::QueueSpec;
-use crate::transport::{Attributes, MessageId};
+use crate::transport::{Attributes, MessageId, Outgoing};
 
 /// The options of a send built at run time.
 #[derive(Debug, Default)]
@@ -19,6 +19,8 @@ pub(crate) struct EncodedSend {
     pub(crate) identity: Option<String>,
     /// A delay, on standard queues only.
     pub(crate) delay: Option<Duration>,
+    /// The deduplication id, over the identity.
+    pub(crate) dedup_id: Option<String>,
     /// Message attributes.
     pub(crate) attributes: Attributes,
 }
@@ -34,14 +36,42 @@ impl Publisher {
         message: Encoded,
         send: EncodedSend,
     ) -> Result<MessageId, PublishError> {
+        let outgoing = self.outgoing_encoded(spec, message, send);
+        single::send_one(self, spec.name, outgoing).await
+    }
+
+    /// The message a send of `message` to `spec` with `send` would carry,
+    /// checked by the rules of [`Publisher::send_encoded`], for a caller
+    /// that sends it later ([`Publisher::send_outgoing`]).
+    pub(crate) fn outgoing_encoded(
+        &self,
+        spec: &QueueSpec,
+        message: Encoded,
+        send: EncodedSend,
+    ) -> Result<Outgoing, PublishError> {
         let options = SendOptions {
             group: send.group,
             identity: send.identity,
+            dedup_id: send.dedup_id,
             delay: send.delay,
             attributes: send.attributes,
             ..SendOptions::default()
         };
-        let outgoing = options.outgoing_encoded(spec, message, self.transport.max_delay());
-        single::send_one(self, spec.name, outgoing).await
+        options.outgoing_encoded(spec, message, self.transport.max_delay())
+    }
+
+    /// Sends `outgoing` to `spec` with the producer span and metrics of any
+    /// send: inside the open transaction whose connection is `conn` (on the
+    /// transport when it takes it, else into the outbox), or by itself.
+    pub(crate) async fn send_outgoing(
+        &self,
+        spec: &QueueSpec,
+        outgoing: Outgoing,
+        conn: Option<&mut (dyn std::any::Any + Send)>,
+    ) -> Result<Vec<MessageId>, PublishError> {
+        match conn {
+            Some(conn) => single::send_in(self, (spec.name, spec.fifo), vec![outgoing], conn).await,
+            None => single::send_one(self, spec.name, Ok(outgoing)).await.map(|id| vec![id]),
+        }
     }
 }

@@ -20,7 +20,7 @@ pub use batch::BatchBuilder;
 pub use checks::{MAX_ATTRIBUTES, MAX_ID_LEN};
 pub(crate) use encoded::EncodedSend;
 pub use single::SendBuilder;
-pub use state::{DelaySupported, GroupResolved, Grouped, Ungrouped};
+pub use state::{DelaySupported, GroupResolved, Grouped, ScheduleGroupResolved, Ungrouped};
 
 use crate::envelope::Encoded;
 use crate::error::PublishError;

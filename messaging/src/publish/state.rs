@@ -39,3 +39,22 @@ impl<Q, M> GroupResolved<Q, M> for (Fifo, Ungrouped, No, Yes) {}
 pub trait DelaySupported<Q> {}
 
 impl<Q> DelaySupported<Q> for Standard {}
+
+/// Holds when a schedule publishing `M` to queue `Q` has a message group
+/// id, or needs none: the rules of [`GroupResolved`], for
+/// `#[messaging::schedule]`, whose fix is its `group = ".."` option.
+#[diagnostic::on_unimplemented(
+    message = "a schedule cannot publish `{M}` to FIFO queue `{Q}` without a message group id",
+    label = "this schedule's messages have no message group id",
+    note = "a FIFO queue needs a group id; give it in one of three ways:\n  1. add `group = \"...\"` to `#[messaging::schedule(..)]`,\n  2. name a field of the message: `#[messaging::message(.., group = field)]` on `{M}`,\n  3. give the queue a default: `#[messaging::queue(.., default_group = \"...\")]` on `{Q}`"
+)]
+pub trait ScheduleGroupResolved<Q, M> {}
+
+#[diagnostic::do_not_recommend]
+impl<Q, M, G, A, B> ScheduleGroupResolved<Q, M> for (Standard, G, A, B) {}
+#[diagnostic::do_not_recommend]
+impl<Q, M, A, B> ScheduleGroupResolved<Q, M> for (Fifo, Grouped, A, B) {}
+#[diagnostic::do_not_recommend]
+impl<Q, M, B> ScheduleGroupResolved<Q, M> for (Fifo, Ungrouped, Yes, B) {}
+#[diagnostic::do_not_recommend]
+impl<Q, M> ScheduleGroupResolved<Q, M> for (Fifo, Ungrouped, No, Yes) {}

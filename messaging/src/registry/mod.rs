@@ -2,12 +2,15 @@
 //! [`Registry`] built from it at startup.
 
 mod codec;
+mod schedules;
 mod validate;
 
 use std::any::TypeId;
 use std::sync::Arc;
 
 pub use codec::{Decoded, Route, Routes};
+pub use schedules::ScheduleEntry;
+pub(crate) use schedules::Scheduled;
 pub use validate::ValidationErrors;
 
 use crate::extract::Requirement;
@@ -95,6 +98,7 @@ impl std::fmt::Debug for HandlerEntry {
 inventory::collect!(QueueEntry);
 inventory::collect!(MessageEntry);
 inventory::collect!(HandlerEntry);
+inventory::collect!(ScheduleEntry);
 
 /// Everything registered in this binary, checked: queues, message chains and
 /// the routes of each queue.
@@ -102,6 +106,7 @@ inventory::collect!(HandlerEntry);
 pub struct Registry {
     queues: Vec<QueueSpec>,
     routes: Vec<Arc<Routes>>,
+    schedules: Vec<Arc<Scheduled>>,
 }
 
 impl Registry {
@@ -110,7 +115,8 @@ impl Registry {
         let queues: Vec<&'static QueueEntry> = inventory::iter::<QueueEntry>.into_iter().collect();
         let messages: Vec<&'static MessageEntry> = inventory::iter::<MessageEntry>.into_iter().collect();
         let handlers: Vec<&'static HandlerEntry> = inventory::iter::<HandlerEntry>.into_iter().collect();
-        Self::build(&queues, &messages, &handlers)
+        let schedules: Vec<&'static ScheduleEntry> = inventory::iter::<ScheduleEntry>.into_iter().collect();
+        validate::build(&queues, &messages, &handlers, &schedules)
     }
 
     /// Validates the given entries; every problem found is reported at once.
@@ -119,7 +125,28 @@ impl Registry {
         messages: &[&'static MessageEntry],
         handlers: &[&'static HandlerEntry],
     ) -> Result<Registry, ValidationErrors> {
-        validate::build(queues, messages, handlers)
+        validate::build(queues, messages, handlers, &[])
+    }
+
+    /// Like [`Registry::build`] with schedules: each publishes to a declared
+    /// queue, under a name no other schedule has.
+    pub fn build_with_schedules(
+        queues: &[&'static QueueEntry],
+        messages: &[&'static MessageEntry],
+        handlers: &[&'static HandlerEntry],
+        schedules: &[&'static ScheduleEntry],
+    ) -> Result<Registry, ValidationErrors> {
+        validate::build(queues, messages, handlers, schedules)
+    }
+
+    /// The schedules, sorted by name.
+    pub fn schedules(&self) -> impl Iterator<Item = &ScheduleEntry> + '_ {
+        self.schedules.iter().map(|s| s.entry)
+    }
+
+    /// The schedules with their cadences, sorted by name.
+    pub(crate) fn scheduled(&self) -> &[Arc<Scheduled>] {
+        &self.schedules
     }
 
     /// The declared queues, sorted by name.
@@ -132,9 +159,11 @@ impl Registry {
         &self.routes
     }
 
-    /// Keeps only the handlers of the named queues (for tools and tests).
+    /// Keeps only the handlers, and the schedules, of the named queues (for
+    /// tools and tests).
     pub fn retain_queues(&mut self, keep: impl Fn(&str) -> bool) {
         self.routes.retain(|r| keep(r.spec().name));
+        self.schedules.retain(|s| keep(s.spec.name));
     }
 }
 

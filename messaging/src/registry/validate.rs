@@ -4,7 +4,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use super::codec::{Chain, Route, Routes};
-use super::{HandlerEntry, MessageEntry, QueueEntry, Registry};
+use super::{HandlerEntry, MessageEntry, QueueEntry, Registry, ScheduleEntry};
 use crate::queue::{check_queue_name, QueueSpec};
 
 pub use crate::error::ValidationErrors;
@@ -13,13 +13,15 @@ pub(super) fn build(
     queues: &[&'static QueueEntry],
     messages: &[&'static MessageEntry],
     handlers: &[&'static HandlerEntry],
+    schedules: &[&'static ScheduleEntry],
 ) -> Result<Registry, ValidationErrors> {
     let mut problems = Vec::new();
     let specs = check_queues(queues, &mut problems);
     let chains = Arc::new(check_messages(messages, &mut problems));
     let routes = check_handlers(handlers, &specs, &chains, &mut problems);
+    let schedules = super::schedules::check(schedules, &specs, &mut problems);
     if problems.is_empty() {
-        Ok(Registry { queues: specs.into_values().collect(), routes })
+        Ok(Registry { queues: specs.into_values().collect(), routes, schedules })
     } else {
         Err(ValidationErrors::new(problems))
     }

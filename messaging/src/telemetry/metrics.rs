@@ -22,6 +22,7 @@ fn meter() -> opentelemetry::metrics::Meter {
 }
 
 pub(super) struct Metrics {
+    ticks: Counter<u64>,
     sent: Counter<u64>,
     consumed: Counter<u64>,
     duration: Histogram<f64>,
@@ -117,6 +118,14 @@ impl Metrics {
     pub(super) fn from_global() -> Self {
         let meter = meter();
         Metrics {
+            ticks: meter
+                .u64_counter("messaging.schedule.ticks")
+                .with_unit("{tick}")
+                .with_description(
+                    "Ticks of a schedule whose turn this process ended: published, skipped (missed, paused, or \
+                     nothing to publish) or failed (the schedule function failed)",
+                )
+                .build(),
             sent: meter
                 .u64_counter("messaging.client.sent.messages")
                 .with_unit("{message}")
@@ -149,6 +158,17 @@ impl Metrics {
                 self.sent.add(count, &[a, b, c, KeyValue::new("error.type", kind)]);
             }
         }
+    }
+
+    pub(super) fn ticked(&self, schedule: &'static str, queue: &'static str, outcome: &'static str, count: u64) {
+        self.ticks.add(
+            count,
+            &[
+                KeyValue::new("messaging.schedule.name", schedule),
+                KeyValue::new("messaging.destination.name", queue),
+                KeyValue::new("messaging.schedule.outcome", outcome),
+            ],
+        );
     }
 
     pub(super) fn consumed(

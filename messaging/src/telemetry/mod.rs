@@ -40,7 +40,7 @@ pub(crate) use logging::gather_prometheus;
 pub use logging::{init, init_logging, prometheus_reader, LogFormat, TelemetryConfig, TelemetryGuard};
 pub(crate) use metrics::{DlqGauge, OutboxGauge};
 pub(crate) use propagation::{extract_span_context, inject};
-pub(crate) use spans::{consumer_span, producer_span, record_failure, relay_span};
+pub(crate) use spans::{consumer_span, producer_span, record_failure, relay_span, schedule_span};
 
 /// The OpenTelemetry API crate this framework records with (the same version
 /// your own instrumentation must use to share traces and metrics).
@@ -112,6 +112,14 @@ impl Telemetry {
         }
         if let Some(kind) = first_failure {
             record_failure(span, kind);
+        }
+    }
+
+    /// Counts `count` ticks of `schedule` whose turn ended with `outcome`
+    /// (`published`, `skipped`, `failed`) in `messaging.schedule.ticks`.
+    pub(crate) fn ticked(&self, schedule: &'static str, queue: &'static str, outcome: &'static str, count: u64) {
+        if let (Some(m), true) = (self.metrics(), count > 0) {
+            m.ticked(schedule, queue, outcome, count);
         }
     }
 

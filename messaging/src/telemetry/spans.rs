@@ -120,6 +120,32 @@ pub(crate) fn consumer_span(
     span
 }
 
+/// The span of one tick of a schedule: the claim, the schedule function,
+/// and the publish (whose producer span is its child, so the consumer's
+/// trace leads back to the tick). A root span: a tick has no cause but the
+/// clock. `messaging.schedule.outcome` is recorded when the tick's turn ends
+/// (`published`, `skipped`, `failed`, or `elsewhere` when another process
+/// had it).
+pub(crate) fn schedule_span(schedule: &'static str, queue: &'static str, tick: &str, catch_up: bool) -> tracing::Span {
+    if !tracing::dispatcher::has_been_set() {
+        return tracing::Span::none(); // see `unobserved`
+    }
+    tracing::debug_span!(
+        target: "messaging",
+        parent: None,
+        "schedule",
+        otel.name = %SpanName("schedule", schedule),
+        otel.kind = "internal",
+        otel.status_code = Empty,
+        messaging.schedule.name = schedule,
+        messaging.schedule.tick = tick,
+        messaging.schedule.catch_up = catch_up,
+        messaging.schedule.outcome = Empty,
+        messaging.destination.name = queue,
+        "error.type" = Empty,
+    )
+}
+
 /// Marks a span failed with the failure's kind.
 pub(crate) fn record_failure(span: &tracing::Span, kind: &str) {
     span.record("error.type", kind);

@@ -16,6 +16,7 @@ mod id;
 mod json;
 pub mod memory;
 mod outbox;
+pub(crate) mod schedules;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub(crate) mod sql;
 #[cfg(feature = "sqs")]
@@ -394,6 +395,17 @@ pub trait Transport: Send + Sync + 'static {
     /// An idempotency store that lives with this transport's data (the same
     /// database), used by default for `idempotent = ".."` handlers.
     fn idempotency_store(&self) -> Option<Arc<dyn crate::claims::IdempotencyStore>> {
+        None
+    }
+
+    /// The ledger of the app's schedules in this transport's database
+    /// (database queues): a tick's message is enqueued in the transaction
+    /// that records the tick, so it publishes once across processes. The
+    /// framework's own: another transport keeps the default (the app then
+    /// keeps its ledger in its outbox's database, or in the process).
+    #[doc(hidden)]
+    #[allow(private_interfaces)]
+    fn schedule_ledger(&self) -> Option<Arc<dyn schedules::ScheduleLedger>> {
         None
     }
 

@@ -139,6 +139,10 @@ pub(crate) trait OutboxStore: Send + Sync + 'static {
 
     /// Creates or upgrades the framework's tables in the outbox's database.
     fn migrate(&self) -> BoxFuture<'_, Result<(), TransportError>>;
+
+    /// The schedules' ledger in the outbox's database: a tick's message is
+    /// written into the outbox in the transaction that records the tick.
+    fn schedule_ledger(&self) -> Arc<dyn super::schedules::ScheduleLedger>;
 }
 
 /// The attribute in which a relayed message carries its id (the one its
@@ -286,6 +290,11 @@ impl Outbox {
     /// (the `migrate` command does it).
     pub async fn migrate(&self) -> Result<(), TransportError> {
         self.store.migrate().await
+    }
+
+    /// The schedules' ledger in the outbox's database.
+    pub(crate) fn schedule_ledger(&self) -> Arc<dyn super::schedules::ScheduleLedger> {
+        self.store.schedule_ledger()
     }
 
     /// Wakes this process's relay.

@@ -24,6 +24,7 @@ pub(crate) mod outbox;
 pub(crate) mod postgres;
 mod record;
 mod rows;
+pub(crate) mod schedules;
 mod schema;
 #[cfg(feature = "sqlite")]
 pub(crate) mod sqlite;
@@ -57,6 +58,7 @@ pub(crate) use store::RowOp;
 use crate::boxed::BoxFuture;
 use crate::error::TransportError;
 use crate::queue::QueueSpec;
+use crate::transport::schedules::ScheduleLedger;
 use crate::transport::sql::machine::{Enqueue, EnqueueOutcome, QueueRules, Row, Status};
 use crate::transport::{
     Attributes, Browse, DeadLetter, DeadLetters, Delivery, FailedAttempt, Listing, MessageId, MessagePage,
@@ -738,6 +740,10 @@ impl<D: Dialect> Transport for SqlTransport<D> {
 
     fn idempotency_store(&self) -> Option<Arc<dyn crate::claims::IdempotencyStore>> {
         Some(self.store.idempotency_store())
+    }
+
+    fn schedule_ledger(&self) -> Option<Arc<dyn ScheduleLedger>> {
+        Some(Arc::new(schedules::SqlLedger::on(&self.store)))
     }
 }
 

@@ -288,6 +288,10 @@ impl<D: Dialect> OutboxStore for SqlOutbox<D> {
     fn migrate(&self) -> BoxFuture<'_, Result<(), TransportError>> {
         Box::pin(self.store.migrate())
     }
+
+    fn schedule_ledger(&self) -> std::sync::Arc<dyn crate::transport::schedules::ScheduleLedger> {
+        std::sync::Arc::new(super::schedules::SqlLedger::on(&self.store))
+    }
 }
 
 /// Opens the outbox a database URL names (`postgres://…`, `sqlite://FILE`),

@@ -10,6 +10,10 @@ const EXPECTED: &[(&str, &str)] = &[
     ("messaging_messages", concat!("queue, ", super::statements::columns!())),
     ("messaging_previous", "queue, identity, message_id, payload, processed_at"),
     ("messaging_idempotency", "message_id, scope, processor_id, lease_expires_at, completed, completed_at"),
+    (
+        "messaging_schedules",
+        "name, last_tick, last_published, paused, claim_tick, claim_token, claim_expires, updated_at",
+    ),
 ];
 
 /// Compares the columns found per table with [`EXPECTED`].
