@@ -42,7 +42,7 @@ use crate::transport::{Attributes, MessageId, Outgoing};
 
 /// How long a claim on a tick lasts: the schedule function must build the
 /// message within it, or the tick counts as failed.
-pub(crate) const LEASE: Duration = Duration::from_secs(30);
+pub(crate) const LEASE: Duration = Duration::from_secs(10);
 
 /// What the schedules of one app share.
 pub(crate) struct Scheduler {
