@@ -75,6 +75,18 @@ impl<D: Dialect> SqlLedger<D> {
         Ok(())
     }
 
+    /// [`ScheduleLedger::begin`] at the time `now` (the model test's clock).
+    pub(crate) async fn begin_at(
+        &self,
+        name: &str,
+        tick_ms: i64,
+        token: i64,
+        now: i64,
+        lease_ms: i64,
+    ) -> Result<Begin, TransportError> {
+        self.transition("a claim", name, move |row| row.begin(tick_ms, token, now, lease_ms)).await
+    }
+
     /// Applies `change` to the row of `name` in one transaction, storing it
     /// when it changed.
     async fn transition<T>(
@@ -144,8 +156,7 @@ impl<D: Dialect> ScheduleLedger for SqlLedger<D> {
         token: i64,
         lease_ms: i64,
     ) -> BoxFuture<'a, Result<Begin, TransportError>> {
-        let now = self.store.now();
-        Box::pin(self.transition("a claim", name, move |row| row.begin(tick_ms, token, now, lease_ms)))
+        Box::pin(self.begin_at(name, tick_ms, token, self.store.now(), lease_ms))
     }
 
     fn finish<'a>(

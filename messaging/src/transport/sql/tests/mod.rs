@@ -8,6 +8,7 @@
 
 mod claims;
 mod model;
+mod schedules;
 
 /// The server the tests use (trust auth).
 fn postgres_base() -> String {
