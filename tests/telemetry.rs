@@ -570,3 +570,60 @@ async fn health_turns_503_when_an_sqs_queue_is_deleted() {
     assert!(body.contains("tele-health"), "{body}");
     app.stop().await;
 }
+
+// --- schedules ------------------------------------------------------------------------
+
+#[messaging::queue("tele-ticks")]
+struct TeleTicks;
+
+#[messaging::message(name = "tele.tick", v = 1)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct TeleTick {
+    at: i64,
+}
+
+#[messaging::schedule(every = "100ms", queue = TeleTicks, name = "tele-tick")]
+fn tele_tick(tick: messaging::schedule::Tick) -> TeleTick {
+    TeleTick { at: tick.unix_ms() }
+}
+
+#[messaging::handler(queue = TeleTicks)]
+async fn tele_tock(_tick: TeleTick) {}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn each_tick_is_a_span_that_leads_to_the_consumer_and_is_counted() {
+    otel();
+    let app = TestApp::builder().only::<TeleTicks>().start().await.expect("app");
+    let ticks = spans_named("schedule tele-tick", 3).await;
+    let consumers = spans_named("process tele-ticks", 3).await;
+    app.stop().await;
+    assert!(ticks.len() >= 3, "a span per tick: {}", ticks.len());
+    let published: Vec<&SpanData> = ticks
+        .iter()
+        .filter(|s| text(attribute(&s.attributes, "messaging.schedule.outcome")).as_deref() == Some("published"))
+        .collect();
+    assert!(published.len() >= 3, "{ticks:?}");
+    let tick = published[0];
+    assert_eq!(text(attribute(&tick.attributes, "messaging.schedule.name")).as_deref(), Some("tele-tick"));
+    assert_eq!(text(attribute(&tick.attributes, "messaging.destination.name")).as_deref(), Some("tele-ticks"));
+    assert!(text(attribute(&tick.attributes, "messaging.schedule.tick")).is_some_and(|t| t.ends_with('Z')));
+    // The publish is the tick's child; the consumer continues its trace.
+    let sends = spans_named("send tele-ticks", 3).await;
+    let send = sends.iter().find(|s| s.parent_span_id == tick.span_context.span_id()).expect("the tick's send span");
+    assert_eq!(send.span_kind, SpanKind::Producer);
+    assert!(
+        consumers.iter().any(|c| c.span_context.trace_id() == tick.span_context.trace_id()),
+        "a consumer span in the tick's trace"
+    );
+    let counted = points("messaging.schedule.ticks", "tele-ticks");
+    let outcome = |o: &str| -> f64 {
+        counted
+            .iter()
+            .filter(|(a, _)| a.get("messaging.schedule.outcome").map(String::as_str) == Some(o))
+            .map(|(_, v)| v)
+            .sum()
+    };
+    assert!(outcome("published") >= 3.0, "{counted:?}");
+    assert!(counted.iter().all(|(a, _)| a.get("messaging.schedule.name").map(String::as_str) == Some("tele-tick")));
+    assert_eq!(unit_of("messaging.schedule.ticks"), "{tick}");
+}

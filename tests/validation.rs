@@ -89,8 +89,29 @@ async fn mixed_b(_m: Unmapped) {}
 #[messaging::queue("val-needs")]
 struct Needs;
 
+// A schedule to a queue that is not declared, and two schedules of one name.
+#[messaging::schedule(every = "1h", queue = Ghost)]
+fn ghost_report() -> ChainV2 {
+    ChainV2 {}
+}
+
+#[messaging::schedule("0 * * * *", queue = Work, name = "val-nightly")]
+fn nightly_a() -> ChainV2 {
+    ChainV2 {}
+}
+
+#[messaging::schedule("30 * * * *", queue = Work, name = "val-nightly")]
+fn nightly_b() -> ChainV2 {
+    ChainV2 {}
+}
+
 #[messaging::handler(queue = Needs)]
 async fn needs_state(_m: ChainV2, _s: State<NotProvided>) {}
+
+#[messaging::schedule(every = "1h", queue = Needs)]
+fn scheduled_needs_state(_s: State<NotProvided>) -> ChainV2 {
+    ChainV2 {}
+}
 
 #[test]
 fn every_problem_is_reported_at_once() {
@@ -104,6 +125,8 @@ fn every_problem_is_reported_at_once() {
         "queue `val-work` has two handlers for `Thing`",
         "handler `validation::old_version` takes `ChainV1` (`val.chain` v1), but the current version is v2",
         "queue `val-mixed` has several handlers, so messages are routed by type name, but `Unmapped`",
+        "schedule `validation::ghost_report` publishes to `Ghost` (queue `val-ghost`), which is not declared",
+        "two schedules are named `val-nightly`",
     ];
     for fragment in expected {
         assert!(problems.contains(fragment), "missing `{fragment}` in:\n{problems}");
@@ -121,7 +144,7 @@ async fn the_app_refuses_to_start() {
 
 #[tokio::test]
 async fn missing_states_are_reported_before_consuming() {
-    use messaging::__private::{inventory, HandlerEntry, MessageEntry, QueueEntry};
+    use messaging::__private::{inventory, HandlerEntry, MessageEntry, QueueEntry, ScheduleEntry};
     // A valid subset of this binary's registrations: queue `val-needs`, its handler
     // and the `val.chain` messages.
     let queues: Vec<&'static QueueEntry> =
@@ -130,10 +153,17 @@ async fn missing_states_are_reported_before_consuming() {
         inventory::iter::<MessageEntry>.into_iter().filter(|m| m.name == Some("val.chain")).collect();
     let handlers: Vec<&'static HandlerEntry> =
         inventory::iter::<HandlerEntry>.into_iter().filter(|h| h.name.ends_with("needs_state")).collect();
-    let registry = Registry::build(&queues, &messages, &handlers).expect("the subset is valid");
+    let schedules: Vec<&'static ScheduleEntry> =
+        inventory::iter::<ScheduleEntry>.into_iter().filter(|s| s.name.ends_with("scheduled_needs_state")).collect();
+    let registry =
+        Registry::build_with_schedules(&queues, &messages, &handlers, &schedules).expect("the subset is valid");
     let mut app = messaging::App::with_registry(registry, Arc::new(MemoryTransport::new())).await.unwrap();
     let err = app.validate().unwrap_err().to_string();
     assert!(err.contains("handler `validation::needs_state` takes `State<validation::NotProvided>`"), "{err}");
+    assert!(
+        err.contains("schedule `validation::scheduled_needs_state` takes `State<validation::NotProvided>`"),
+        "{err}"
+    );
     assert!(err.contains("setup.provide"), "{err}");
     app.setup().provide(NotProvided);
     app.validate().expect("valid once provided");

@@ -64,9 +64,11 @@ fn parse_args(args: Args, errors: &mut Errors) -> Option<ScheduleArgs> {
     let (mut name, mut zone, mut group) = (None, None, None);
     let mut catch_up = "Skip";
     let (mut jitter_ms, mut jitter_span) = (0, None);
+    let mut keyed_cron = false;
     let mut reader = Reader::new("schedule", KNOWN, errors);
     for arg in &args.args {
         if arg.key == "cron" {
+            keyed_cron = true;
             reader.errors.push(
                 arg.key.span(),
                 "write the cron expression first, without a key: `#[messaging::schedule(\"0 */5 * * * *\", queue = ..)]`",
@@ -150,7 +152,7 @@ fn parse_args(args: Args, errors: &mut Errors) -> Option<ScheduleArgs> {
                 }
             }
         }
-        (None, None) if every_span.is_some() => None, // the duration's error is reported
+        (None, None) if every_span.is_some() || keyed_cron => None, // its error is reported
         (None, None) => {
             errors.push(
                 Span::call_site(),
@@ -281,54 +283,78 @@ fn generate(func: &ItemFn, args: &ScheduleArgs, sig: &Signature) -> TokenStream 
     } else {
         quote! { #fn_name(#(#arg_names),*) }
     };
-    let encode = quote_spanned! {output.span()=>
-        ::messaging::__private::encode_scheduled::<#output>(output)
-    };
-    let message = quote_spanned! {output.span()=> <#output as ::messaging::__private::ScheduleOutput>::Message };
+    let output_type = quote_spanned! {output.span()=> type Output = #output; };
     let grouped = if args.group.is_some() { quote!(Grouped) } else { quote!(Ungrouped) };
+    let message = quote! { <S::Output as ::messaging::__private::ScheduleOutput>::Message };
     // The FIFO rules of a send, at the user's `queue = ..` token.
-    let fifo_rules = quote_spanned! {queue.span()=>
-        fn __messaging_fifo_rules() {
-            fn resolved<T: ::messaging::__private::ScheduleGroupResolved<#queue, #message>>() {}
-            resolved::<(
-                <#queue as ::messaging::__private::Queue>::Kind,
-                ::messaging::__private::#grouped,
-                <#queue as ::messaging::__private::Queue>::HasDefaultGroup,
-                <#message as ::messaging::__private::Message>::HasGroup,
-            )>();
-        }
+    let fifo_bound = quote_spanned! {queue.span()=>
+        (
+            <#queue as ::messaging::__private::Queue>::Kind,
+            ::messaging::__private::#grouped,
+            <#queue as ::messaging::__private::Queue>::HasDefaultGroup,
+            <#message as ::messaging::__private::Message>::HasGroup,
+        ): ::messaging::__private::ScheduleGroupResolved<#queue, #message>
     };
+    // Checked where the message type is named (a wrong one is reported
+    // there, once more); the bound itself points at `queue = ..`.
+    let fifo_check = quote_spanned! {output.span()=> const _: fn() = __messaging_fifo_rules::<__MessagingThis>; };
     let queue_spec = quote_spanned! {queue.span()=> <#queue as ::messaging::__private::Queue>::SPEC };
     let path = quote! { ::core::concat!(::core::module_path!(), "::", ::core::stringify!(#fn_name)) };
     let name = match &args.name {
         Some(name) => quote!(#name),
         None => path.clone(),
     };
+    let none = quote!(::core::option::Option::None);
     let (cron, zone, every) = match &args.when {
         When::Cron { expression, zone } => {
             let zone = match zone {
                 Some(z) => quote!(::core::option::Option::Some(#z)),
-                None => quote!(::core::option::Option::None),
+                None => none.clone(),
             };
-            (quote!(::core::option::Option::Some(#expression)), zone, quote!(::core::option::Option::None))
+            (quote!(::core::option::Option::Some(#expression)), zone, none.clone())
         }
-        When::Every { ms } => (
-            quote!(::core::option::Option::None),
-            quote!(::core::option::Option::None),
-            quote!(::core::option::Option::Some(#ms)),
-        ),
+        When::Every { ms } => (none.clone(), none.clone(), quote!(::core::option::Option::Some(#ms))),
     };
     let group = match &args.group {
         Some(g) => quote!(::core::option::Option::Some(#g)),
-        None => quote!(::core::option::Option::None),
+        None => none,
     };
     let catch_up = format_ident!("{}", args.catch_up);
     let jitter_ms = args.jitter_ms;
+    let future = quote! {
+        ::messaging::__private::BoxFuture<'static, ::core::result::Result<Self::Output, ::messaging::__private::BoxError>>
+    };
     quote! {
         #func
 
         const _: () = {
-            fn __messaging_build(
+            // What is particular to this schedule. Everything else is generic
+            // over it, so that a return type that is not a message is
+            // reported once, at the user's token.
+            trait __MessagingSchedule: 'static {
+                type Output: ::messaging::__private::ScheduleOutput;
+                fn build(
+                    tick: ::messaging::__private::Tick,
+                    resources: ::std::sync::Arc<::messaging::__private::Resources>,
+                ) -> #future;
+            }
+
+            struct __MessagingThis;
+
+            impl __MessagingSchedule for __MessagingThis {
+                #output_type
+                fn build(
+                    tick: ::messaging::__private::Tick,
+                    resources: ::std::sync::Arc<::messaging::__private::Resources>,
+                ) -> #future {
+                    ::std::boxed::Box::pin(async move {
+                        #(#extract)*
+                        ::core::result::Result::Ok(#call)
+                    })
+                }
+            }
+
+            fn __messaging_build<S: __MessagingSchedule>(
                 tick: ::messaging::__private::Tick,
                 resources: ::std::sync::Arc<::messaging::__private::Resources>,
             ) -> ::messaging::__private::BoxFuture<
@@ -339,13 +365,17 @@ fn generate(func: &ItemFn, args: &ScheduleArgs, sig: &Signature) -> TokenStream 
                 >,
             > {
                 ::std::boxed::Box::pin(async move {
-                    #(#extract)*
-                    let output = #call;
-                    #encode
+                    ::messaging::__private::encode_scheduled(S::build(tick, resources).await?)
                 })
             }
 
-            #fifo_rules
+            fn __messaging_fifo_rules<S: __MessagingSchedule>()
+            where
+                #fifo_bound
+            {
+            }
+
+            #fifo_check
 
             fn __messaging_queue() -> ::messaging::__private::QueueSpec {
                 #queue_spec
@@ -370,7 +400,7 @@ fn generate(func: &ItemFn, args: &ScheduleArgs, sig: &Signature) -> TokenStream 
                     group: #group,
                     jitter_ms: #jitter_ms,
                     requirements: __messaging_requirements,
-                    build: __messaging_build,
+                    build: __messaging_build::<__MessagingThis>,
                 }
             }
         };

@@ -5,6 +5,7 @@
 //! | to | use |
 //! |---|---|
 //! | declare queues, messages, handlers, `main` | [`queue`](macro@queue), [`message`](macro@message), [`handler`](macro@handler), [`main`](macro@main); the traits [`Queue`], [`Message`] |
+//! | recurring messages | [`schedule`](macro@schedule) and the [`schedule`](mod@schedule) module ([`Tick`](schedule::Tick), [`CatchUp`](schedule::CatchUp)) |
 //! | assemble and run a service | [`App`], [`Setup`], [`Running`], [`Stopped`], [`RunMode`], [`Shutdown`]; the command line: [`cli`] |
 //! | publish | [`Publisher`] (and [`publish`] for its builders and limits) |
 //! | write handlers | [`MessageContext`], [`State`], [`FromContext`], [`HandlerError`], [`RetryPolicy`], [`IdempotencyClaim`] |

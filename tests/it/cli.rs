@@ -863,3 +863,90 @@ fn the_console_command_serves_without_consuming_and_queues_pause_for_every_proce
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("keeps no pause flag"));
 }
+
+/// The lines of `schedules --json`, by schedule name.
+fn schedules_json(cmd: &mut Command) -> std::collections::BTreeMap<String, serde_json::Value> {
+    let out = run(cmd.args(["schedules", "--json"]));
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    stdout(&out)
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .map(|v| (v["name"].as_str().unwrap().to_owned(), v))
+        .collect()
+}
+
+#[test]
+fn the_schedules_command_lists_pauses_and_resumes_for_every_process() {
+    use std::io::BufRead;
+    let dir = WorkDir::new();
+    let schedules = || {
+        let mut cmd = example("schedules");
+        cmd.current_dir(&dir.0);
+        cmd
+    };
+    // Before any process ran: no database, and the command says so.
+    let out = run(schedules().arg("schedules"));
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("there is no database file"));
+
+    let mut child = schedules().arg("run").stdout(Stdio::piped()).stderr(Stdio::null()).spawn().unwrap();
+    let (lines, seen) = std::sync::mpsc::channel();
+    let stdout_of_run = std::io::BufReader::new(child.stdout.take().unwrap());
+    std::thread::spawn(move || {
+        for line in stdout_of_run.lines().map_while(Result::ok) {
+            let _ = lines.send(line);
+        }
+    });
+    let heartbeat = |within: Duration| loop {
+        match seen.recv_timeout(within) {
+            Ok(line) if line.starts_with("heartbeat of") => return Some(line),
+            Ok(_) => {}
+            Err(_) => return None,
+        }
+    };
+    let first = heartbeat(Duration::from_secs(20));
+    assert!(first.is_some(), "a heartbeat within 20 s (one every 5 s)");
+
+    let listed = schedules_json(&mut schedules());
+    let beat = &listed["heartbeat"];
+    assert_eq!(beat["queue"], "reports");
+    assert_eq!(beat["every_ms"], 5_000);
+    assert_eq!(beat["paused"], false);
+    assert_eq!(beat["ledger"], "sqlite");
+    assert!(beat["last_published_ms"].as_i64().is_some(), "{beat}");
+    let next: Vec<i64> = beat["next_ms"].as_array().unwrap().iter().map(|v| v.as_i64().unwrap()).collect();
+    assert_eq!(next.len(), 3);
+    assert!(next.windows(2).all(|w| w[1] - w[0] == 5_000) && next[0] % 5_000 == 0, "{next:?}");
+    let nightly = &listed["schedules::nightly_report"];
+    assert_eq!((nightly["cron"].as_str(), nightly["tz"].as_str()), (Some("30 2 * * *"), Some("Europe/Oslo")));
+    assert_eq!(nightly["catch_up"], "last");
+    let nights: Vec<&str> = nightly["next"].as_array().unwrap().iter().map(|v| v.as_str().unwrap()).collect();
+    assert!(nights.iter().all(|n| n.contains("T02:30:00+0") || n.contains("T03:00:00+02")), "{nights:?}");
+    let text = stdout(&run(schedules().arg("schedules")));
+    assert!(
+        text.contains("heartbeat\n  queue           reports\n  when            every 5s, catch_up = skip"),
+        "{text}"
+    );
+    assert!(text.contains("ledger: sqlite (every process reads it"), "{text}");
+
+    // A pause from another process reaches the running one.
+    let out = run(schedules().args(["schedules", "pause", "heartbeat"]));
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout(&out).contains("paused schedule `heartbeat`"));
+    assert_eq!(schedules_json(&mut schedules())["heartbeat"]["paused"], true);
+    while seen.try_recv().is_ok() {} // what it printed before the pause
+    assert_eq!(heartbeat(Duration::from_millis(6_500)), None, "no heartbeat while paused");
+    let out = run(schedules().args(["schedules", "resume", "heartbeat"]));
+    assert!(out.status.success());
+    assert!(heartbeat(Duration::from_secs(10)).is_some(), "heartbeats again once resumed");
+
+    let out = run(schedules().args(["schedules", "pause", "heartbeats"]));
+    assert!(!out.status.success());
+    let error = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        error.contains("`heartbeats` is not a schedule; declared: heartbeat, schedules::nightly_report"),
+        "{error}"
+    );
+    let _ = child.kill();
+    let _ = child.wait();
+}
