@@ -13,9 +13,11 @@
 use messaging::prelude::*;
 use messaging::schedule::Tick;
 
+/// The reports' queue: two message types, routed by name.
 #[messaging::queue("reports")]
 pub struct Reports;
 
+/// A night's report is due.
 #[messaging::message(name = "reports.nightly", v = 1)]
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct NightlyReport {
@@ -25,6 +27,7 @@ pub struct NightlyReport {
     pub late: bool,
 }
 
+/// The app is alive.
 #[messaging::message(name = "reports.heartbeat", v = 1)]
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Heartbeat {
