@@ -207,6 +207,11 @@ impl TestApp {
         false
     }
 
+    /// The running app (to pause a schedule, say).
+    pub fn running(&self) -> &Running {
+        &self.running
+    }
+
     /// Stops the app gracefully.
     pub async fn stop(self) {
         self.running.stop().await;

@@ -139,3 +139,34 @@ async fn a_repeated_local_time_fires_once_when_the_clocks_go_back() {
         ]
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_pause_in_the_process_skips_ticks_until_resumed() {
+    let seen = Sink::default();
+    let sink = seen.clone();
+    let app = TestApp::builder()
+        .only::<FiveMinutes>()
+        .clock_at(at("2026-05-01T10:02:30Z"))
+        .setup(move |s| {
+            s.provide(sink);
+        })
+        .start()
+        .await
+        .expect("start");
+    tokio::time::sleep(Duration::from_secs(10 * 60)).await; // 10:05, 10:10
+    let scope = app.running().set_schedule_paused("schedules::ticks::five_minutes", true).await.expect("pause");
+    assert_eq!(scope, messaging::transport::PauseScope::ThisProcess, "memory:// keeps the ledger in the process");
+    tokio::time::sleep(Duration::from_secs(15 * 60)).await; // 10:15, 10:20, 10:25 skipped
+    app.running().set_schedule_paused("schedules::ticks::five_minutes", false).await.expect("resume");
+    tokio::time::sleep(Duration::from_secs(10 * 60)).await; // 10:30, 10:35
+    let error = app.running().set_schedule_paused("five_minutes", true).await.unwrap_err().to_string();
+    assert!(
+        error.contains("`five_minutes` is not a running schedule; running: schedules::ticks::five_minutes"),
+        "{error}"
+    );
+    app.stop().await;
+    assert_eq!(
+        seen.locals(),
+        ["2026-05-01T10:05:00Z", "2026-05-01T10:10:00Z", "2026-05-01T10:30:00Z", "2026-05-01T10:35:00Z"]
+    );
+}

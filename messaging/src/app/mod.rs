@@ -16,7 +16,7 @@ use crate::pipeline::Pipeline;
 use crate::registry::{Registry, ValidationErrors};
 use crate::shutdown::Shutdown;
 use crate::telemetry::DlqGauge;
-use crate::transport::{Outbox, Transport};
+use crate::transport::{Outbox, PauseScope, Transport};
 use crate::worker::{Hooks, Stopped as WorkerStopped, Worker, WorkerHandle, WorkerSettings};
 
 /// An assembled application: registry, transport and setup.
@@ -165,6 +165,8 @@ impl App {
             tasks.spawn(task);
         }
         let schedules = start_schedules(&registry, &setup, publisher, resources);
+        let schedule_ledger = setup.schedule_ledger();
+        let scheduled = registry.scheduled().to_vec();
         let queues: Vec<&'static str> = registry.queues().iter().map(|q| q.name).collect();
         // The dead letters of the queues this app consumes.
         let consumed: Vec<&'static str> = handles.iter().map(WorkerHandle::queue).collect();
@@ -206,6 +208,8 @@ impl App {
             outbox,
             outbox_monitor,
             schedules,
+            schedule_ledger,
+            scheduled,
             operations,
         })
     }
@@ -280,6 +284,10 @@ pub struct Running {
     outbox_monitor: Option<tokio::task::JoinHandle<()>>,
     /// The schedules' tasks (they stop with the app's shutdown).
     schedules: JoinSet<()>,
+    /// Where the schedules' rows are.
+    schedule_ledger: Arc<dyn crate::transport::schedules::ScheduleLedger>,
+    /// The app's schedules.
+    scheduled: Vec<Arc<crate::registry::Scheduled>>,
     /// What the console works on.
     #[cfg_attr(not(feature = "console"), allow(dead_code))]
     operations: Operations,
@@ -341,6 +349,21 @@ impl Running {
     #[cfg_attr(not(feature = "console"), allow(dead_code))]
     pub(crate) fn operations(&self) -> Operations {
         self.operations.clone()
+    }
+
+    /// Pauses (`true`) or resumes (`false`) the schedule `name`: while it
+    /// is paused its ticks are skipped, not published, and they are not
+    /// caught up when it is resumed. The pause holds for every process when
+    /// the schedules' ledger is in a database they share (a database
+    /// transport, or an outbox: what `app schedules pause` needs), for this
+    /// process otherwise; the answer says which.
+    pub async fn set_schedule_paused(&self, name: &str, paused: bool) -> Result<PauseScope, Error> {
+        let Some(scheduled) = self.scheduled.iter().find(|s| s.entry.name == name) else {
+            let known: Vec<&str> = self.scheduled.iter().map(|s| s.entry.name).collect();
+            return Err(Error::Command(format!("`{name}` is not a running schedule; running: {}", known.join(", "))));
+        };
+        crate::scheduler::set_paused(self.schedule_ledger.as_ref(), scheduled, paused).await?;
+        Ok(if self.schedule_ledger.shared() { PauseScope::AllProcesses } else { PauseScope::ThisProcess })
     }
 
     /// Like [`Running::serve_http`] on a listener bound beforehand.

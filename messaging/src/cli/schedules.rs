@@ -69,11 +69,7 @@ async fn pause(app: &App, ledger: &Arc<dyn ScheduleLedger>, name: &str, paused: 
             app.setup_transport().system()
         )));
     }
-    // A schedule that never ran has no row yet: make it, from now.
-    let now = crate::scheduler::Clock::System.now_ms();
-    let baseline = scheduled.timing.cadence.last_at_or_before(now).unwrap_or(now);
-    ledger.row(name, baseline).await?;
-    ledger.set_paused(name, paused).await?;
+    crate::scheduler::set_paused(ledger.as_ref(), scheduled, paused).await?;
     if paused {
         println!("paused schedule `{name}`: every process skips its ticks until it is resumed");
     } else {

@@ -254,6 +254,20 @@ impl Scheduler {
     }
 }
 
+/// Pauses or resumes `scheduled` in `ledger`, making its row (from now) if
+/// it never ran.
+pub(crate) async fn set_paused(
+    ledger: &dyn ScheduleLedger,
+    scheduled: &Scheduled,
+    paused: bool,
+) -> Result<(), crate::error::TransportError> {
+    let now = Clock::System.now_ms();
+    let baseline = scheduled.timing.cadence.last_at_or_before(now).unwrap_or(now);
+    ledger.row(scheduled.entry.name, baseline).await?;
+    ledger.set_paused(scheduled.entry.name, paused).await?;
+    Ok(())
+}
+
 /// Runs the schedule function: at most [`LEASE`], a panic contained.
 async fn build(
     build: crate::schedule::Build,
