@@ -29,4 +29,15 @@ fn keyed_cron() -> ReportDue {
     ReportDue {}
 }
 
+// Misspelt options, and a policy that does not exist.
+#[messaging::schedule("0 * * * *", queue = Reports, catchup = "all", timezone = "UTC")]
+fn hourly() -> ReportDue {
+    ReportDue {}
+}
+
+#[messaging::schedule("0 * * * *", queue = Reports, catch_up = "everything")]
+fn hourly_too() -> ReportDue {
+    ReportDue {}
+}
+
 fn main() {}

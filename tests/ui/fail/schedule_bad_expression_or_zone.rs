@@ -23,4 +23,10 @@ fn february_thirtieth() -> ReportDue {
     ReportDue {}
 }
 
+// A zone that does not exist.
+#[messaging::schedule("30 2 * * *", queue = Reports, tz = "Europe/Olso")]
+fn nightly_in_a_misspelt_zone() -> ReportDue {
+    ReportDue {}
+}
+
 fn main() {}
