@@ -60,6 +60,20 @@ pub enum TransportError {
     /// The transport has been shut down.
     #[error("the transport is closed")]
     Closed,
+    /// A bounded queue (`memory://?capacity=N`) stayed full for as long as a
+    /// publish may wait: its consumers are behind.
+    #[error(
+        "queue `{queue}` is full ({capacity} messages) and had no room within {waited:?}: its consumers are \
+         behind; publish again later, or raise the capacity"
+    )]
+    Full {
+        /// The queue.
+        queue: String,
+        /// Its capacity.
+        capacity: usize,
+        /// How long the publish waited for room.
+        waited: Duration,
+    },
     /// Any other backend failure.
     #[error("{0}")]
     Backend(String),
@@ -141,6 +155,7 @@ impl PublishError {
             PublishError::InvalidAttribute { .. } => "InvalidAttribute",
             PublishError::Transport(TransportError::QueueNotFound(_)) => "QueueNotFound",
             PublishError::Transport(TransportError::Rejected(_)) => "Rejected",
+            PublishError::Transport(TransportError::Full { .. }) => "QueueFull",
             PublishError::Transport(_) => "TransportError",
         }
     }

@@ -10,7 +10,8 @@
 //!
 //! Kept in binaries of their own: `validation` (deliberately conflicting
 //! registrations), `telemetry` and `otlp` (each installs the process-global
-//! tracing subscriber and meter provider), `ui` (trybuild), `chaos` (run
+//! tracing subscriber and meter provider), `schedules` (every app runs the
+//! schedules registered in its binary), `chaos` (run
 //! apart, one test at a time). The model test and the idempotency-store
 //! tests live in the library crate (`transport/sql/tests/`).
 //!

@@ -62,7 +62,7 @@ pub async fn connect(url: &str) -> Result<Arc<dyn Transport>, Error> {
         reason: format!("this build has no `{scheme}` transport; enable the `{feature}` feature of `messaging`"),
     };
     match scheme {
-        "memory" => Ok(Arc::new(MemoryTransport::new())),
+        "memory" => Ok(Arc::new(MemoryTransport::from_url(url)?)),
         "sqlite" => {
             #[cfg(feature = "sqlite")]
             {

@@ -37,6 +37,7 @@ impl DeadLetters for MemoryTransport {
             failure.push_onto(&mut stored.history);
             dlq.lock().insert(stored, QueueState::visible());
             source.notify.notify_waiters();
+            source.room.notify_waiters();
             Ok(())
         })
     }

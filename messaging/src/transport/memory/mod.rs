@@ -26,7 +26,20 @@ use crate::queue::QueueSpec;
 #[derive(Clone, Default)]
 pub struct MemoryTransport {
     queues: Arc<RwLock<HashMap<String, Arc<MemQueue>>>>,
+    /// The most messages a queue holds, and how long a publish waits for room.
+    bound: Option<Bound>,
 }
+
+/// The capacity of a bounded transport's queues.
+#[derive(Debug, Clone, Copy)]
+struct Bound {
+    capacity: usize,
+    wait: Duration,
+}
+
+/// How often a publish waiting for room looks again without a signal (room
+/// made by a path that does not announce it: a redrive's move, say).
+const ROOM_POLL: Duration = Duration::from_millis(20);
 
 impl std::fmt::Debug for MemoryTransport {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -38,6 +51,8 @@ struct MemQueue {
     fifo: bool,
     state: Mutex<QueueState>,
     notify: Notify,
+    /// Signalled when messages leave (a bounded queue has room again).
+    room: Notify,
     /// Bumped by `interrupt_receives`: a waiting receive that sees it change returns.
     interrupts: std::sync::atomic::AtomicU64,
 }
@@ -48,6 +63,7 @@ impl MemQueue {
             fifo: spec.fifo,
             state: Mutex::new(QueueState::new(spec)),
             notify: Notify::new(),
+            room: Notify::new(),
             interrupts: std::sync::atomic::AtomicU64::new(0),
         }
     }
@@ -63,6 +79,100 @@ impl MemoryTransport {
     /// A transport with no queues yet; [`Transport::declare`] creates them.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// A transport whose queues hold at most `capacity` messages each
+    /// (received ones included, until acknowledged): a publish to a full
+    /// queue waits for room, up to `wait`, then fails with
+    /// [`TransportError::Full`]. Dead letters and redriven messages are
+    /// never refused. What `memory://?capacity=N&full_wait=5s` opens.
+    pub fn bounded(capacity: usize, wait: Duration) -> Self {
+        MemoryTransport { bound: Some(Bound { capacity: capacity.max(1), wait }), ..Self::default() }
+    }
+
+    /// Opens `memory://` with its options: `capacity=N` (bounded queues) and
+    /// `full_wait=5s` (how long a publish waits for room; default 5 s).
+    pub(crate) fn from_url(url: &str) -> Result<Self, crate::error::Error> {
+        let config = |reason: String| crate::error::Error::Config { url: url.to_owned(), reason };
+        let query = url.split_once('?').map_or("", |(_, q)| q);
+        let (mut capacity, mut wait) = (None, Duration::from_secs(5));
+        for pair in query.split('&').filter(|p| !p.is_empty()) {
+            let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+            match key {
+                "capacity" => match value.parse::<usize>() {
+                    Ok(n) if n > 0 => capacity = Some(n),
+                    _ => return Err(config(format!("`capacity={value}`: write a number of messages above 0"))),
+                },
+                "full_wait" => wait = crate::duration::parse_duration(value).map_err(config)?,
+                other => {
+                    return Err(config(format!(
+                        "unknown option `{other}` of memory://; known: capacity=N (messages per queue), full_wait=5s"
+                    )))
+                }
+            }
+        }
+        Ok(match capacity {
+            Some(capacity) => MemoryTransport::bounded(capacity, wait),
+            None => {
+                if query.contains("full_wait") {
+                    return Err(config("`full_wait` applies to a bounded queue: add `capacity=N`".to_owned()));
+                }
+                MemoryTransport::new()
+            }
+        })
+    }
+
+    /// Whether `state` has room for one more message.
+    fn has_room(&self, state: &QueueState) -> bool {
+        self.bound.is_none_or(|b| state.len() < b.capacity)
+    }
+
+    /// The error of a publish that found no room in time.
+    fn full(&self, queue: &str, waited: Duration) -> TransportError {
+        let capacity = self.bound.map_or(usize::MAX, |b| b.capacity);
+        TransportError::Full { queue: queue.to_owned(), capacity, waited }
+    }
+
+    /// Stores `messages` in order, each as soon as `q` has room: the rest
+    /// fail with [`TransportError::Full`] once the bound's wait is over.
+    async fn store(
+        &self,
+        queue: &str,
+        q: &MemQueue,
+        messages: Vec<Outgoing>,
+    ) -> Vec<Result<MessageId, TransportError>> {
+        let started = Instant::now();
+        let mut results = Vec::with_capacity(messages.len());
+        let mut pending = messages.into_iter().peekable();
+        loop {
+            let room = q.room.notified();
+            tokio::pin!(room);
+            room.as_mut().enable();
+            {
+                let mut state = q.lock();
+                let now = Instant::now();
+                while pending.peek().is_some() && self.has_room(&state) {
+                    if let Some(message) = pending.next() {
+                        results.push(state.send(message, now));
+                    }
+                }
+            }
+            q.notify.notify_waiters();
+            if pending.peek().is_none() {
+                return results;
+            }
+            let deadline = started + self.bound.map_or(Duration::ZERO, |b| b.wait);
+            let now = Instant::now();
+            if now >= deadline {
+                let waited = now.duration_since(started);
+                results.extend(pending.map(|_| Err(self.full(queue, waited))));
+                return results;
+            }
+            tokio::select! {
+                _ = &mut room => {}
+                _ = tokio::time::sleep_until(deadline.min(now + ROOM_POLL)) => {}
+            }
+        }
     }
 
     fn queue(&self, name: &str) -> Result<Arc<MemQueue>, TransportError> {
@@ -153,6 +263,10 @@ impl Transport for MemoryTransport {
     fn send<'a>(&'a self, queue: &'a str, message: Outgoing) -> BoxFuture<'a, Result<MessageId, TransportError>> {
         Box::pin(async move {
             let q = self.queue(queue)?;
+            if self.bound.is_some() {
+                let stored = self.store(queue, &q, vec![message]).await.pop();
+                return stored.unwrap_or_else(|| Err(self.full(queue, Duration::ZERO)));
+            }
             let id = q.lock().send(message, Instant::now())?;
             q.notify.notify_waiters();
             Ok(id)
@@ -169,6 +283,9 @@ impl Transport for MemoryTransport {
                 Ok(q) => q,
                 Err(_) => return crate::transport::unknown_queue(queue, &messages),
             };
+            if self.bound.is_some() {
+                return self.store(queue, &q, messages).await;
+            }
             let results = {
                 let mut state = q.lock();
                 let now = Instant::now();
@@ -205,9 +322,12 @@ impl Transport for MemoryTransport {
                 let mut state = q.lock();
                 receipts.iter().map(|r| state.ack(r)).collect()
             };
-            // Acks can unlock FIFO groups.
+            // Acks can unlock FIFO groups, and make room.
             if q.fifo {
                 q.notify.notify_waiters();
+            }
+            if self.bound.is_some() {
+                q.room.notify_waiters();
             }
             results
         })

@@ -271,3 +271,53 @@ async fn a_message_is_found_in_its_queue_or_its_dead_letters() {
     assert_eq!((shown.status.as_str(), &*shown.body), ("in_flight", &b"waiting"[..]));
     assert!(t.inspect("q.fifo", &MessageId::from("nope")).await.unwrap().is_none());
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_bounded_queue_makes_a_publish_wait_for_room_then_fails_it_clearly() {
+    let t = MemoryTransport::bounded(2, Duration::from_millis(100));
+    t.declare(&standard("b")).await.unwrap();
+    t.send("b", body("a")).await.unwrap();
+    t.send("b", body("b")).await.unwrap();
+    let started = tokio::time::Instant::now();
+    let error = t.send("b", body("c")).await.unwrap_err();
+    assert!(started.elapsed() >= Duration::from_millis(100), "it waited for room");
+    assert!(matches!(error, TransportError::Full { capacity: 2, .. }), "{error:?}");
+    assert!(error.to_string().contains("queue `b` is full (2 messages) and had no room within"), "{error}");
+
+    // A consumer that acknowledges makes room for a waiting publish.
+    let consumer = {
+        let t = t.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(30)).await;
+            let got = t.receive("b", 1, Duration::ZERO).await.unwrap();
+            for result in t.ack("b", got.into_iter().map(|d| d.receipt).collect()).await {
+                result.unwrap();
+            }
+        })
+    };
+    t.send("b", body("c")).await.expect("room once one was acknowledged");
+    consumer.await.unwrap();
+    assert_eq!(t.depth("b").await.unwrap(), 2);
+
+    // A batch takes what fits and says which did not.
+    let results = t.send_batch("b", vec![body("d"), body("e")]).await;
+    assert!(results.iter().all(|r| matches!(r, Err(TransportError::Full { .. }))), "{results:?}");
+}
+
+#[tokio::test]
+async fn memory_urls_take_a_capacity_and_a_wait() {
+    let t = crate::transport::connect("memory://?capacity=1&full_wait=10ms").await.unwrap();
+    t.declare(&standard("u")).await.unwrap();
+    t.send("u", body("a")).await.unwrap();
+    assert!(matches!(t.send("u", body("b")).await, Err(TransportError::Full { .. })));
+    for (url, expected) in [
+        ("memory://?capacity=0", "above 0"),
+        ("memory://?capacity=ten", "above 0"),
+        ("memory://?full_wait=1s", "add `capacity=N`"),
+        ("memory://?capacity=5&full_wait=5", "has no unit"),
+        ("memory://?depth=5", "unknown option `depth`"),
+    ] {
+        let error = crate::transport::connect(url).await.err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(error.contains(expected), "{url}: {error}");
+    }
+}

@@ -1,6 +1,6 @@
 //! Compile-time behaviour of the macros and of the publisher's type state:
 //! `ui/pass` must compile (and run), `ui/fail` must fail with the `.stderr`
-//! next to each file. Regenerate with `TRYBUILD=overwrite cargo test -p messaging-suite --test ui`.
+//! next to each file. Regenerate with `TRYBUILD=overwrite cargo test -p messaging-ui --test ui`.
 
 #[test]
 fn ui() {
