@@ -26,9 +26,17 @@ pub fn type_id<T: 'static>() -> TypeId {
     TypeId::of::<T>()
 }
 
-/// Reads JSON as `M`.
-pub fn decode<M: Message>(bytes: &[u8]) -> Result<AnyMessage, serde_json::Error> {
-    serde_json::from_slice::<M>(bytes).map(|m| Box::new(m) as AnyMessage)
+/// Reads the JSON value at the start of `bytes` as `M`: the message, and
+/// where the value ended (what follows is the caller's to check). One pass
+/// over the data, also when it sits inside an envelope.
+pub fn decode<M: Message>(bytes: &[u8]) -> Result<(AnyMessage, usize), serde_json::Error> {
+    let mut values = serde_json::Deserializer::from_slice(bytes).into_iter::<M>();
+    match values.next() {
+        Some(Ok(message)) => Ok((Box::new(message) as AnyMessage, values.byte_offset())),
+        Some(Err(e)) => Err(e),
+        // Nothing but whitespace: serde's own error for it.
+        None => serde_json::from_slice::<M>(bytes).map(|m| (Box::new(m) as AnyMessage, bytes.len())),
+    }
 }
 
 /// Reads JSON data as `M` and writes it as it travels.

@@ -332,6 +332,52 @@ proptest! {
         }
     }
 
+    /// Envelopes in the exact form the framework writes are read in one
+    /// pass; the result must be the general decoder's, whatever the data,
+    /// version, name and what follows the data. The same envelope with a
+    /// space after its opening brace goes through the general decoder.
+    #[test]
+    fn the_one_pass_decoder_agrees_with_the_general_one(
+        name in prop_oneof![3 => Just("env.placed"), 1 => Just("env.cancelled"), 1 => Just("unknown.name"), 1 => Just("esc\\\"aped")],
+        v in prop_oneof![
+            1 => Just("0".to_owned()), 1 => Just("01".to_owned()), 1 => Just("4294967296".to_owned()),
+            6 => (1u32..5).prop_map(|v| v.to_string()),
+        ],
+        data in prop_oneof![
+            2 => json().prop_map(|d| d.to_string()),
+            4 => (".{0,8}", proptest::option::of(".{0,4}"), any::<u64>()).prop_map(|(order_id, coupon, total)| {
+                serde_json::json!({"order_id": order_id, "coupon": coupon, "total_cents": total}).to_string()
+            }),
+            2 => ".{0,8}".prop_map(|id| serde_json::json!({"id": id}).to_string()),
+            1 => Just(r#"{"order_id":"A","order_id":"B"}"#.to_owned()),
+            1 => Just(r#"{"order_id":"A"#.to_owned()),
+        ],
+        tail in prop_oneof![Just("}"), Just(" }"), Just("}}"), Just("} "), Just(r#","v":1}"#), Just(""), Just("]")],
+    ) {
+        let canonical = format!(r#"{{"type":"{name}","v":{v},"data":{data}{tail}"#);
+        let general = format!(r#"{{ "type":"{name}","v":{v},"data":{data}{tail}"#);
+        for queue in ["env-single", "env-multi", "env-legacy"] {
+            let routes = routes(queue);
+            match (routes.decode(canonical.as_bytes()), routes.decode(general.as_bytes())) {
+                (Ok(fast), Ok(slow)) => {
+                    prop_assert_eq!((fast.type_name, fast.version), (slow.type_name, slow.version));
+                    prop_assert!(fast.message_type() == slow.message_type());
+                    if let (Some(a), Some(b)) = (fast.message.downcast_ref::<Placed>(), slow.message.downcast_ref::<Placed>()) {
+                        prop_assert_eq!(a, b);
+                    }
+                }
+                // (The position in serde's message differs by the added space.)
+                (Err(DecodeError::NotJson(_)), Err(DecodeError::NotJson(_))) => {}
+                (Err(DecodeError::Payload { type_name: a, .. }), Err(DecodeError::Payload { type_name: b, .. })) => {
+                    prop_assert_eq!(a, b)
+                }
+                (Err(fast), Err(slow)) => prop_assert_eq!(fast, slow),
+                (fast, slow) => prop_assert!(false, "{queue}: {canonical} gave {:?}, {general} gave {:?}",
+                    fast.map(|d| d.version), slow.map(|d| d.version)),
+            }
+        }
+    }
+
     #[test]
     fn versions_newer_than_current_are_never_handled(v in 4u32..10_000, data in json()) {
         let body = serde_json::to_vec(&serde_json::json!({"type": "env.placed", "v": v, "data": data})).unwrap();

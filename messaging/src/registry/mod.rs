@@ -40,11 +40,15 @@ pub struct MessageEntry {
     /// The next version, for an older version (`upcast = T`).
     pub upcast: Option<Upcast>,
     /// Reads the JSON payload as this type.
-    pub decode: fn(&[u8]) -> Result<AnyMessage, serde_json::Error>,
+    pub decode: DecodeFn,
     /// Reads JSON data as this type and writes it as it travels (the
     /// command line's `publish`).
     pub encode: fn(&[u8]) -> Result<crate::envelope::Encoded, serde_json::Error>,
 }
+
+/// Reads the JSON value at the start of the bytes as a message type: the
+/// message, and the offset where the value ended.
+pub type DecodeFn = fn(&[u8]) -> Result<(AnyMessage, usize), serde_json::Error>;
 
 /// The edge from one version of a message to the next.
 #[derive(Debug)]
@@ -75,7 +79,7 @@ pub struct HandlerEntry {
     pub message_version: u32,
     /// Reads a JSON body as the message type (the legacy fallback of a
     /// single-type queue).
-    pub decode: fn(&[u8]) -> Result<AnyMessage, serde_json::Error>,
+    pub decode: DecodeFn,
     /// `idempotent = "scope", lease = ".."`.
     pub idempotency: Option<IdempotencySpec>,
     /// `retry(base = "..", max = "..")`.
