@@ -2,9 +2,7 @@
 
 use std::time::Duration;
 
-use tokio::time::Instant;
-
-use super::state::{QueueState, Stored};
+use super::state::{Clock, QueueState, Stored};
 use super::MemoryTransport;
 use crate::boxed::BoxFuture;
 use crate::error::TransportError;
@@ -33,8 +31,8 @@ impl DeadLetters for MemoryTransport {
             let dlq = self.queue(self.dlq_name(queue)?)?;
             let source = self.queue(queue)?;
             let mut stored = source.lock().take_in_flight(&delivery.receipt)?;
-            stored.reason = Some(failure.reason());
-            failure.push_onto(&mut stored.history);
+            stored.failures_mut().reason = Some(failure.reason());
+            failure.push_onto(&mut stored.failures_mut().history);
             dlq.lock().insert(stored, QueueState::visible());
             source.notify.notify_waiters();
             source.room.notify_waiters();
@@ -80,7 +78,7 @@ impl DeadLetters for MemoryTransport {
                     attributes: (*letter.attributes).clone(),
                     ..Outgoing::default()
                 };
-                if let Err(e) = source_state.send(outgoing, Instant::now()) {
+                if let Err(e) = source_state.send(outgoing, &mut Clock::default()) {
                     dlq_state.insert(letter, QueueState::visible());
                     return Err(e);
                 }
@@ -131,8 +129,8 @@ fn letter_of(m: &Stored) -> DeadLetter {
         group_id: m.group.clone(),
         attributes: m.attributes.clone(),
         receive_count: m.receive_count,
-        reason: m.reason.clone(),
-        history: m.history.clone(),
+        reason: m.reason().map(str::to_owned),
+        history: m.history().to_vec(),
     }
 }
 

@@ -10,10 +10,10 @@ mod browse;
 mod dead_letters;
 mod state;
 
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::time::Duration;
 
+use rustc_hash::FxHashMap as HashMap;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
@@ -150,10 +150,10 @@ impl MemoryTransport {
             room.as_mut().enable();
             {
                 let mut state = q.lock();
-                let now = Instant::now();
+                let mut clock = state::Clock::default();
                 while pending.peek().is_some() && self.has_room(&state) {
                     if let Some(message) = pending.next() {
-                        results.push(state.send(message, now));
+                        results.push(state.send(message, &mut clock));
                     }
                 }
             }
@@ -194,7 +194,7 @@ impl MemoryTransport {
         let mut state = dlq.lock();
         for stored in expired {
             tracing::warn!(queue = queue.name, message.id = %stored.id, "message moved to the dead-letter queue: {}",
-                stored.reason.as_deref().unwrap_or("receive limit reached"));
+                stored.reason().unwrap_or("receive limit reached"));
             state.insert(stored, QueueState::visible());
         }
     }
@@ -267,7 +267,7 @@ impl Transport for MemoryTransport {
                 let stored = self.store(queue, &q, vec![message]).await.pop();
                 return stored.unwrap_or_else(|| Err(self.full(queue, Duration::ZERO)));
             }
-            let id = q.lock().send(message, Instant::now())?;
+            let id = q.lock().send(message, &mut state::Clock::default())?;
             q.notify.notify_waiters();
             Ok(id)
         })
@@ -288,8 +288,8 @@ impl Transport for MemoryTransport {
             }
             let results = {
                 let mut state = q.lock();
-                let now = Instant::now();
-                messages.into_iter().map(|m| state.send(m, now)).collect()
+                let mut clock = state::Clock::default();
+                messages.into_iter().map(|m| state.send(m, &mut clock)).collect()
             };
             q.notify.notify_waiters();
             results

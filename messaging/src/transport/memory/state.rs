@@ -41,9 +41,10 @@ pub(super) struct Stored {
     pub(super) attributes: Arc<Attributes>,
     pub(super) sent_at: SystemTime,
     pub(super) receive_count: u32,
-    pub(super) reason: Option<String>,
-    /// Failed attempts, oldest first (the last `FailedAttempt::KEPT`).
-    pub(super) history: Vec<crate::transport::FailedAttempt>,
+    /// What went wrong with it, once something has: most messages never
+    /// fail, and a box keeps the 48 bytes of a reason and a history out of
+    /// every queued message.
+    failures: Option<Box<Failures>>,
     status: Status,
     /// Bumped on every status change; timer entries with another epoch are stale.
     epoch: u64,
@@ -51,7 +52,31 @@ pub(super) struct Stored {
     seq: u64,
 }
 
+/// A message's failures.
+#[derive(Debug, Clone, Default)]
+pub(super) struct Failures {
+    /// Why it was dead-lettered.
+    pub(super) reason: Option<String>,
+    /// Failed attempts, oldest first (the last `FailedAttempt::KEPT`).
+    pub(super) history: Vec<crate::transport::FailedAttempt>,
+}
+
 impl Stored {
+    /// Why it was dead-lettered, if it was.
+    pub(super) fn reason(&self) -> Option<&str> {
+        self.failures.as_ref().and_then(|f| f.reason.as_deref())
+    }
+
+    /// Its failed attempts, oldest first.
+    pub(super) fn history(&self) -> &[crate::transport::FailedAttempt] {
+        self.failures.as_ref().map_or(&[], |f| &f.history)
+    }
+
+    /// Its failures, to add to.
+    pub(super) fn failures_mut(&mut self) -> &mut Failures {
+        self.failures.get_or_insert_with(Box::default)
+    }
+
     /// The message as `app show` reports it, in `queue` with `status` when
     /// given (a dead letter's), else its own.
     pub(super) fn report(&self, queue: &str, status: Option<&str>) -> crate::transport::MessageReport {
@@ -77,8 +102,8 @@ impl Stored {
                 Status::InFlight { until, .. } => Some(wall_ms(until)),
                 _ => None,
             },
-            reason: self.reason.clone(),
-            history: self.history.clone(),
+            reason: self.reason().map(str::to_owned),
+            history: self.history().to_vec(),
             attributes: (*self.attributes).clone(),
             body: self.body.clone(),
             deferred: None,
@@ -125,6 +150,27 @@ fn shared_attributes(attributes: Attributes) -> Arc<Attributes> {
         EMPTY.get_or_init(Default::default).clone()
     } else {
         Arc::new(attributes)
+    }
+}
+
+/// The time of one call, each clock read once and only if needed: a send
+/// to a standard queue without delay needs only the wall clock, and a batch
+/// one reading of each (clock reads were 3 % of the memory benchmark).
+#[derive(Debug, Default)]
+pub(super) struct Clock {
+    now: Option<Instant>,
+    wall: Option<SystemTime>,
+}
+
+impl Clock {
+    /// The monotonic time (tokio's, so that tests can pause it).
+    pub(super) fn now(&mut self) -> Instant {
+        *self.now.get_or_insert_with(Instant::now)
+    }
+
+    /// The wall-clock time.
+    pub(super) fn wall(&mut self) -> SystemTime {
+        *self.wall.get_or_insert_with(SystemTime::now)
     }
 }
 
@@ -200,7 +246,7 @@ impl QueueState {
     }
 
     /// Stores a message; a FIFO duplicate within the window returns the first id.
-    pub(super) fn send(&mut self, msg: Outgoing, now: Instant) -> Result<MessageId, TransportError> {
+    pub(super) fn send(&mut self, msg: Outgoing, clock: &mut Clock) -> Result<MessageId, TransportError> {
         if self.spec.fifo {
             if msg.delay.is_some_and(|d| !d.is_zero()) {
                 return Err(TransportError::Rejected(format!(
@@ -214,7 +260,7 @@ impl QueueState {
                     self.spec.name
                 )));
             }
-            self.forget_old_dedup_ids(now);
+            self.forget_old_dedup_ids(clock.now());
             if let Some(dedup) = &msg.dedup_id {
                 if let Some((_, id)) = self.dedup.get(dedup) {
                     return Ok(id.clone());
@@ -224,12 +270,13 @@ impl QueueState {
         let id = MessageId::random();
         if self.spec.fifo {
             if let Some(dedup) = msg.dedup_id.clone() {
+                let now = clock.now();
                 self.dedup.insert(dedup.clone(), (now, id.clone()));
                 self.dedup_order.push_back((now, dedup));
             }
         }
         let status = match msg.delay.filter(|d| !d.is_zero()) {
-            Some(delay) => Status::Hidden(now + delay),
+            Some(delay) => Status::Hidden(clock.now() + delay),
             None => Status::Visible,
         };
         self.insert(
@@ -238,10 +285,9 @@ impl QueueState {
                 body: msg.body,
                 group: msg.group_id,
                 attributes: shared_attributes(msg.attributes),
-                sent_at: SystemTime::now(),
+                sent_at: clock.wall(),
                 receive_count: 0,
-                reason: None,
-                history: Vec::new(),
+                failures: None,
                 status: Status::Visible,
                 epoch: 0,
                 seq: 0,
@@ -434,10 +480,11 @@ impl QueueState {
         }
         if self.spec.dlq.is_some() && msg.receive_count >= self.spec.redrive_after() {
             if let Some(mut stored) = self.remove(key) {
-                stored.reason = Some(match stored.history.last() {
+                let reason = Some(match stored.history().last() {
                     Some(last) => format!("{} (after {} attempts)", last.message, stored.receive_count),
                     None => format!("received {} times without success", stored.receive_count),
                 });
+                stored.failures_mut().reason = reason;
                 out.expired.push(stored);
             }
             return false;
@@ -512,7 +559,7 @@ impl QueueState {
     ) -> Result<(), TransportError> {
         self.check(receipt)?;
         if let Some(m) = self.get_mut(receipt.key) {
-            failure.push_onto(&mut m.history);
+            failure.push_onto(&mut m.failures_mut().history);
         }
         Ok(())
     }

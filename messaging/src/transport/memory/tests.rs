@@ -321,3 +321,12 @@ async fn memory_urls_take_a_capacity_and_a_wait() {
         assert!(error.contains(expected), "{url}: {error}");
     }
 }
+
+#[test]
+fn a_queued_message_stays_small() {
+    // What a queued message costs beside its body (the memory benchmark's
+    // "queued" scenario measures the whole): the slot, with the id inline.
+    let slot = std::mem::size_of::<Option<super::state::Stored>>();
+    eprintln!("slot {slot} bytes, id {}", std::mem::size_of::<crate::transport::MessageId>());
+    assert!(slot <= 176, "a queue slot grew to {slot} bytes");
+}
