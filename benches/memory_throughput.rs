@@ -16,7 +16,7 @@
 //! ```text
 //! cargo bench -p messaging-suite --bench memory_throughput                 # 1,000,000 messages, 3 rounds
 //! MESSAGES=200000 ROUNDS=1 cargo bench -p messaging-suite --bench memory_throughput
-//! BENCH_ONLY=messaging-c8 cargo bench -p messaging-suite --bench memory_throughput   # scenarios whose name contains it
+//! BENCH_ONLY=messaging-c8 cargo bench -p messaging-suite --bench memory_throughput   # scenarios whose name contains it (and the two peers)
 //! ```
 
 use std::collections::BTreeMap;
@@ -240,8 +240,20 @@ const SCENARIOS: &[&str] = &[
     "telemetry-c8-collector",
 ];
 
-/// Runs one scenario in this process; prints `RESULT name value peak_kb`.
+/// CPU time this process has used (user and system), from `/proc/self/stat`
+/// in clock ticks of 10 ms: beside the rate, a figure that the machine's
+/// other load moves much less.
+fn cpu_time() -> Duration {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    // The fields after the command name (which may hold spaces), from the 3rd on.
+    let after = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
+    let ticks: u64 = after.split_whitespace().skip(11).take(2).filter_map(|v| v.parse::<u64>().ok()).sum();
+    Duration::from_millis(ticks * 10)
+}
+
+/// Runs one scenario in this process; prints `RESULT name value peak_kb cpu_ns_per_message`.
 fn scenario(name: &str, messages: u64) {
+    let cpu = cpu_time();
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime");
     let send = Setup { batch: false, quiet: false, collector: false };
     let batch = Setup { batch: true, ..send };
@@ -267,11 +279,13 @@ fn scenario(name: &str, messages: u64) {
             other => panic!("unknown scenario {other}"),
         }
     });
-    println!("RESULT {name} {value} {}", status_kb("VmHWM:"));
+    let cpu_ns = (cpu_time() - cpu).as_nanos() as f64 / messages as f64;
+    println!("RESULT {name} {value} {} {cpu_ns}", status_kb("VmHWM:"));
 }
 
-/// Runs `name` in a fresh process of this program: (value, peak RSS in kB).
-fn in_process(name: &str, messages: u64) -> (f64, u64, Option<usize>) {
+/// Runs `name` in a fresh process of this program: (value, peak RSS in kB,
+/// CPU nanoseconds per message, the body's length for "queued").
+fn in_process(name: &str, messages: u64) -> (f64, u64, f64, Option<usize>) {
     let out = std::process::Command::new(std::env::current_exe().expect("this program"))
         .env("BENCH_SCENARIO", name)
         .env("MESSAGES", messages.to_string())
@@ -284,7 +298,8 @@ fn in_process(name: &str, messages: u64) -> (f64, u64, Option<usize>) {
     let mut fields = line.split_whitespace().skip(1);
     let value = fields.next().and_then(|v| v.parse().ok()).expect("a value");
     let peak = fields.next().and_then(|v| v.parse().ok()).expect("a peak");
-    (value, peak, body)
+    let cpu = fields.next().and_then(|v| v.parse().ok()).expect("a CPU time");
+    (value, peak, cpu, body)
 }
 
 fn median(mut values: Vec<f64>) -> f64 {
@@ -300,8 +315,11 @@ fn main() {
     }
     let rounds: usize = std::env::var("ROUNDS").ok().and_then(|v| v.parse().ok()).unwrap_or(3);
     let only = std::env::var("BENCH_ONLY").unwrap_or_default();
-    let chosen: Vec<&str> =
-        SCENARIOS.iter().copied().filter(|s| only.is_empty() || s.contains(&only) || *s == "mpsc").collect();
+    let chosen: Vec<&str> = SCENARIOS
+        .iter()
+        .copied()
+        .filter(|s| only.is_empty() || s.contains(&only) || ["mpsc", "omniqueue"].contains(s))
+        .collect();
     println!(
         "memory:// end to end, {messages} orders of 119 bytes, {rounds} round(s), {} cores; one process per scenario",
         std::thread::available_parallelism().map_or(0, |n| n.get())
@@ -311,11 +329,17 @@ fn main() {
     let mut to_mpsc: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
     let mut to_omniqueue: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
     let mut to_quiet: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
+    let mut cpus: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
     for round in 0..rounds {
         let mut this = BTreeMap::new();
         for &name in &chosen {
-            let (value, peak, _) = in_process(name, messages);
-            eprintln!("round {}: {name:<24} {value:>12.0} msgs/s  peak {:>6} MB", round + 1, peak / 1024);
+            let (value, peak, cpu, _) = in_process(name, messages);
+            eprintln!(
+                "round {}: {name:<24} {value:>12.0} msgs/s  peak {:>6} MB  CPU {cpu:>6.0} ns/msg",
+                round + 1,
+                peak / 1024
+            );
+            cpus.entry(name).or_default().push(cpu);
             this.insert(name, value);
             rates.entry(name).or_default().push(value);
             peaks.entry(name).or_default().push(peak as f64 / 1024.0);
@@ -332,16 +356,20 @@ fn main() {
             }
         }
     }
-    println!("\n{:<24} {:>12} {:>9} {:>12} {:>9}", "scenario", "msgs/s", "× mpsc", "× omniqueue", "peak MB");
+    println!(
+        "\n{:<24} {:>12} {:>9} {:>12} {:>9} {:>12}",
+        "scenario", "msgs/s", "× mpsc", "× omniqueue", "peak MB", "CPU ns/msg"
+    );
     for &name in &chosen {
         let ratio =
             |m: &BTreeMap<&str, Vec<f64>>| m.get(name).map_or("-".to_owned(), |v| format!("{:.2}", median(v.clone())));
         println!(
-            "{name:<24} {:>12.0} {:>9} {:>12} {:>9.0}",
+            "{name:<24} {:>12.0} {:>9} {:>12} {:>9.0} {:>12.0}",
             median(rates[name].clone()),
             ratio(&to_mpsc),
             ratio(&to_omniqueue),
-            median(peaks[name].clone())
+            median(peaks[name].clone()),
+            median(cpus[name].clone())
         );
     }
     if to_quiet.contains_key("telemetry-c8-collector") {
@@ -353,7 +381,7 @@ fn main() {
         );
     }
     if only.is_empty() || "queued".contains(&only) {
-        let (per_message, _, body) = in_process("queued", messages);
+        let (per_message, _, _, body) = in_process("queued", messages);
         let body = body.unwrap_or(0);
         println!(
             "\n{messages} orders queued, none consumed: {per_message:.0} bytes of memory per message, of which the \

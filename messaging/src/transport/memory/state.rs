@@ -515,10 +515,10 @@ impl QueueState {
     }
 
     /// Deletes a settled message.
-    pub(super) fn ack(&mut self, receipt: &Receipt) -> Result<(), TransportError> {
+    /// Returns the message, for the caller to drop once the lock is released.
+    pub(super) fn ack(&mut self, receipt: &Receipt) -> Result<Stored, TransportError> {
         self.check(receipt)?;
-        self.remove(receipt.key);
-        Ok(())
+        self.remove(receipt.key).ok_or(TransportError::StaleReceipt)
     }
 
     /// Takes a message out of the queue whatever its state.
