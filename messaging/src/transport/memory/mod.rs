@@ -232,6 +232,14 @@ impl MemoryTransport {
     }
 }
 
+/// Makes the body's buffer shared now, before the queue's lock is taken: a
+/// body made from a `Vec` allocates its reference count at its first clone,
+/// which would otherwise be the receive's, under the lock that publishers
+/// wait for.
+fn share(message: &Outgoing) {
+    drop(message.body.clone());
+}
+
 impl Transport for MemoryTransport {
     fn system(&self) -> &'static str {
         "memory"
@@ -263,6 +271,7 @@ impl Transport for MemoryTransport {
     fn send<'a>(&'a self, queue: &'a str, message: Outgoing) -> BoxFuture<'a, Result<MessageId, TransportError>> {
         Box::pin(async move {
             let q = self.queue(queue)?;
+            share(&message);
             if self.bound.is_some() {
                 let stored = self.store(queue, &q, vec![message]).await.pop();
                 return stored.unwrap_or_else(|| Err(self.full(queue, Duration::ZERO)));
@@ -283,6 +292,7 @@ impl Transport for MemoryTransport {
                 Ok(q) => q,
                 Err(_) => return crate::transport::unknown_queue(queue, &messages),
             };
+            messages.iter().for_each(share);
             if self.bound.is_some() {
                 return self.store(queue, &q, messages).await;
             }
