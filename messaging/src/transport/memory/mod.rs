@@ -10,6 +10,7 @@ mod browse;
 mod dead_letters;
 mod state;
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::time::Duration;
 
@@ -55,6 +56,29 @@ struct MemQueue {
     room: Notify,
     /// Bumped by `interrupt_receives`: a waiting receive that sees it change returns.
     interrupts: std::sync::atomic::AtomicU64,
+    /// Receives that may be waiting on `notify`: a publish wakes them only
+    /// when there are any (`notify_waiters` takes a lock of its own, which
+    /// every publish then contended for with the receiver).
+    waiting: AtomicUsize,
+}
+
+/// Counts a receive as waiting for as long as it lives.
+struct Waiting<'a>(&'a AtomicUsize);
+
+impl<'a> Waiting<'a> {
+    fn new(count: &'a AtomicUsize) -> Self {
+        // SeqCst, with the publisher's load in `MemQueue::wake`: a receive
+        // counts itself before it looks at the queue, so a publish either
+        // happened before the look (and is seen) or sees the count.
+        count.fetch_add(1, Ordering::SeqCst);
+        Waiting(count)
+    }
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 impl MemQueue {
@@ -65,6 +89,14 @@ impl MemQueue {
             notify: Notify::new(),
             room: Notify::new(),
             interrupts: std::sync::atomic::AtomicU64::new(0),
+            waiting: AtomicUsize::new(0),
+        }
+    }
+
+    /// Wakes waiting receives after messages were added (the lock released).
+    fn wake(&self) {
+        if self.waiting.load(Ordering::SeqCst) > 0 {
+            self.notify.notify_waiters();
         }
     }
 
@@ -157,7 +189,7 @@ impl MemoryTransport {
                     }
                 }
             }
-            q.notify.notify_waiters();
+            q.wake();
             if pending.peek().is_none() {
                 return results;
             }
@@ -203,6 +235,7 @@ impl MemoryTransport {
         let queue = self.queue(name)?;
         let deadline = Instant::now() + wait;
         let interrupts = queue.interrupts.load(std::sync::atomic::Ordering::Acquire);
+        let _waiting = Waiting::new(&queue.waiting);
         loop {
             let notified = queue.notify.notified();
             tokio::pin!(notified);
@@ -277,7 +310,7 @@ impl Transport for MemoryTransport {
                 return stored.unwrap_or_else(|| Err(self.full(queue, Duration::ZERO)));
             }
             let id = q.lock().send(message, &mut state::Clock::default())?;
-            q.notify.notify_waiters();
+            q.wake();
             Ok(id)
         })
     }
@@ -301,7 +334,7 @@ impl Transport for MemoryTransport {
                 let mut clock = state::Clock::default();
                 messages.into_iter().map(|m| state.send(m, &mut clock)).collect()
             };
-            q.notify.notify_waiters();
+            q.wake();
             results
         })
     }
