@@ -9,6 +9,10 @@
 //!   `DELETE … WHERE id IN (SELECT id … LIMIT 100 [FOR UPDATE SKIP LOCKED])
 //!   RETURNING payload` (8 tasks on PostgreSQL, 1 on SQLite), each payload
 //!   deserialized with serde_json.
+//! * **publish into the same shape**: the baseline insert again, into a
+//!   table with the columns, constraints and indexes of the framework's
+//!   (`LIKE … INCLUDING ALL` on PostgreSQL, the same DDL on SQLite), each
+//!   row with every column an enqueue writes: what any enqueue must pay.
 //! * **latency**: one `send` every 5 ms for 10 s with the worker idle between
 //!   messages; each message carries its send time and the handler records
 //!   `now - sent`. On PostgreSQL the publisher has its own transport, so the
@@ -269,6 +273,76 @@ impl Raw {
             }
         }
         Ok(())
+    }
+
+    /// Creates `bench_shape`: a table with the columns, constraints and
+    /// indexes of the framework's `messaging_messages` (which must exist),
+    /// for a baseline insert that does what an enqueue must do to the table.
+    async fn create_shaped(&self) -> anyhow::Result<()> {
+        match self {
+            Raw::Postgres(pool) => {
+                sqlx::query("CREATE TABLE bench_shape (LIKE messaging_messages INCLUDING ALL)").execute(pool).await?;
+            }
+            Raw::Sqlite(pool) => {
+                let ddl: Vec<String> = sqlx::query_scalar(
+                    "SELECT sql FROM sqlite_master WHERE tbl_name = 'messaging_messages' AND sql IS NOT NULL \
+                     ORDER BY type = 'index'",
+                )
+                .fetch_all(pool)
+                .await?;
+                for statement in ddl {
+                    sqlx::query(&statement.replace("messaging_messages", "bench_shape")).execute(pool).await?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Inserts the payloads into `bench_shape` as pending messages with
+    /// every column an enqueue writes, `PUBLISH_CHUNK` rows per statement,
+    /// then empties it again; returns the time the inserts took.
+    async fn insert_shaped(&self, payloads: &[Vec<u8>]) -> anyhow::Result<Duration> {
+        let ids: Vec<String> = (0..payloads.len()).map(|n| format!("00000000-0000-4000-8000-{n:012}")).collect();
+        let now = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64);
+        let started = Instant::now();
+        for (n, (chunk, ids)) in payloads.chunks(PUBLISH_CHUNK).zip(ids.chunks(PUBLISH_CHUNK)).enumerate() {
+            let first = (n * PUBLISH_CHUNK) as i64;
+            match self {
+                Raw::Postgres(pool) => {
+                    sqlx::query(
+                        "INSERT INTO bench_shape (queue, group_id, message_id, payload, attributes, priority, \
+                         process_at, status, attempts, seq, sent_at) \
+                         SELECT 'bench-shape', NULL, m, p, '', 0, NULL, 'pending', 0, $3 + o, $4 \
+                         FROM UNNEST($1::text[], $2::bytea[]) WITH ORDINALITY AS t(m, p, o)",
+                    )
+                    .bind(ids)
+                    .bind(chunk)
+                    .bind(first)
+                    .bind(now)
+                    .execute(pool)
+                    .await?;
+                }
+                Raw::Sqlite(pool) => {
+                    let row = "('bench-shape', NULL, ?, ?, '', 0, NULL, 'pending', 0, ?, ?)";
+                    let sql = format!(
+                        "INSERT INTO bench_shape (queue, group_id, message_id, payload, attributes, priority, \
+                         process_at, status, attempts, seq, sent_at) VALUES {}",
+                        vec![row; chunk.len()].join(",")
+                    );
+                    let mut query = sqlx::query(&sql);
+                    for (i, (payload, id)) in chunk.iter().zip(ids).enumerate() {
+                        query = query.bind(id).bind(payload).bind(first + i as i64).bind(now);
+                    }
+                    query.execute(pool).await?;
+                }
+            }
+        }
+        let took = started.elapsed();
+        match self {
+            Raw::Postgres(pool) => drop(sqlx::query("TRUNCATE bench_shape").execute(pool).await?),
+            Raw::Sqlite(pool) => drop(sqlx::query("DELETE FROM bench_shape").execute(pool).await?),
+        }
+        Ok(took)
     }
 
     /// Brings `table` to a settled state before a timed drain (PostgreSQL:
@@ -591,7 +665,10 @@ async fn measure(
         std::thread::available_parallelism().map_or(0, |n| n.get())
     );
     raw.create().await.context("creating the baseline table")?;
+    raw.create_shaped().await.context("creating the baseline table of the framework's shape")?;
     let payloads = payloads(messages)?;
+    let shaped = within(PHASE_TIMEOUT, "the shaped baseline insert", raw.insert_shaped(&payloads)).await??;
+    let base_shaped = rate(messages, shaped);
 
     let (inserted, drained) = baseline_drain(raw, &payloads, baseline_tasks).await.context("the baseline drain")?;
     let (base_publish, base_drain) = (rate(messages, inserted), rate(messages, drained));
@@ -603,6 +680,8 @@ async fn measure(
     let tasks = if baseline_tasks == 1 { "1 task".to_owned() } else { format!("{baseline_tasks} tasks") };
     print_rate("baseline publish (INSERT, 1,000 rows/statement)", base_publish, base_publish);
     print_rate("messaging publish (send_batch, 1,000/call)", publish, base_publish);
+    print_rate("baseline publish, the framework's columns and indexes", base_shaped, base_shaped);
+    print_rate("messaging publish × that baseline", publish, base_shaped);
     print_rate(&format!("baseline drain (DELETE 100 … RETURNING, {tasks})"), base_drain, base_drain);
     print_rate("messaging drain, concurrency 1", rate(messages, seq_drain), base_drain);
     print_rate("messaging drain, concurrency 8", rate(messages, par_drain), base_drain);

@@ -131,7 +131,7 @@ where
             for (_, outgoing) in pending.iter_mut() {
                 crate::telemetry::inject(&producer, &mut outgoing.attributes);
             }
-            let chunk = transport.max_batch().max(1);
+            let chunk = transport.max_send_batch().max(1);
             let mut pending = pending.into_iter().peekable();
             while pending.peek().is_some() {
                 let (indices, outgoing): (Vec<usize>, Vec<_>) = pending.by_ref().take(chunk).unzip();

@@ -349,6 +349,12 @@ pub trait Transport: Send + Sync + 'static {
         10
     }
 
+    /// The most messages one `send_batch` call takes ([`Publisher::send_batch`](crate::Publisher::send_batch)
+    /// splits larger batches): by default [`Transport::max_batch`].
+    fn max_send_batch(&self) -> usize {
+        self.max_batch()
+    }
+
     /// The longest per-message delay the backend accepts.
     fn max_delay(&self) -> Duration {
         Duration::from_secs(15 * 60)

@@ -684,6 +684,14 @@ impl<D: Dialect> Transport for SqlTransport<D> {
         D::CONCURRENT_LEASES as usize
     }
 
+    fn max_send_batch(&self) -> usize {
+        // An enqueue of 1,000 rows is one statement on PostgreSQL (two on
+        // SQLite, 500 rows each) and one round trip: split at the lease size
+        // of 300 it took four, and a batch of 1,000 was published at 0.36 of
+        // a raw insert into a table of the same shape.
+        1_000
+    }
+
     fn max_batch(&self) -> usize {
         // A lease or a completion costs about as much per statement as for
         // 100 rows: 300 rows per statement cut the drain time by a third. The
