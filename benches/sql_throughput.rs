@@ -667,8 +667,14 @@ async fn measure(
     raw.create().await.context("creating the baseline table")?;
     raw.create_shaped().await.context("creating the baseline table of the framework's shape")?;
     let payloads = payloads(messages)?;
-    let shaped = within(PHASE_TIMEOUT, "the shaped baseline insert", raw.insert_shaped(&payloads)).await??;
-    let base_shaped = rate(messages, shaped);
+    // The median of three: one insert of a few thousand rows into a fresh
+    // table moves with the server's background work.
+    let mut shaped = Vec::new();
+    for _ in 0..3 {
+        shaped.push(within(PHASE_TIMEOUT, "the shaped baseline insert", raw.insert_shaped(&payloads)).await??);
+    }
+    shaped.sort();
+    let base_shaped = rate(messages, shaped[1]);
 
     let (inserted, drained) = baseline_drain(raw, &payloads, baseline_tasks).await.context("the baseline drain")?;
     let (base_publish, base_drain) = (rate(messages, inserted), rate(messages, drained));
@@ -748,6 +754,8 @@ fn postgres(config: &Config) -> anyhow::Result<()> {
         let pool = PgPoolOptions::new()
             .max_connections(PG_TASKS as u32)
             .acquire_timeout(Duration::from_secs(5))
+            // As the transport's pool: no ping before each statement.
+            .test_before_acquire(false)
             .connect(&url)
             .await?;
         let raw = Raw::Postgres(pool);
@@ -771,7 +779,7 @@ fn sqlite(config: &Config) -> anyhow::Result<()> {
             .journal_mode(SqliteJournalMode::Wal)
             .synchronous(SqliteSynchronous::Normal)
             .busy_timeout(Duration::from_secs(5));
-        let pool = SqlitePoolOptions::new().max_connections(2).connect_with(options).await?;
+        let pool = SqlitePoolOptions::new().max_connections(2).test_before_acquire(false).connect_with(options).await?;
         let raw = Raw::Sqlite(pool);
         measure("sqlite", config, &raw, &url, transport.clone(), transport, 1).await
     });
