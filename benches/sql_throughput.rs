@@ -339,8 +339,12 @@ impl Raw {
         }
         let took = started.elapsed();
         match self {
-            Raw::Postgres(pool) => drop(sqlx::query("TRUNCATE bench_shape").execute(pool).await?),
-            Raw::Sqlite(pool) => drop(sqlx::query("DELETE FROM bench_shape").execute(pool).await?),
+            Raw::Postgres(pool) => {
+                sqlx::query("TRUNCATE bench_shape").execute(pool).await?;
+            }
+            Raw::Sqlite(pool) => {
+                sqlx::query("DELETE FROM bench_shape").execute(pool).await?;
+            }
         }
         Ok(took)
     }
