@@ -63,8 +63,8 @@ pub enum TransportError {
     /// A bounded queue (`memory://?capacity=N`) stayed full for as long as a
     /// publish may wait: its consumers are behind.
     #[error(
-        "queue `{queue}` is full ({capacity} messages) and had no room within {waited:?}: its consumers are \
-         behind; publish again later, or raise the capacity"
+        "queue `{queue}` is full ({capacity} messages) and had no room within {} ms: its consumers are \
+         behind; publish again later, or raise the capacity", waited.as_millis()
     )]
     Full {
         /// The queue.
