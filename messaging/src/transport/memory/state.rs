@@ -174,6 +174,16 @@ impl Clock {
     }
 }
 
+/// A message published to a standard queue and not yet in its state: its
+/// id, and the time of its send (the monotonic one when it has a delay).
+#[derive(Debug)]
+pub(super) struct Posted {
+    pub(super) id: MessageId,
+    pub(super) message: Outgoing,
+    pub(super) wall: SystemTime,
+    pub(super) now: Option<Instant>,
+}
+
 /// What a receive did besides returning deliveries.
 pub(super) struct Received {
     pub(super) deliveries: Vec<Delivery>,
@@ -275,13 +285,20 @@ impl QueueState {
                 self.dedup_order.push_back((now, dedup));
             }
         }
+        self.admit(id.clone(), msg, clock);
+        Ok(id)
+    }
+
+    /// Stores a new message that passed the queue's rules, under `id`, as
+    /// sent at the clock's time.
+    pub(super) fn admit(&mut self, id: MessageId, msg: Outgoing, clock: &mut Clock) {
         let status = match msg.delay.filter(|d| !d.is_zero()) {
             Some(delay) => Status::Hidden(clock.now() + delay),
             None => Status::Visible,
         };
         self.insert(
             Stored {
-                id: id.clone(),
+                id,
                 body: msg.body,
                 group: msg.group_id,
                 attributes: shared_attributes(msg.attributes),
@@ -294,7 +311,13 @@ impl QueueState {
             },
             status,
         );
-        Ok(id)
+    }
+
+    /// Stores the messages published through the inbox, in order.
+    pub(super) fn admit_all(&mut self, inbox: &mut Vec<Posted>) {
+        for posted in inbox.drain(..) {
+            self.admit(posted.id, posted.message, &mut Clock { now: posted.now, wall: Some(posted.wall) });
+        }
     }
 
     /// Adds a message (new, redriven or dead-lettered) at the back.

@@ -330,3 +330,24 @@ fn a_queued_message_stays_small() {
     eprintln!("slot {slot} bytes, id {}", std::mem::size_of::<crate::transport::MessageId>());
     assert!(slot <= 176, "a queue slot grew to {slot} bytes");
 }
+
+#[tokio::test]
+async fn single_sends_and_batches_keep_their_order_and_are_seen_at_once() {
+    // Single sends wait in the queue's inbox until the next look at it; a
+    // batch goes straight in. Every reader sees both, in publish order.
+    let t = setup(standard("q")).await;
+    let first = t.send("q", body("1")).await.unwrap();
+    assert_eq!(t.depth("q").await.unwrap(), 1, "a depth counts what is in the inbox");
+    assert!(t.inspect("q", &first).await.unwrap().is_some(), "and so does a look for one message");
+    for result in t.send_batch("q", vec![body("2"), body("3")]).await {
+        result.unwrap();
+    }
+    t.send("q", body("4")).await.unwrap();
+    for result in t.send_batch("q", vec![body("5")]).await {
+        result.unwrap();
+    }
+    t.send("q", body("6")).await.unwrap();
+    let got = t.receive("q", 10, Duration::ZERO).await.unwrap();
+    assert_eq!(texts(&got), ["1", "2", "3", "4", "5", "6"]);
+    assert_eq!(got[0].message_id, first);
+}
