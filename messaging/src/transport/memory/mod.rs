@@ -64,9 +64,6 @@ struct MemQueue {
     /// memory benchmark's profile). Whoever locks `state` moves them in
     /// first, in order, so every reader sees them.
     inbox: Mutex<Vec<state::Posted>>,
-    /// The inbox's other buffer: swapped with it, so that neither
-    /// reallocates in the steady state.
-    spare: Mutex<Vec<state::Posted>>,
     /// Receives that may be waiting on `notify`: a publish wakes them only
     /// when there are any (`notify_waiters` takes a lock of its own, which
     /// every publish then contended for with the receiver).
@@ -102,7 +99,6 @@ impl MemQueue {
             interrupts: std::sync::atomic::AtomicU64::new(0),
             waiting: AtomicUsize::new(0),
             inbox: Mutex::new(Vec::new()),
-            spare: Mutex::new(Vec::new()),
         }
     }
 
@@ -123,10 +119,10 @@ impl MemQueue {
         // A panic while holding the lock cannot leave the state half-changed in a
         // way that loses messages, so a poisoned lock is still usable.
         let mut state = self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        // (`spare` is only ever taken under `state`'s lock: never contended.)
-        let mut spare = self.spare.lock().unwrap_or_else(|p| p.into_inner());
-        std::mem::swap(&mut *self.inbox.lock().unwrap_or_else(|p| p.into_inner()), &mut *spare);
-        state.admit_all(&mut spare);
+        // The inbox's lock is held for the swap only: publishers wait for
+        // nothing longer (held through the admissions it measured 7 % slower).
+        state.take_posted(&mut self.inbox.lock().unwrap_or_else(|p| p.into_inner()));
+        state.admit_posted();
         state
     }
 }
@@ -289,13 +285,6 @@ impl MemoryTransport {
     }
 }
 
-/// A message for a standard queue's inbox, with the time of its send.
-fn posted(id: MessageId, message: Outgoing) -> state::Posted {
-    let mut clock = state::Clock::default();
-    let now = message.delay.filter(|d| !d.is_zero()).map(|_| clock.now());
-    state::Posted { id, message, wall: clock.wall(), now }
-}
-
 /// Makes the body's buffer shared now, before the queue's lock is taken: a
 /// body made from a `Vec` allocates its reference count at its first clone,
 /// which would otherwise be the receive's, under the lock that publishers
@@ -338,7 +327,7 @@ impl Transport for MemoryTransport {
             share(&message);
             if !q.fifo && self.bound.is_none() {
                 let id = MessageId::random();
-                q.post(posted(id.clone(), message));
+                q.post(state::Posted::new(id.clone(), message));
                 return Ok(id);
             }
             if self.bound.is_some() {

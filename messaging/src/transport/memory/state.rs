@@ -178,10 +178,21 @@ impl Clock {
 /// id, and the time of its send (the monotonic one when it has a delay).
 #[derive(Debug)]
 pub(super) struct Posted {
-    pub(super) id: MessageId,
-    pub(super) message: Outgoing,
-    pub(super) wall: SystemTime,
-    pub(super) now: Option<Instant>,
+    id: MessageId,
+    message: Outgoing,
+    clock: Clock,
+}
+
+impl Posted {
+    /// `message`, published now under `id`.
+    pub(super) fn new(id: MessageId, message: Outgoing) -> Self {
+        let mut clock = Clock::default();
+        if message.delay.is_some_and(|d| !d.is_zero()) {
+            clock.now();
+        }
+        clock.wall();
+        Posted { id, message, clock }
+    }
 }
 
 /// What a receive did besides returning deliveries.
@@ -221,6 +232,8 @@ pub(super) struct QueueState {
     leases: VecDeque<(Instant, u64, u64)>,
     dedup: HashMap<String, (Instant, MessageId)>,
     dedup_order: VecDeque<(Instant, String)>,
+    /// The buffer that trades places with the queue's inbox (empty between calls).
+    posted: Vec<Posted>,
 }
 
 impl QueueState {
@@ -240,6 +253,7 @@ impl QueueState {
             leases: VecDeque::new(),
             dedup: HashMap::default(),
             dedup_order: VecDeque::new(),
+            posted: Vec::new(),
         }
     }
 
@@ -313,11 +327,21 @@ impl QueueState {
         );
     }
 
-    /// Stores the messages published through the inbox, in order.
-    pub(super) fn admit_all(&mut self, inbox: &mut Vec<Posted>) {
-        for posted in inbox.drain(..) {
-            self.admit(posted.id, posted.message, &mut Clock { now: posted.now, wall: Some(posted.wall) });
+    /// Takes what `inbox` holds, leaving it empty: the two buffers trade
+    /// places, so that neither reallocates in the steady state. The caller
+    /// holds the inbox's lock for this swap only, then calls
+    /// [`QueueState::admit_posted`].
+    pub(super) fn take_posted(&mut self, inbox: &mut Vec<Posted>) {
+        std::mem::swap(inbox, &mut self.posted);
+    }
+
+    /// Stores the messages taken from the inbox, in order.
+    pub(super) fn admit_posted(&mut self) {
+        let mut posted = std::mem::take(&mut self.posted);
+        for Posted { id, message, mut clock } in posted.drain(..) {
+            self.admit(id, message, &mut clock);
         }
+        self.posted = posted;
     }
 
     /// Adds a message (new, redriven or dead-lettered) at the back.
