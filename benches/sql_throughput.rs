@@ -13,6 +13,9 @@
 //!   table with the columns, constraints and indexes of the framework's
 //!   (`LIKE … INCLUDING ALL` on PostgreSQL, the same DDL on SQLite), each
 //!   row with every column an enqueue writes: what any enqueue must pay.
+//! * **identities**: `send_batch` of messages with an identity each, first
+//!   all new (one insert per call), then a new version of each (rows
+//!   locked and updated); against the plain baseline insert.
 //! * **latency**: one `send` every 5 ms for 10 s with the worker idle between
 //!   messages; each message carries its send time and the handler records
 //!   `now - sent`. On PostgreSQL the publisher has its own transport, so the
@@ -72,6 +75,23 @@ struct Tick {
     /// A short string.
     label: String,
 }
+
+/// The queue of messages with an identity (published, not drained).
+#[messaging::queue("bench-sql-accounts")]
+struct Accounts;
+
+/// A message with an identity: one row per account.
+#[messaging::message(name = "bench.account", v = 1, id = key)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Account {
+    /// The identity.
+    key: String,
+    /// A version number.
+    n: u64,
+}
+
+#[messaging::handler(queue = Accounts)]
+async fn on_account(_account: Account) {}
 
 /// The latency probe: carries its send time.
 #[messaging::message(name = "bench.ping", v = 1)]
@@ -508,6 +528,35 @@ async fn framework_drain<Q: Queue<Kind = messaging::Standard>>(
     Ok((published, drained))
 }
 
+/// Publishes `messages` accounts with an identity each (new rows), then
+/// each again with a new version (updates of pending rows), 1,000 per
+/// `send_batch`. Returns the two publish times.
+async fn identity_publish(transport: &Arc<dyn Transport>, messages: u64) -> anyhow::Result<(Duration, Duration)> {
+    let mut app = messaging::App::new(transport.clone()).await.context("assembling the app")?;
+    app.only_queues(&[Accounts::SPEC.name]);
+    let publisher = app.setup().publisher();
+    let mut times = Vec::new();
+    for version in 0..2 {
+        let accounts: Vec<Account> = (0..messages).map(|n| Account { key: format!("acct-{n}"), n: version }).collect();
+        let started = Instant::now();
+        within(PHASE_TIMEOUT, "publishing with identities", async {
+            for chunk in accounts.chunks(PUBLISH_CHUNK) {
+                for result in publisher.send_batch::<Accounts, _>(chunk).await {
+                    result.context("publishing")?;
+                }
+            }
+            anyhow::Ok(())
+        })
+        .await??;
+        times.push(started.elapsed());
+    }
+    let depth = transport.depth(Accounts::SPEC.name).await?;
+    if depth != messages {
+        bail!("queue `{}` holds {depth} rows after two versions of {messages} identities", Accounts::SPEC.name);
+    }
+    Ok((times[0], times[1]))
+}
+
 /// Publishes `payloads` to the baseline table and drains it with `tasks`
 /// tasks. Returns (insert time, drain time).
 async fn baseline_drain(raw: &Raw, payloads: &[Vec<u8>], tasks: usize) -> anyhow::Result<(Duration, Duration)> {
@@ -706,6 +755,11 @@ async fn measure(
     print_latency(&format!("messaging latency p50 ({} pings, {wake})", ours.len()), percentile(&ours, 50.0), b50);
     print_latency("messaging latency p99", percentile(&ours, 99.0), b99);
     print_latency("messaging latency max", ours.last().copied().unwrap_or(0), base.last().copied().unwrap_or(0));
+
+    // Last: its rows stay, and the drains above ran on an emptier table.
+    let (new, again) = identity_publish(&transport, messages).await.context("publishing with identities")?;
+    print_rate("messaging publish with identities, new rows", rate(messages, new), base_publish);
+    print_rate("messaging publish with identities, new versions", rate(messages, again), base_publish);
     Ok(())
 }
 

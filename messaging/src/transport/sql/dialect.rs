@@ -21,6 +21,7 @@ use tokio::sync::OwnedMutexGuard;
 
 use super::driver::{Driver, Value};
 use super::record::LeasedRow;
+use super::statements::StoreForm;
 use super::Tables;
 use crate::error::TransportError;
 use crate::transport::sql::machine::{Row, RowId};
@@ -96,20 +97,37 @@ pub trait Dialect: Driver + sealed::Sealed + Sized {
     /// Begins a write transaction.
     fn begin(pool: &Pool<Self>) -> impl Future<Output = Result<Transaction<'static, Self>, sqlx::Error>> + Send;
 
-    /// The next value of the sequence (enqueue order and lease tokens).
-    fn next_seq(
+    /// `n` new values of the sequence (enqueue order and lease tokens), in
+    /// increasing order.
+    fn next_seqs(
         conn: &mut Self::Connection,
         tables: &Tables,
-    ) -> impl Future<Output = Result<u64, TransportError>> + Send;
+        n: usize,
+    ) -> impl Future<Output = Result<Vec<u64>, TransportError>> + Send;
 
-    /// Inserts rows without identity (seq assigned here, in order); their ids in order.
-    fn insert_plain<'a>(
+    /// The rows (every column, locked, in identity order) of queue `$1` whose
+    /// identity is in `$2`, a JSON array of texts: one statement for a list
+    /// of any length. Each database's own form, so that its planner looks
+    /// each identity up in the unique index whatever its statistics say.
+    const BY_IDENTITIES: &'static str;
+    /// The most rows (a power of two) one call that stores whole rows
+    /// writes, and how (`statements::store_rows`).
+    const STORE_ROWS: (usize, StoreForm);
+    /// The last processed versions (identity, message id, payload) of the
+    /// identities of queue `$1` in `$2`, written as [`Dialect::BY_IDENTITIES`].
+    const PREVIOUS_OF: &'static str;
+
+    /// Inserts `rows` in one statement per chunk, in order: with the sequence
+    /// assigned here in order when `assign`, else with each row's own. A row
+    /// whose identity exists already is skipped (`None`); the others' ids.
+    fn insert<'a>(
         conn: &'a mut Self::Connection,
         tables: &'a Tables,
         queue: &'a str,
         now: i64,
         rows: &'a [Row],
-    ) -> impl Future<Output = Result<Vec<RowId>, TransportError>> + Send + 'a;
+        assign: bool,
+    ) -> impl Future<Output = Result<Vec<Option<RowId>>, TransportError>> + Send + 'a;
 
     /// Leases up to `n` rows (a standard queue's `partition` when given).
     fn lease<'a>(
@@ -296,6 +314,20 @@ impl Home {
             D::SYSTEM
         )))
     }
+}
+
+/// The ids of an insert's rows in input order, from what its RETURNING gave
+/// as (id, seq) in no particular order: assigned sequence values follow the
+/// input; given ones are each row's own. `None`: the row was not inserted.
+pub(crate) fn in_input_order(rows: &[Row], mut inserted: Vec<(i64, i64)>, assigned: bool) -> Vec<Option<RowId>> {
+    if assigned {
+        inserted.sort_unstable_by_key(|&(_, seq)| seq);
+        let mut ids: Vec<Option<RowId>> = inserted.into_iter().map(|(id, _)| Some(id as RowId)).collect();
+        ids.resize(rows.len(), None);
+        return ids;
+    }
+    let by_seq: std::collections::HashMap<i64, i64> = inserted.into_iter().map(|(id, seq)| (seq, id)).collect();
+    rows.iter().map(|r| by_seq.get(&(r.seq as i64)).map(|&id| id as RowId)).collect()
 }
 
 /// Row ids as the integers the database stores.

@@ -57,24 +57,102 @@ pub(crate) const DECLARE: &str =
     "INSERT INTO messaging_queues (name, fifo, created_at) VALUES ($1, $2, $3) ON CONFLICT (name) DO NOTHING";
 pub(crate) const QUEUE_KIND: &str = "SELECT fifo FROM messaging_queues WHERE name = $1";
 
-/// The row of an identity (`$1` queue, `$2` identity).
-pub(crate) const BY_IDENTITY: &str =
-    concat!("SELECT ", columns!(), " FROM messaging_messages WHERE queue = $1 AND identity = $2");
 /// A row by id (`$1` id, `$2` queue).
 pub(crate) const BY_ID: &str = concat!("SELECT ", columns!(), " FROM messaging_messages WHERE id = $1 AND queue = $2");
 
-/// A new row with an identity; no row when the identity exists already.
-pub(crate) const INSERT_IDENTITY: &str = "INSERT INTO messaging_messages (queue, identity, group_id, message_id, \
-    payload, attributes, priority, process_at, status, attempts, seq, sent_at) \
-    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, 0, $10, $11) \
-    ON CONFLICT (queue, identity) WHERE identity IS NOT NULL DO NOTHING RETURNING id";
+/// The columns [`store_rows`] writes, `id` first, in the order of its values.
+const STORED: [&str; 25] = [
+    "id",
+    "identity",
+    "group_id",
+    "message_id",
+    "payload",
+    "attributes",
+    "priority",
+    "process_at",
+    "status",
+    "attempts",
+    "seq",
+    "lease_token",
+    "lease_expires",
+    "deferred_message_id",
+    "deferred_payload",
+    "deferred_attributes",
+    "deferred_priority",
+    "deferred_process_at",
+    "deferred_status",
+    "deferred_seq",
+    "deferred_sent_at",
+    "sent_at",
+    "processed_at",
+    "error",
+    "errors",
+];
 
-/// Writes every column of a row back after its transition.
-pub(crate) const STORE_ROW: &str = "UPDATE messaging_messages SET identity = $2, group_id = $3, message_id = $4, \
-    payload = $5, attributes = $6, priority = $7, process_at = $8, status = $9, attempts = $10, seq = $11, \
-    lease_token = $12, lease_expires = $13, deferred_message_id = $14, deferred_payload = $15, \
-    deferred_attributes = $16, deferred_priority = $17, deferred_process_at = $18, deferred_status = $19, \
-    deferred_seq = $20, deferred_sent_at = $21, sent_at = $22, processed_at = $23, error = $24, errors = $25 WHERE id = $1";
+/// Values per row of [`store_rows`].
+pub(crate) const STORED_COLUMNS: usize = STORED.len();
+
+/// How rows are written back in one call ([`store_rows`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum StoreForm {
+    /// One `UPDATE … FROM (VALUES …)` (PostgreSQL).
+    Values,
+    /// One `UPDATE … WHERE id = $N` per row, joined by `;` in one call
+    /// (SQLite, whose driver binds `$N` across the statements of a call).
+    Joined,
+}
+
+/// Writes every column of `n` rows back after their transitions, in one
+/// call: the values are [`STORED_COLUMNS`] per row, `id` first. Both
+/// databases name the columns of a `VALUES` list `column1`, `column2`, ….
+pub(crate) fn store_rows(n: usize, form: StoreForm) -> String {
+    use std::fmt::Write as _;
+    let one = |sql: &mut String, first: usize| {
+        sql.push_str("UPDATE messaging_messages SET ");
+        for (i, column) in STORED.iter().enumerate().skip(1) {
+            let _ = write!(sql, "{}{column} = ${}", if i > 1 { ", " } else { "" }, first + i);
+        }
+        let _ = write!(sql, " WHERE id = ${first}");
+    };
+    let mut sql = String::new();
+    if n == 1 || form == StoreForm::Joined {
+        for row in 0..n {
+            if row > 0 {
+                sql.push_str("; ");
+            }
+            one(&mut sql, row * STORED_COLUMNS + 1);
+        }
+        return sql;
+    }
+    sql.push_str("UPDATE messaging_messages AS m SET ");
+    for (i, column) in STORED.iter().enumerate().skip(1) {
+        let _ = write!(sql, "{}{column} = t.column{}", if i > 1 { ", " } else { "" }, i + 1);
+    }
+    sql.push_str(" FROM (VALUES ");
+    for row in 0..n {
+        sql.push_str(if row > 0 { ", (" } else { "(" });
+        for column in 0..STORED_COLUMNS {
+            let _ = write!(sql, "{}${}", if column > 0 { ", " } else { "" }, row * STORED_COLUMNS + column + 1);
+        }
+        sql.push(')');
+    }
+    sql.push_str(") AS t WHERE m.id = t.column1");
+    sql
+}
+
+/// Splits `n` rows into calls of a power of two rows each, at most `max`
+/// (a power of two): few distinct statements, so few prepared ones per
+/// connection (at most 1 + log2 `max`).
+pub(crate) fn power_of_two_chunks(mut n: usize, max: usize) -> impl Iterator<Item = usize> {
+    std::iter::from_fn(move || {
+        if n == 0 {
+            return None;
+        }
+        let size = (1usize << n.ilog2()).min(max.max(1));
+        n -= size;
+        Some(size)
+    })
+}
 
 pub(crate) const DELETE_ROW: &str = "DELETE FROM messaging_messages WHERE id = $1";
 
@@ -82,9 +160,6 @@ pub(crate) const DELETE_ROW: &str = "DELETE FROM messaging_messages WHERE id = $
 pub(crate) const RECORD_PREVIOUS: &str = "INSERT INTO messaging_previous (queue, identity, message_id, payload, \
     processed_at) VALUES ($1, $2, $3, $4, $5) ON CONFLICT (queue, identity) DO UPDATE SET \
     message_id = excluded.message_id, payload = excluded.payload, processed_at = excluded.processed_at";
-pub(crate) const PREVIOUS: &str =
-    "SELECT message_id, payload FROM messaging_previous WHERE queue = $1 AND identity = $2";
-
 /// Whether housekeeping has work (`$3`: retention is on, `$4`: its cutoff):
 /// looked at without a write lock, since usually there is none.
 pub(crate) const HOUSEKEEPING_DUE: &str = "SELECT \
@@ -223,9 +298,38 @@ mod tests {
         let plain = Tables::default();
         assert!(matches!(plain.sql(&[DEPTH]), Cow::Borrowed(_)));
         let app = Tables::in_schema(Some("app"));
-        let sql = app.sql(&[BY_IDENTITY, " FOR UPDATE"]);
+        let sql = app.sql(&[BY_ID, " FOR UPDATE"]);
         assert!(sql.contains("FROM app.messaging_messages WHERE"), "{sql}");
         assert!(sql.ends_with(" FOR UPDATE"));
         assert!(app.sql(&[CLAIM]).contains("WHERE app.messaging_idempotency.completed"));
+    }
+
+    #[test]
+    fn stored_rows_are_written_column_by_column() {
+        let two = store_rows(2, StoreForm::Values);
+        assert!(two.starts_with("UPDATE messaging_messages AS m SET identity = t.column2, group_id = t.column3"));
+        assert!(two.contains("errors = t.column25 FROM (VALUES ($1, $2,"), "{two}");
+        assert!(two.contains("$25), ($26, "), "{two}");
+        assert!(two.ends_with("$50)) AS t WHERE m.id = t.column1"), "{two}");
+        let one = store_rows(1, StoreForm::Values);
+        assert!(one.starts_with("UPDATE messaging_messages SET identity = $2, group_id = $3"), "{one}");
+        assert!(one.ends_with("errors = $25 WHERE id = $1"), "{one}");
+        assert_eq!(one, store_rows(1, StoreForm::Joined));
+        let joined = store_rows(2, StoreForm::Joined);
+        assert!(
+            joined.contains("errors = $25 WHERE id = $1; UPDATE messaging_messages SET identity = $27,"),
+            "{joined}"
+        );
+        assert!(joined.ends_with("errors = $50 WHERE id = $26"), "{joined}");
+    }
+
+    #[test]
+    fn rows_are_stored_in_chunks_of_powers_of_two() {
+        let chunks = |n, max| power_of_two_chunks(n, max).collect::<Vec<_>>();
+        assert_eq!(chunks(0, 512), Vec::<usize>::new());
+        assert_eq!(chunks(1, 512), [1]);
+        assert_eq!(chunks(1000, 512), [512, 256, 128, 64, 32, 8]);
+        assert_eq!(chunks(1200, 512), [512, 512, 128, 32, 16]);
+        assert_eq!(chunks(7, 1), [1; 7]);
     }
 }

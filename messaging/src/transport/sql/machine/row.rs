@@ -137,6 +137,17 @@ pub enum EnqueueOutcome {
 }
 
 impl EnqueueOutcome {
+    /// The same outcome on row `id` (a new row's id, known once inserted).
+    pub(crate) fn on_row(self, id: RowId) -> Self {
+        match self {
+            EnqueueOutcome::Inserted(_) => EnqueueOutcome::Inserted(id),
+            EnqueueOutcome::Updated(_) => EnqueueOutcome::Updated(id),
+            EnqueueOutcome::Deferred(_) => EnqueueOutcome::Deferred(id),
+            EnqueueOutcome::Discarded(_) => EnqueueOutcome::Discarded(id),
+            EnqueueOutcome::Unchanged => EnqueueOutcome::Unchanged,
+        }
+    }
+
     /// The row concerned (none when the message was [`EnqueueOutcome::Unchanged`]).
     pub fn row(self) -> Option<RowId> {
         match self {

@@ -8,11 +8,18 @@ mod browse;
 mod write;
 
 use super::dialect::{fail, int, rows, Dialect, SqlStore, Write};
+use super::driver::Value;
 use super::record::LeasedRow;
 use super::statements as sql;
 use super::store::{Enqueued, RowOp};
 use crate::error::TransportError;
 use crate::transport::sql::machine::{Enqueue, QueueRules, Row, RowId};
+
+/// Texts as the JSON array that [`Dialect::BY_IDENTITIES`] reads: one parameter for
+/// a list of any length.
+fn text_list<'a>(items: impl IntoIterator<Item = &'a str>) -> String {
+    serde_json::to_string(&items.into_iter().collect::<Vec<_>>()).unwrap_or_else(|_| "[]".to_owned())
+}
 
 impl<D: Dialect> SqlStore<D> {
     /// A count.
@@ -303,8 +310,9 @@ impl<D: Dialect> SqlStore<D> {
     #[cfg(test)]
     pub(crate) async fn previous(&self, queue: &str, identity: &str) -> Result<Option<Vec<u8>>, TransportError> {
         let what = "reading the previous message";
-        let rows = self.query(what, &[sql::PREVIOUS], &[queue.into(), identity.into()]).await?;
-        Ok(rows.first().map(|r| D::bytes(r, 1)).transpose().map_err(fail::<D>(what))?.flatten())
+        let list = text_list([identity]);
+        let rows = self.query(what, &[D::PREVIOUS_OF], &[queue.into(), (&list).into()]).await?;
+        Ok(rows.first().map(|r| D::bytes(r, 2)).transpose().map_err(fail::<D>(what))?.flatten())
     }
 
     /// Deletes completed idempotency claims completed before `before` (ms).

@@ -1,12 +1,45 @@
 //! Writes: enqueues, row transitions and completions.
 
+use std::collections::HashMap;
+
 use super::*;
 use crate::transport::sql::machine::{EnqueueOutcome, Status};
 
+/// An identity's row while a run of enqueues is decided in memory.
+enum Slot {
+    /// In the database (locked): `changed` when it must be stored.
+    Stored { row: Row, changed: bool },
+    /// To be inserted, with the versions that made it (index in the run,
+    /// sequence, message), in case its identity turns out to exist.
+    New { row: Row, versions: Vec<(usize, u64, Enqueue)> },
+}
+
+impl Slot {
+    /// Enqueues message `i` of the run onto this row.
+    fn enqueue(&mut self, i: usize, now: i64, seq: u64, e: Enqueue, idempotent: bool) -> Enqueued {
+        let row = match self {
+            Slot::Stored { row, .. } => row,
+            Slot::New { row, versions } => {
+                versions.push((i, seq, e.clone()));
+                row
+            }
+        };
+        let outcome = row.enqueue(now, seq, e, idempotent);
+        let message_id = match (&row.status, &row.deferred) {
+            (Status::AwaitingRelease, Some(d)) => d.message_id.clone(),
+            _ => row.message_id.clone(),
+        };
+        if let Slot::Stored { changed, .. } = self {
+            *changed |= !matches!(outcome, EnqueueOutcome::Discarded(_));
+        }
+        Enqueued { outcome, message_id }
+    }
+}
+
 impl<D: Dialect> SqlStore<D> {
-    /// Enqueues a batch on `w`, in input order: runs of messages without
-    /// identity in one multi-row insert each, the others one by one (each may
-    /// meet an existing row, or one made earlier in the batch).
+    /// Enqueues a batch on `w`, in input order: each run of messages without
+    /// identity in one multi-row insert, each run with identities in a few
+    /// statements whatever its length (see [`Self::enqueue_identities`]).
     pub(super) async fn enqueue_in(
         &self,
         w: &mut Write<'_, D>,
@@ -16,172 +49,249 @@ impl<D: Dialect> SqlStore<D> {
         idempotent: bool,
     ) -> Result<Vec<Enqueued>, TransportError> {
         let mut out = Vec::with_capacity(items.len());
-        let mut run: Vec<Row> = Vec::new();
-        for e in items {
-            if e.identity.is_none() {
-                run.push(Row::new(0, 0, now, e));
-                continue;
+        let mut items = items.into_iter().peekable();
+        while let Some(first) = items.next() {
+            let plain = first.identity.is_none();
+            let mut run = vec![first];
+            while let Some(e) = items.next_if(|e| e.identity.is_none() == plain) {
+                run.push(e);
             }
-            self.insert_run(w, queue, now, &mut run, &mut out).await?;
-            out.push(self.enqueue_identity(w, queue, now, e, idempotent).await?);
+            if plain {
+                self.insert_plain(w, queue, now, run, &mut out).await?;
+            } else {
+                out.extend(self.enqueue_identities(w, queue, now, run, idempotent).await?);
+            }
         }
-        self.insert_run(w, queue, now, &mut run, &mut out).await?;
         Ok(out)
     }
 
-    async fn insert_run(
+    async fn insert_plain(
         &self,
         w: &mut Write<'_, D>,
         queue: &str,
         now: i64,
-        run: &mut Vec<Row>,
+        run: Vec<Enqueue>,
         out: &mut Vec<Enqueued>,
     ) -> Result<(), TransportError> {
-        if run.is_empty() {
-            return Ok(());
+        let run: Vec<Row> = run.into_iter().map(|e| Row::new(0, 0, now, e)).collect();
+        let ids = D::insert(w.conn(), &self.tables, queue, now, &run, true).await?;
+        for (row, id) in run.into_iter().zip(ids) {
+            let id =
+                id.ok_or_else(|| TransportError::Backend(format!("{}: the insert returned too few ids", D::SYSTEM)))?;
+            out.push(Enqueued { outcome: EnqueueOutcome::Inserted(id), message_id: row.message_id });
         }
-        let ids = D::insert_plain(w.conn(), &self.tables, queue, now, run).await?;
-        if ids.len() != run.len() {
-            return Err(TransportError::Backend(format!("{}: the insert returned too few ids", D::SYSTEM)));
-        }
-        out.extend(
-            run.drain(..)
-                .zip(ids)
-                .map(|(row, id)| Enqueued { outcome: EnqueueOutcome::Inserted(id), message_id: row.message_id }),
-        );
         Ok(())
     }
 
-    /// Enqueues one message with an identity: lock its row (or create it),
-    /// run the transition, store. On an idempotent queue a message equal to
-    /// the identity's last processed version is discarded, also when its row
-    /// is gone (processed rows are deleted at once by default).
-    async fn enqueue_identity(
+    /// Enqueues messages with an identity, in order, as if one by one: each
+    /// is a new version of its identity's row (locked, or created), or
+    /// discarded on an idempotent queue when equal to the newest version or,
+    /// with no row, to the last processed one (processed rows are deleted at
+    /// once by default). Statements for the whole run: the sequence values,
+    /// the rows locked, the previous versions, one insert of the new rows,
+    /// then one update per existing row that changed. The transitions run in
+    /// memory, so a later message of the run sees an earlier one's row.
+    async fn enqueue_identities(
         &self,
         w: &mut Write<'_, D>,
         queue: &str,
         now: i64,
-        e: Enqueue,
+        run: Vec<Enqueue>,
         idempotent: bool,
-    ) -> Result<Enqueued, TransportError> {
-        let identity = e.identity.clone().unwrap_or_default();
-        let seq = D::next_seq(w.conn(), &self.tables).await?;
-        let mut existing = self.by_identity(w, queue, &identity).await?;
-        if existing.is_none() {
-            if idempotent {
-                if let Some((message_id, payload)) = self.previous_in(w, queue, &identity).await? {
-                    if payload == e.payload {
-                        return Ok(Enqueued { outcome: EnqueueOutcome::Unchanged, message_id });
+    ) -> Result<Vec<Enqueued>, TransportError> {
+        let seqs = D::next_seqs(w.conn(), &self.tables, run.len()).await?;
+        if seqs.len() != run.len() {
+            return Err(TransportError::Backend(format!("{}: too few sequence values", D::SYSTEM)));
+        }
+        let mut keys: Vec<&str> = run.iter().filter_map(|e| e.identity.as_deref()).collect();
+        keys.sort_unstable();
+        keys.dedup();
+        let list = text_list(keys);
+        let mut slots: HashMap<String, Slot> = HashMap::new();
+        for row in self.by_identities(w, queue, &list).await? {
+            slots.insert(row.identity.clone().unwrap_or_default(), Slot::Stored { row, changed: false });
+        }
+        let previous = if idempotent { self.previous_of(w, queue, &list).await? } else { HashMap::new() };
+        let mut out: Vec<Enqueued> = Vec::with_capacity(run.len());
+        let mut new: Vec<String> = Vec::new();
+        for (i, (e, seq)) in run.into_iter().zip(seqs).enumerate() {
+            let key = e.identity.clone().unwrap_or_default();
+            let enqueued = match slots.get_mut(&key) {
+                Some(slot) => slot.enqueue(i, now, seq, e, idempotent),
+                None => match previous.get(&key) {
+                    Some((message_id, payload)) if *payload == e.payload => {
+                        Enqueued { outcome: EnqueueOutcome::Unchanged, message_id: message_id.clone() }
                     }
+                    _ => {
+                        let message_id = e.message_id.clone();
+                        let row = Row::new(0, seq, now, e.clone());
+                        slots.insert(key.clone(), Slot::New { row, versions: vec![(i, seq, e)] });
+                        new.push(key);
+                        Enqueued { outcome: EnqueueOutcome::Inserted(0), message_id }
+                    }
+                },
+            };
+            out.push(enqueued);
+        }
+        self.store_identities(w, queue, now, idempotent, slots, &new, &mut out).await?;
+        Ok(out)
+    }
+
+    /// Writes what [`Self::enqueue_identities`] decided: the new rows in one
+    /// insert (their ids into `out`), the stored rows that changed one by
+    /// one. A new row whose identity another process inserted meanwhile gets
+    /// its versions replayed onto that row, as one by one would have done.
+    #[allow(clippy::too_many_arguments)]
+    async fn store_identities(
+        &self,
+        w: &mut Write<'_, D>,
+        queue: &str,
+        now: i64,
+        idempotent: bool,
+        mut slots: HashMap<String, Slot>,
+        new: &[String],
+        out: &mut [Enqueued],
+    ) -> Result<(), TransportError> {
+        let mut created = Vec::with_capacity(new.len());
+        for key in new {
+            if let Some(Slot::New { row, versions }) = slots.remove(key) {
+                created.push((row, versions));
+            }
+        }
+        if !created.is_empty() {
+            let rows: Vec<Row> = created.iter().map(|(row, _)| row.clone()).collect();
+            let ids = D::insert(w.conn(), &self.tables, queue, now, &rows, false).await?;
+            for ((_, versions), id) in created.into_iter().zip(ids) {
+                match id {
+                    Some(id) => {
+                        for &(i, _, _) in &versions {
+                            out[i].outcome = out[i].outcome.on_row(id);
+                        }
+                    }
+                    None => self.replay(w, queue, now, idempotent, versions, out).await?,
                 }
             }
-            if let Some(id) = self.insert_identity(w, queue, &e, seq, now).await? {
-                return Ok(Enqueued { outcome: EnqueueOutcome::Inserted(id), message_id: e.message_id });
-            }
-            // Another process inserted the identity meanwhile: lock theirs.
-            existing = self.by_identity(w, queue, &identity).await?;
         }
-        let Some(mut row) = existing else {
+        let changed: Vec<&Row> = slots
+            .values()
+            .filter_map(|slot| match slot {
+                Slot::Stored { row, changed: true } => Some(row),
+                _ => None,
+            })
+            .collect();
+        self.store_rows(w, &changed).await
+    }
+
+    /// The versions of a new identity whose row another process inserted
+    /// meanwhile: onto that row, in order.
+    async fn replay(
+        &self,
+        w: &mut Write<'_, D>,
+        queue: &str,
+        now: i64,
+        idempotent: bool,
+        versions: Vec<(usize, u64, Enqueue)>,
+        out: &mut [Enqueued],
+    ) -> Result<(), TransportError> {
+        let Some((_, _, first)) = versions.first() else { return Ok(()) };
+        let list = text_list(first.identity.as_deref());
+        let Some(row) = self.by_identities(w, queue, &list).await?.pop() else {
             return Err(TransportError::Backend(format!("{}: the identity's row vanished during enqueue", D::SYSTEM)));
         };
-        let outcome = row.enqueue(now, seq, e, idempotent);
-        if !matches!(outcome, EnqueueOutcome::Discarded(_)) {
+        let mut slot = Slot::Stored { row, changed: false };
+        for (i, seq, e) in versions {
+            out[i] = slot.enqueue(i, now, seq, e, idempotent);
+        }
+        if let Slot::Stored { row, changed: true } = slot {
             self.store_row(w, &row).await?;
         }
-        let message_id = match (&row.status, &row.deferred) {
-            (Status::AwaitingRelease, Some(d)) => d.message_id.clone(),
-            _ => row.message_id.clone(),
-        };
-        Ok(Enqueued { outcome, message_id })
+        Ok(())
     }
 
-    async fn by_identity(
+    /// The rows (locked) of the identities in `list` ([`text_list`]).
+    async fn by_identities(&self, w: &mut Write<'_, D>, queue: &str, list: &str) -> Result<Vec<Row>, TransportError> {
+        rows::<D>(&self.query_in(w, "enqueue", &[D::BY_IDENTITIES], &[queue.into(), list.into()]).await?)
+    }
+
+    /// The last processed versions of the identities in `list`: identity →
+    /// (message id, payload).
+    async fn previous_of(
         &self,
         w: &mut Write<'_, D>,
         queue: &str,
-        identity: &str,
-    ) -> Result<Option<Row>, TransportError> {
-        let found = self.query_in(w, "enqueue", &[sql::BY_IDENTITY, D::LOCK], &[queue.into(), identity.into()]).await?;
-        Ok(rows::<D>(&found)?.pop())
-    }
-
-    /// The identity's last processed version: (message id, payload).
-    async fn previous_in(
-        &self,
-        w: &mut Write<'_, D>,
-        queue: &str,
-        identity: &str,
-    ) -> Result<Option<(String, Vec<u8>)>, TransportError> {
+        list: &str,
+    ) -> Result<HashMap<String, (String, Vec<u8>)>, TransportError> {
         let what = "reading the previous message";
-        let found = self.query_in(w, what, &[sql::PREVIOUS], &[queue.into(), identity.into()]).await?;
-        let Some(row) = found.first() else { return Ok(None) };
-        let (id, payload) = (D::text(row, 0).map_err(fail::<D>(what))?, D::bytes(row, 1).map_err(fail::<D>(what))?);
-        Ok(Some((id.unwrap_or_default(), payload.unwrap_or_default())))
-    }
-
-    /// A new row for an identity; `None` when it exists already.
-    async fn insert_identity(
-        &self,
-        w: &mut Write<'_, D>,
-        queue: &str,
-        e: &Enqueue,
-        seq: u64,
-        now: i64,
-    ) -> Result<Option<RowId>, TransportError> {
-        let r = Row::new(0, seq, now, e.clone());
-        let args = [
-            queue.into(),
-            r.identity.as_deref().into(),
-            r.group.as_deref().into(),
-            r.message_id.as_str().into(),
-            r.payload.as_slice().into(),
-            r.attributes.as_str().into(),
-            r.priority.into(),
-            r.process_at.into(),
-            r.status.as_str().into(),
-            (seq as i64).into(),
-            now.into(),
-        ];
-        let inserted = self.query_in(w, "enqueue", &[sql::INSERT_IDENTITY], &args).await?;
-        Ok(int::<D>(&inserted, 0, "enqueue")?.map(|id| id as RowId))
+        let found = self.query_in(w, what, &[D::PREVIOUS_OF], &[queue.into(), list.into()]).await?;
+        found
+            .iter()
+            .map(|r| {
+                let text = |i| D::text(r, i).map(Option::unwrap_or_default);
+                Ok((text(0)?, (text(1)?, D::bytes(r, 2)?.unwrap_or_default())))
+            })
+            .collect::<Result<_, sqlx::Error>>()
+            .map_err(fail::<D>(what))
     }
 
     /// Stores every column of `row` (which exists).
     pub(super) async fn store_row(&self, w: &mut Write<'_, D>, row: &Row) -> Result<(), TransportError> {
-        let d = row.deferred.as_ref();
-        let history = if row.history.is_empty() {
-            String::new()
-        } else {
-            serde_json::to_string(&row.history).unwrap_or_default()
-        };
-        let args = [
-            (row.id as i64).into(),
-            row.identity.as_deref().into(),
-            row.group.as_deref().into(),
-            row.message_id.as_str().into(),
-            row.payload.as_slice().into(),
-            row.attributes.as_str().into(),
-            row.priority.into(),
-            row.process_at.into(),
-            row.status.as_str().into(),
-            (row.attempts.min(i32::MAX as u32) as i32).into(),
-            (row.seq as i64).into(),
-            row.lease_token.map(|t| t as i64).into(),
-            row.lease_expires.into(),
-            d.map(|d| d.message_id.as_str()).into(),
-            d.map(|d| d.payload.as_slice()).into(),
-            d.map(|d| d.attributes.as_str()).into(),
-            d.map(|d| d.priority).into(),
-            d.and_then(|d| d.process_at).into(),
-            d.and_then(|d| d.status_after_release).map(Status::as_str).into(),
-            d.map(|d| d.seq as i64).into(),
-            d.map(|d| d.sent_at).into(),
-            row.sent_at.into(),
-            row.processed_at.into(),
-            row.error.as_deref().into(),
-            history.as_str().into(),
-        ];
-        self.exec_in(w, "storing a message", &[sql::STORE_ROW], &args).await.map(drop)
+        self.store_rows(w, &[row]).await
+    }
+
+    /// Stores every column of `rows` (which exist), up to
+    /// [`Dialect::STORE_ROWS`] per call: a batch of new versions of pending
+    /// rows is a few calls, not one per row.
+    pub(super) async fn store_rows(&self, w: &mut Write<'_, D>, rows: &[&Row]) -> Result<(), TransportError> {
+        let mut rest = rows;
+        for size in sql::power_of_two_chunks(rows.len(), D::STORE_ROWS.0) {
+            let (chunk, after) = rest.split_at(size);
+            rest = after;
+            let histories: Vec<String> = chunk
+                .iter()
+                .map(|row| {
+                    if row.history.is_empty() {
+                        String::new()
+                    } else {
+                        serde_json::to_string(&row.history).unwrap_or_default()
+                    }
+                })
+                .collect();
+            let mut args = Vec::with_capacity(chunk.len() * sql::STORED_COLUMNS);
+            for (row, history) in chunk.iter().zip(&histories) {
+                let d = row.deferred.as_ref();
+                let values: [Value<'_>; sql::STORED_COLUMNS] = [
+                    (row.id as i64).into(),
+                    row.identity.as_deref().into(),
+                    row.group.as_deref().into(),
+                    row.message_id.as_str().into(),
+                    row.payload.as_slice().into(),
+                    row.attributes.as_str().into(),
+                    row.priority.into(),
+                    row.process_at.into(),
+                    row.status.as_str().into(),
+                    (row.attempts.min(i32::MAX as u32) as i32).into(),
+                    (row.seq as i64).into(),
+                    row.lease_token.map(|t| t as i64).into(),
+                    row.lease_expires.into(),
+                    d.map(|d| d.message_id.as_str()).into(),
+                    d.map(|d| d.payload.as_slice()).into(),
+                    d.map(|d| d.attributes.as_str()).into(),
+                    d.map(|d| d.priority).into(),
+                    d.and_then(|d| d.process_at).into(),
+                    d.and_then(|d| d.status_after_release).map(Status::as_str).into(),
+                    d.map(|d| d.seq as i64).into(),
+                    d.map(|d| d.sent_at).into(),
+                    row.sent_at.into(),
+                    row.processed_at.into(),
+                    row.error.as_deref().into(),
+                    history.as_str().into(),
+                ];
+                args.extend(values);
+            }
+            let statement = sql::store_rows(chunk.len(), D::STORE_ROWS.1);
+            self.exec_in(w, "storing messages", &[&statement], &args).await?;
+        }
+        Ok(())
     }
 
     /// Loads (and locks) a row of `queue`, applies `f`, stores the row or

@@ -25,9 +25,9 @@ use sqlx::sqlite::{SqliteConnectOptions, SqliteConnection, SqliteJournalMode, Sq
 use sqlx::{Pool, Sqlite, Transaction};
 use tokio::sync::{Mutex, OwnedMutexGuard};
 
-use super::dialect::{fail, leased, Dialect, SqlStore, StopOnDrop, Write};
+use super::dialect::{fail, in_input_order, leased, Dialect, SqlStore, StopOnDrop, Write};
 use super::record::LeasedRow;
-use super::statements::{self as sql, Tables};
+use super::statements::{self as sql, StoreForm, Tables};
 use crate::error::TransportError;
 use crate::transport::sql::machine::{Row, RowId};
 
@@ -196,27 +196,45 @@ impl Dialect for Sqlite {
         pool.begin_with("BEGIN IMMEDIATE").await
     }
 
-    async fn next_seq(conn: &mut SqliteConnection, tables: &Tables) -> Result<u64, TransportError> {
-        reserve(conn, tables, 1).await
+    async fn next_seqs(conn: &mut SqliteConnection, tables: &Tables, n: usize) -> Result<Vec<u64>, TransportError> {
+        let first = reserve(conn, tables, n).await?;
+        Ok((first..first + n as u64).collect())
     }
 
-    async fn insert_plain<'a>(
+    // SQLite looks each value of an `IN (SELECT …)` up in the index; the
+    // write lock makes the order of the rows irrelevant.
+    const BY_IDENTITIES: &'static str = concat!(
+        "SELECT ",
+        sql::columns!(),
+        " FROM messaging_messages WHERE queue = $1 AND identity IN (SELECT value FROM json_each($2))"
+    );
+    // Not `UPDATE … FROM (VALUES …)`: SQLite runs it in time quadratic in
+    // the rows (1,000 rows of our table: 2.7 s; 10: 1.4 ms; a plain UPDATE
+    // per row: 14 µs). One call for many plain UPDATEs saves the hop to the
+    // connection's thread per row.
+    const STORE_ROWS: (usize, StoreForm) = (256, StoreForm::Joined);
+    const PREVIOUS_OF: &'static str = "SELECT identity, message_id, payload FROM messaging_previous \
+        WHERE queue = $1 AND identity IN (SELECT value FROM json_each($2))";
+
+    async fn insert<'a>(
         conn: &'a mut SqliteConnection,
         tables: &'a Tables,
         queue: &'a str,
         now: i64,
         rows: &'a [Row],
-    ) -> Result<Vec<RowId>, TransportError> {
-        let first = reserve(conn, tables, rows.len()).await?;
-        let mut ids = Vec::with_capacity(rows.len());
-        let head = tables.sql(&["INSERT INTO messaging_messages (queue, group_id, message_id, payload, attributes, \
-             priority, process_at, status, attempts, seq, sent_at) "]);
+        assign: bool,
+    ) -> Result<Vec<Option<RowId>>, TransportError> {
+        let first = if assign { reserve(conn, tables, rows.len()).await? } else { 0 };
+        let mut inserted = Vec::with_capacity(rows.len());
+        let head = tables.sql(&["INSERT INTO messaging_messages (queue, identity, group_id, message_id, payload, \
+             attributes, priority, process_at, status, attempts, seq, sent_at) "]);
         for (n, chunk) in rows.chunks(INSERT_ROWS).enumerate() {
             let base = first + (n * INSERT_ROWS) as u64;
             let mut insert = sqlx::QueryBuilder::<Sqlite>::new(head.as_ref());
             insert.push_values(chunk.iter().zip(base..), |mut values, (row, seq)| {
                 values
                     .push_bind(queue)
+                    .push_bind(row.identity.as_deref())
                     .push_bind(row.group.as_deref())
                     .push_bind(row.message_id.as_str())
                     .push_bind(row.payload.as_slice())
@@ -225,16 +243,18 @@ impl Dialect for Sqlite {
                     .push_bind(row.process_at)
                     .push_bind(row.status.as_str())
                     .push_bind(0_i64)
-                    .push_bind(seq as i64)
+                    .push_bind(if assign { seq } else { row.seq } as i64)
                     .push_bind(now);
             });
+            if !assign {
+                insert.push(" ON CONFLICT (queue, identity) WHERE identity IS NOT NULL DO NOTHING");
+            }
             insert.push(" RETURNING id, seq");
-            let mut inserted: Vec<(i64, i64)> =
+            let found: Vec<(i64, i64)> =
                 insert.build_query_as().fetch_all(&mut *conn).await.map_err(fail::<Self>("enqueue"))?;
-            inserted.sort_by_key(|&(_, seq)| seq);
-            ids.extend(inserted.into_iter().map(|(id, _)| id as RowId));
+            inserted.extend(found);
         }
-        Ok(ids)
+        Ok(in_input_order(rows, inserted, assign))
     }
 
     async fn lease<'a>(

@@ -521,3 +521,52 @@ fn postgres_partition_leases_split_the_queue_in_order() {
     });
     drop(db);
 }
+
+/// A batch that finds no row for an identity which another transaction is
+/// inserting at the same moment: its insert waits for that commit, skips the
+/// identity, and replays the batch's versions onto the other's row, as one
+/// enqueue at a time would (the path no single-process test reaches).
+#[cfg(feature = "postgres")]
+#[test]
+fn postgres_a_batch_meets_an_identity_inserted_meanwhile() {
+    let runtime = super::runtime();
+    let db = super::Postgres::new();
+    runtime.block_on(async {
+        let store = crate::transport::sql::postgres::PostgresStore::connect(&db.url).await.expect("connect");
+        store.migrate().await.expect("migrate");
+        store.declare("accounts", false, START).await.expect("declare");
+        let version = |id: &str, identity: &str| Enqueue {
+            identity: Some(identity.into()),
+            message_id: id.into(),
+            payload: id.as_bytes().to_vec(),
+            priority: 0,
+            process_at: None,
+            status: None,
+            group: None,
+            attributes: String::new(),
+        };
+        // The other process: `acct-1` inserted, not yet committed.
+        let mut theirs = sqlx::Postgres::begin(&store.pool).await.expect("begin");
+        let first = store.enqueue_on(&mut theirs, "accounts", START, vec![version("a", "acct-1")], false).await;
+        let EnqueueOutcome::Inserted(row) = first.expect("enqueue")[0].outcome else { panic!("a new row") };
+        let batch = vec![version("b", "acct-1"), version("c", "acct-2"), version("d", "acct-1")];
+        let ours = tokio::spawn({
+            let store = store.clone();
+            async move { store.enqueue("accounts", START, batch, false).await }
+        });
+        // Long enough for the batch to read no row and wait in its insert.
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        assert!(!ours.is_finished(), "the batch waits for the other transaction");
+        theirs.commit().await.expect("commit");
+        let got: Vec<_> = ours.await.expect("join").into_iter().map(|r| r.expect("enqueue")).collect();
+        assert_eq!(got[0].outcome, EnqueueOutcome::Updated(row), "onto their row");
+        assert!(matches!(got[1].outcome, EnqueueOutcome::Inserted(r) if r != row), "{:?}", got[1]);
+        assert_eq!(got[2].outcome, EnqueueOutcome::Updated(row));
+        assert_eq!((got[0].message_id.as_str(), got[2].message_id.as_str()), ("b", "d"));
+        let rows = store.rows("accounts").await.expect("rows");
+        let acct1 = rows.iter().find(|r| r.id == row).expect("their row");
+        assert_eq!((acct1.message_id.as_str(), acct1.payload.as_slice()), ("d", &b"d"[..]), "the last version");
+        assert_eq!(rows.len(), 2);
+    });
+    drop(db);
+}
