@@ -89,7 +89,7 @@ impl<D: Dialect> SqlStore<D> {
     /// with no row, to the last processed one (processed rows are deleted at
     /// once by default). Statements for the whole run: the sequence values,
     /// the rows locked, the previous versions, one insert of the new rows,
-    /// then one update per existing row that changed. The transitions run in
+    /// then the existing rows that changed ([`Self::store_rows`]). The transitions run in
     /// memory, so a later message of the run sees an earlier one's row.
     async fn enqueue_identities(
         &self,
