@@ -120,6 +120,8 @@ pub trait Dialect: Driver + sealed::Sealed + Sized {
     /// Inserts `rows` in one statement per chunk, in order: with the sequence
     /// assigned here in order when `assign`, else with each row's own. A row
     /// whose identity exists already is skipped (`None`); the others' ids.
+    /// Other processes are told of `queue` when the rows commit, as by
+    /// [`Dialect::notify_in`] (PostgreSQL, in the insert's own statement).
     fn insert<'a>(
         conn: &'a mut Self::Connection,
         tables: &'a Tables,

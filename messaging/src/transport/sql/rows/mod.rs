@@ -161,11 +161,16 @@ impl<D: Dialect> SqlStore<D> {
         let results = match if plain { Write::single(self).await } else { Write::begin(self).await } {
             Ok(mut w) => {
                 let stored = self.enqueue_in(&mut w, queue, now, items, idempotent).await;
+                if stored.is_ok() && !plain {
+                    // New versions of existing rows are told here; PostgreSQL
+                    // folds this with the inserts' own (a plain batch is one
+                    // insert, which told other processes itself).
+                    D::notify_in(w.conn(), queue).await;
+                }
                 w.finish(stored).await
             }
             Err(e) => Err(e),
         };
-        D::notify(&self.pool, queue).await;
         match results {
             Ok(stored) => stored.into_iter().map(Ok).collect(),
             Err(e) => vec![Err(e); n], // a batch fails as a whole
@@ -186,8 +191,12 @@ impl<D: Dialect> SqlStore<D> {
         if items.is_empty() {
             return Ok(Vec::new());
         }
+        let plain = items.iter().all(|e| e.identity.is_none());
         let stored = self.enqueue_in(&mut Write::on(conn), queue, now, items, idempotent).await?;
-        D::notify_in(conn, queue).await;
+        if !plain {
+            // New versions of existing rows; new rows were told by their insert.
+            D::notify_in(conn, queue).await;
+        }
         Ok(stored)
     }
 

@@ -8,6 +8,7 @@
 
 mod claims;
 mod model;
+mod notify;
 mod schedules;
 
 /// The server the tests use (trust auth).

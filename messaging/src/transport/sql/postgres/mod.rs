@@ -15,11 +15,13 @@ use sqlx::{Pool, Postgres, Transaction};
 use tokio::sync::{broadcast, oneshot, OwnedMutexGuard};
 
 use super::clock::Clock;
-use super::dialect::{backend, fail, ids, in_input_order, leased, Dialect, SqlStore, StopOnDrop, Write};
+use super::dialect::{backend, fail, ids, leased, Dialect, SqlStore, StopOnDrop, Write};
 use super::record::LeasedRow;
 use super::statements::{self as sql, StoreForm, Tables};
 use crate::error::TransportError;
 use crate::transport::sql::machine::{Row, RowId};
+
+mod insert;
 
 /// The notification channel enqueues signal on (payload: the queue name).
 const CHANNEL: &str = "messaging_enqueued";
@@ -250,36 +252,10 @@ impl Dialect for Postgres {
         rows: &'a [Row],
         assign: bool,
     ) -> Result<Vec<Option<RowId>>, TransportError> {
-        // Volatile functions run after ORDER BY (PostgreSQL 9.6+): the
-        // assigned sequence follows the input order. Rows are matched back
-        // by their (unique) sequence value: RETURNING has no order.
-        let sql = tables.sql(&[
-            "INSERT INTO messaging_messages (queue, identity, group_id, message_id, payload, attributes, \
-             priority, process_at, status, attempts, seq, sent_at) \
-             SELECT $1, i, g, m, p, a, pr, pa, s, 0, ",
-            if assign { "nextval('messaging_seq')" } else { "q" },
-            ", $2 FROM UNNEST($3::text[], $4::text[], $5::text[], $6::bytea[], $7::text[], $8::int[], \
-                $9::bigint[], $10::text[], $11::bigint[]) \
-                WITH ORDINALITY AS t(i, g, m, p, a, pr, pa, s, q, ord) ORDER BY ord ",
-            if assign { "" } else { "ON CONFLICT (queue, identity) WHERE identity IS NOT NULL DO NOTHING " },
-            "RETURNING id, seq",
-        ]);
-        let inserted: Vec<(i64, i64)> = sqlx::query_as(&sql)
-            .bind(queue)
-            .bind(now)
-            .bind(rows.iter().map(|r| r.identity.as_deref()).collect::<Vec<_>>())
-            .bind(rows.iter().map(|r| r.group.as_deref()).collect::<Vec<_>>())
-            .bind(rows.iter().map(|r| r.message_id.as_str()).collect::<Vec<_>>())
-            .bind(rows.iter().map(|r| r.payload.as_slice()).collect::<Vec<_>>())
-            .bind(rows.iter().map(|r| r.attributes.as_str()).collect::<Vec<_>>())
-            .bind(rows.iter().map(|r| r.priority).collect::<Vec<_>>())
-            .bind(rows.iter().map(|r| r.process_at).collect::<Vec<_>>())
-            .bind(rows.iter().map(|r| r.status.as_str()).collect::<Vec<_>>())
-            .bind(rows.iter().map(|r| r.seq as i64).collect::<Vec<_>>())
-            .fetch_all(&mut *conn)
-            .await
-            .map_err(fail::<Self>("enqueue"))?;
-        Ok(in_input_order(rows, inserted, assign))
+        if rows.is_empty() {
+            return Ok(Vec::new());
+        }
+        insert::insert(conn, tables, queue, now, rows, assign).await
     }
 
     async fn lease<'a>(
