@@ -15,7 +15,7 @@
 //! process are woken by [`SqlTransport`], others poll. One machine, one
 //! clock: times are the machine's.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashSet};
 use std::path::Path;
 use std::str::FromStr;
 use std::sync::Arc;
@@ -302,32 +302,38 @@ impl Dialect for Sqlite {
         items: &'a [(RowId, u64)],
         retention_ms: i64,
     ) -> Result<HashSet<(RowId, u64)>, TransportError> {
-        // Two statements for the whole batch: find the rows whose lease
-        // matches, then delete or mark them.
-        let find = tables
-            .sql(&["SELECT id, lease_token FROM messaging_messages WHERE id IN (SELECT value FROM json_each($1)) \
-             AND queue = $2 AND status = 'processing' AND identity IS NULL AND lease_expires > $3"]);
-        let json = json_ids(items.iter().map(|&(id, _)| id as i64));
-        let held: Result<Vec<(i64, i64)>, _> =
-            sqlx::query_as(&find).bind(json).bind(queue).bind(now).fetch_all(&mut *conn).await;
-        let held: HashMap<i64, i64> = held.map_err(fail::<Self>("completing messages"))?.into_iter().collect();
-        let done: HashSet<(RowId, u64)> =
-            items.iter().filter(|&&(id, token)| held.get(&(id as i64)) == Some(&(token as i64))).copied().collect();
-        if done.is_empty() {
-            return Ok(done);
+        // One call for the whole batch: per lease token among the items, one
+        // statement that completes the rows it still holds and returns them
+        // (they are usually of one or two leases). Before, a `SELECT` of the
+        // held rows and a `DELETE` of them were two calls.
+        let mut by_token: BTreeMap<u64, Vec<i64>> = BTreeMap::new();
+        for &(id, token) in items {
+            by_token.entry(token).or_default().push(id as i64);
         }
-        let fast = tables.sql(&[if retention_ms <= 0 {
-            "DELETE FROM messaging_messages WHERE id IN (SELECT value FROM json_each($1))"
+        let complete = if retention_ms <= 0 {
+            "DELETE FROM messaging_messages"
         } else {
             "UPDATE messaging_messages SET status = 'processed', processed_at = $2, lease_token = NULL, \
-             lease_expires = NULL WHERE id IN (SELECT value FROM json_each($1))"
-        }]);
-        let mut complete = sqlx::query(&fast).bind(json_ids(done.iter().map(|&(id, _)| id as i64)));
-        if retention_ms > 0 {
-            complete = complete.bind(now);
+             lease_expires = NULL"
+        };
+        let statements: Vec<String> = (0..by_token.len())
+            .map(|k| {
+                let (ids, token) = (3 + 2 * k, 4 + 2 * k);
+                format!(
+                    "{complete} WHERE id IN (SELECT value FROM json_each(${ids})) AND lease_token = ${token} \
+                     AND queue = $1 AND status = 'processing' AND identity IS NULL AND lease_expires > $2 \
+                     RETURNING id, ${token}"
+                )
+            })
+            .collect();
+        let joined = statements.join("; ");
+        let sql = tables.sql(&[&joined]);
+        let mut query = sqlx::query_as(&sql).bind(queue).bind(now);
+        for (token, ids) in by_token {
+            query = query.bind(json_ids(ids.into_iter())).bind(token as i64);
         }
-        complete.execute(conn).await.map_err(fail::<Self>("completing messages"))?;
-        Ok(done)
+        let done: Vec<(i64, i64)> = query.fetch_all(conn).await.map_err(fail::<Self>("completing messages"))?;
+        Ok(done.into_iter().map(|(id, token)| (id as RowId, token as u64)).collect())
     }
 
     async fn redrive<'a>(
