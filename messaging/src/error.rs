@@ -47,8 +47,13 @@ pub enum Error {
 #[derive(Debug, Clone, thiserror::Error)]
 #[non_exhaustive]
 pub enum TransportError {
-    /// The named queue is not known to the transport.
-    #[error("queue `{0}` does not exist on this transport (declare it with #[messaging::queue])")]
+    /// The named queue is not known to the transport: not declared on it
+    /// in this process, or (SQS) missing from the account.
+    #[error(
+        "queue `{0}` is not declared on this transport: `App::new(transport)` declares every \
+         #[messaging::queue] of the program; a transport used without an app needs \
+         `transport.declare(&Queue::SPEC)` first"
+    )]
     QueueNotFound(String),
     /// The message was rejected before it was sent (size, delay, missing group id...).
     #[error("message rejected: {0}")]
