@@ -152,16 +152,16 @@ impl<D: Dialect> SqlStore<D> {
         new: &[String],
         out: &mut [Enqueued],
     ) -> Result<(), TransportError> {
-        let mut created = Vec::with_capacity(new.len());
-        for key in new {
-            if let Some(Slot::New { row, versions }) = slots.remove(key) {
-                created.push((row, versions));
-            }
-        }
-        if !created.is_empty() {
-            let rows: Vec<Row> = created.iter().map(|(row, _)| row.clone()).collect();
+        let (rows, created): (Vec<Row>, Vec<_>) = new
+            .iter()
+            .filter_map(|key| match slots.remove(key) {
+                Some(Slot::New { row, versions }) => Some((row, versions)),
+                _ => None,
+            })
+            .unzip();
+        if !rows.is_empty() {
             let ids = D::insert(w.conn(), &self.tables, queue, now, &rows, false).await?;
-            for ((_, versions), id) in created.into_iter().zip(ids) {
+            for (versions, id) in created.into_iter().zip(ids) {
                 match id {
                     Some(id) => {
                         for &(i, _, _) in &versions {

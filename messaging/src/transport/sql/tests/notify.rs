@@ -14,16 +14,7 @@ use crate::transport::sql::Dialect;
 const START: i64 = 1_800_000_000_000;
 
 fn message(id: &str, identity: Option<&str>, priority: i32) -> Enqueue {
-    Enqueue {
-        identity: identity.map(str::to_owned),
-        message_id: id.into(),
-        payload: id.as_bytes().to_vec(),
-        priority,
-        process_at: None,
-        status: None,
-        group: None,
-        attributes: String::new(),
-    }
+    Enqueue { priority, ..super::message(id, identity, id) }
 }
 
 /// Whether another process was told of `queue` within 5 s. The channel is
