@@ -56,6 +56,23 @@ pub struct Enqueue {
     pub attributes: String,
 }
 
+#[cfg(test)]
+impl Enqueue {
+    /// A message for tests, every option at its default.
+    pub(crate) fn test(message_id: &str, identity: Option<&str>, payload: &str) -> Enqueue {
+        Enqueue {
+            identity: identity.map(str::to_owned),
+            message_id: message_id.into(),
+            payload: payload.as_bytes().to_vec(),
+            priority: 0,
+            process_at: None,
+            status: None,
+            group: None,
+            attributes: String::new(),
+        }
+    }
+}
+
 /// A newer version stored while the row is leased.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Deferred {

@@ -49,16 +49,7 @@ async fn close(store: SqliteStore, db: TempDb) {
 }
 
 fn msg(identity: Option<&str>, payload: &str) -> Enqueue {
-    Enqueue {
-        identity: identity.map(str::to_owned),
-        message_id: format!("m-{payload}"),
-        payload: payload.as_bytes().to_vec(),
-        priority: 0,
-        process_at: None,
-        status: None,
-        group: None,
-        attributes: String::new(),
-    }
+    Enqueue::test(&format!("m-{payload}"), identity, payload)
 }
 
 fn grouped(group: Option<&str>, payload: &str) -> Enqueue {

@@ -11,22 +11,6 @@ mod model;
 mod notify;
 mod schedules;
 
-use crate::transport::sql::machine::Enqueue;
-
-/// A message to enqueue, every option at its default.
-fn message(id: &str, identity: Option<&str>, payload: &str) -> Enqueue {
-    Enqueue {
-        identity: identity.map(str::to_owned),
-        message_id: id.into(),
-        payload: payload.as_bytes().to_vec(),
-        priority: 0,
-        process_at: None,
-        status: None,
-        group: None,
-        attributes: String::new(),
-    }
-}
-
 /// The server the tests use (trust auth).
 fn postgres_base() -> String {
     std::env::var("TEST_POSTGRES_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())

@@ -424,7 +424,7 @@ fn sqlite_follows_the_model() {
 async fn an_unchanged_version_is_not_handled_again<D: Dialect>(store: &SqlStore<D>) {
     store.migrate().await.expect("migrate");
     store.declare("nightly", false, START).await.expect("declare");
-    let version = |payload: &str| super::message(&format!("m-{payload}-{START}"), Some("customer-7"), payload);
+    let version = |payload: &str| Enqueue::test(&format!("m-{payload}-{START}"), Some("customer-7"), payload);
     let send = |payload: &str| store.enqueue("nightly", START, vec![version(payload)], true);
     assert!(matches!(send("v1").await.remove(0).expect("enqueue").outcome, EnqueueOutcome::Inserted(_)));
     let leased = store.lease("nightly", START, 1, 30_000, false).await.expect("lease").remove(0);
@@ -526,7 +526,7 @@ fn postgres_a_batch_meets_an_identity_inserted_meanwhile() {
         let store = crate::transport::sql::postgres::PostgresStore::connect(&db.url).await.expect("connect");
         store.migrate().await.expect("migrate");
         store.declare("accounts", false, START).await.expect("declare");
-        let version = |id: &str, identity: &str| super::message(id, Some(identity), id);
+        let version = |id: &str, identity: &str| Enqueue::test(id, Some(identity), id);
         // The other process: `acct-1` inserted, not yet committed.
         let mut theirs = sqlx::Postgres::begin(&store.pool).await.expect("begin");
         let first = store.enqueue_on(&mut theirs, "accounts", START, vec![version("a", "acct-1")], false).await;

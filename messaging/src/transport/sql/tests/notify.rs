@@ -14,7 +14,7 @@ use crate::transport::sql::Dialect;
 const START: i64 = 1_800_000_000_000;
 
 fn message(id: &str, identity: Option<&str>, priority: i32) -> Enqueue {
-    Enqueue { priority, ..super::message(id, identity, id) }
+    Enqueue { priority, ..Enqueue::test(id, identity, id) }
 }
 
 /// Whether another process was told of `queue` within 5 s. The channel is
