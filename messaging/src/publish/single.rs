@@ -153,26 +153,25 @@ where
 }
 
 /// Sends one encoded message in a producer span, recording the outcome.
-pub(super) fn send_one(
+/// The publisher is borrowed, not cloned: a clone of each `Arc` per message
+/// wrote to the cache line its counts share with the data other threads read.
+pub(super) async fn send_one(
     publisher: &Publisher,
     queue: &'static str,
     outgoing: Result<crate::transport::Outgoing, PublishError>,
-) -> impl Future<Output = Result<MessageId, PublishError>> + Send + 'static {
-    let transport = publisher.transport.clone();
-    let telemetry = publisher.telemetry.clone();
+) -> Result<MessageId, PublishError> {
+    let transport = &publisher.transport;
     let system = transport.system();
     let span = crate::telemetry::producer_span(system, queue, 1);
-    async move {
-        let sent = async {
-            let mut outgoing = outgoing?;
-            crate::telemetry::inject(&span, &mut outgoing.attributes);
-            Ok(transport.send(queue, outgoing).await?)
-        }
-        .instrument(span.clone())
-        .await;
-        telemetry.published(&span, system, queue, std::slice::from_ref(&sent));
-        sent
+    let sent = async {
+        let mut outgoing = outgoing?;
+        crate::telemetry::inject(&span, &mut outgoing.attributes);
+        Ok(transport.send(queue, outgoing).await?)
     }
+    .instrument(span.clone())
+    .await;
+    publisher.telemetry.published(&span, system, queue, std::slice::from_ref(&sent));
+    sent
 }
 
 /// Sends `outgoing` inside the caller's transaction (its connection
