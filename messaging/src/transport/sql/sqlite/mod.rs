@@ -246,10 +246,26 @@ impl Dialect for Sqlite {
                     .push_bind(if assign { seq } else { row.seq } as i64)
                     .push_bind(now);
             });
-            if !assign {
-                insert.push(" ON CONFLICT (queue, identity) WHERE identity IS NOT NULL DO NOTHING");
+            if assign {
+                // Rows without identity cannot conflict, and under the write
+                // lock an insert's AUTOINCREMENT ids are consecutive: the last
+                // one names them all. Returned one by one they crossed sqlx's
+                // channel from the connection's thread row by row: 13.8 us per
+                // row against 5.7 for the benchmark's insert of the same shape.
+                let done = insert.build().execute(&mut *conn).await.map_err(fail::<Self>("enqueue"))?;
+                let last = done.last_insert_rowid();
+                if done.rows_affected() != chunk.len() as u64 {
+                    return Err(TransportError::Backend(format!(
+                        "sqlite: an insert of {} messages stored {}",
+                        chunk.len(),
+                        done.rows_affected()
+                    )));
+                }
+                let first_id = last - int(chunk.len()) + 1;
+                inserted.extend((first_id..=last).zip(base as i64..));
+                continue;
             }
-            insert.push(" RETURNING id, seq");
+            insert.push(" ON CONFLICT (queue, identity) WHERE identity IS NOT NULL DO NOTHING RETURNING id, seq");
             let found: Vec<(i64, i64)> =
                 insert.build_query_as().fetch_all(&mut *conn).await.map_err(fail::<Self>("enqueue"))?;
             inserted.extend(found);
