@@ -289,10 +289,10 @@ impl Dialect for Sqlite {
             return Ok(Vec::new());
         }
         // Then in the write transaction, one call to the connection's thread:
-        // a new token for the whole lease, and the picked rows leased with it.
-        // Before, the pick, the token and the update were three calls (six
-        // with BEGIN, COMMIT and the look): the hops, not the statements,
-        // were most of a lease's time.
+        // a new token for the whole lease, and the picked rows leased with it
+        // (before: the pick, the token and the update in three calls). The
+        // counter advances even when nothing can be picked (a FIFO queue
+        // whose groups are all leased): a token spent, not a row changed.
         let pick = if fifo { sql::PICK_FIFO } else { sql::PICK_STANDARD };
         let sql = store.tables.sql(&[
             "UPDATE messaging_counters SET value = value + 1 WHERE name = 'seq'; \
