@@ -161,12 +161,6 @@ impl<D: Dialect> SqlStore<D> {
         let results = match if plain { Write::single(self).await } else { Write::begin(self).await } {
             Ok(mut w) => {
                 let stored = self.enqueue_in(&mut w, queue, now, items, idempotent).await;
-                if stored.is_ok() && !plain {
-                    // New versions of existing rows are told here; PostgreSQL
-                    // folds this with the inserts' own (a plain batch is one
-                    // insert, which told other processes itself).
-                    D::notify_in(w.conn(), queue).await;
-                }
                 w.finish(stored).await
             }
             Err(e) => Err(e),
@@ -191,13 +185,7 @@ impl<D: Dialect> SqlStore<D> {
         if items.is_empty() {
             return Ok(Vec::new());
         }
-        let plain = items.iter().all(|e| e.identity.is_none());
-        let stored = self.enqueue_in(&mut Write::on(conn), queue, now, items, idempotent).await?;
-        if !plain {
-            // New versions of existing rows; new rows were told by their insert.
-            D::notify_in(conn, queue).await;
-        }
-        Ok(stored)
+        self.enqueue_in(&mut Write::on(conn), queue, now, items, idempotent).await
     }
 
     /// Leases up to `n` rows that can go now: by priority then enqueue order,

@@ -40,6 +40,8 @@ impl<D: Dialect> SqlStore<D> {
     /// Enqueues a batch on `w`, in input order: each run of messages without
     /// identity in one multi-row insert, each run with identities in a few
     /// statements whatever its length (see [`Self::enqueue_identities`]).
+    /// Other processes are told on `w`, so when it commits: by each insert
+    /// itself, and once more for new versions of existing rows.
     pub(super) async fn enqueue_in(
         &self,
         w: &mut Write<'_, D>,
@@ -49,6 +51,7 @@ impl<D: Dialect> SqlStore<D> {
         idempotent: bool,
     ) -> Result<Vec<Enqueued>, TransportError> {
         let mut out = Vec::with_capacity(items.len());
+        let mut versions = false;
         let mut items = items.into_iter().peekable();
         while let Some(first) = items.next() {
             let plain = first.identity.is_none();
@@ -60,7 +63,12 @@ impl<D: Dialect> SqlStore<D> {
                 self.insert_plain(w, queue, now, run, &mut out).await?;
             } else {
                 out.extend(self.enqueue_identities(w, queue, now, run, idempotent).await?);
+                versions = true;
             }
+        }
+        if versions {
+            // PostgreSQL folds this with the inserts' own notifications.
+            D::notify_in(w.conn(), queue).await;
         }
         Ok(out)
     }
