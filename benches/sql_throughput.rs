@@ -489,17 +489,7 @@ async fn framework_drain<Q: Queue<Kind = messaging::Standard>>(
     let publisher = app.setup().publisher();
 
     let ticks: Vec<Tick> = (0..messages).map(tick).collect();
-    let started = Instant::now();
-    within(PHASE_TIMEOUT, "publishing", async {
-        for chunk in ticks.chunks(PUBLISH_CHUNK) {
-            for result in publisher.send_batch::<Q, _>(chunk).await {
-                result.context("publishing")?;
-            }
-        }
-        anyhow::Ok(())
-    })
-    .await??;
-    let published = started.elapsed();
+    let published = publish_all::<Q, _>(&publisher, &ticks, "publishing").await?;
     let depth = transport.depth(Q::SPEC.name).await?;
     if depth != messages {
         bail!("queue `{}` holds {depth} messages after publishing {messages}", Q::SPEC.name);
@@ -528,6 +518,25 @@ async fn framework_drain<Q: Queue<Kind = messaging::Standard>>(
     Ok((published, drained))
 }
 
+/// Publishes `items` to `Q`, `PUBLISH_CHUNK` per `send_batch`; returns the time it took.
+async fn publish_all<Q: Queue<Kind = messaging::Standard>, M: messaging::Message>(
+    publisher: &Publisher,
+    items: &[M],
+    what: &str,
+) -> anyhow::Result<Duration> {
+    let started = Instant::now();
+    within(PHASE_TIMEOUT, what, async {
+        for chunk in items.chunks(PUBLISH_CHUNK) {
+            for result in publisher.send_batch::<Q, _>(chunk).await {
+                result.context("publishing")?;
+            }
+        }
+        anyhow::Ok(())
+    })
+    .await??;
+    Ok(started.elapsed())
+}
+
 /// Publishes `messages` accounts with an identity each (new rows), then
 /// each again with a new version (updates of pending rows), 1,000 per
 /// `send_batch`. Returns the two publish times.
@@ -538,17 +547,7 @@ async fn identity_publish(transport: &Arc<dyn Transport>, messages: u64) -> anyh
     let mut times = Vec::new();
     for version in 0..2 {
         let accounts: Vec<Account> = (0..messages).map(|n| Account { key: format!("acct-{n}"), n: version }).collect();
-        let started = Instant::now();
-        within(PHASE_TIMEOUT, "publishing with identities", async {
-            for chunk in accounts.chunks(PUBLISH_CHUNK) {
-                for result in publisher.send_batch::<Accounts, _>(chunk).await {
-                    result.context("publishing")?;
-                }
-            }
-            anyhow::Ok(())
-        })
-        .await??;
-        times.push(started.elapsed());
+        times.push(publish_all::<Accounts, _>(&publisher, &accounts, "publishing with identities").await?);
     }
     let depth = transport.depth(Accounts::SPEC.name).await?;
     if depth != messages {
