@@ -475,14 +475,9 @@ fn postgres_partition_leases_split_the_queue_in_order() {
         store.declare("parts", false, START).await.expect("declare");
         let items: Vec<Enqueue> = (0..40)
             .map(|n| Enqueue {
-                identity: None,
-                message_id: format!("m{n}"),
                 payload: vec![n as u8],
                 priority: if n % 5 == 0 { 1 } else { 0 },
-                process_at: None,
-                status: None,
-                group: None,
-                attributes: String::new(),
+                ..Enqueue::test(&format!("m{n}"), None, "")
             })
             .collect();
         for result in store.enqueue("parts", START, items, false).await {
