@@ -16,7 +16,7 @@
 //!
 //! It restarts PostgreSQL, so it is not part of `cargo test` (`test = false`
 //! in Cargo.toml): `./scripts/test` runs it after the rest of the suite, one
-//! test at a time (`cargo test -p messaging-suite --test chaos -- --test-threads=1`). The test
+//! test at a time (`cargo test --workspace --test chaos -- --test-threads=1`). The test
 //! binary runs itself as the worker process (the ignored `chaos_worker`).
 #![cfg(all(feature = "postgres", feature = "sqlite", feature = "sqs", unix))]
 
