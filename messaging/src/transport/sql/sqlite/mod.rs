@@ -97,12 +97,15 @@ async fn reserve(conn: &mut SqliteConnection, tables: &Tables, n: usize) -> Resu
         .fetch_optional(conn)
         .await
         .map_err(fail::<Sqlite>("advancing the counter"))?;
-    let last = last.ok_or_else(|| {
-        TransportError::Backend(
-            "sqlite: the counter `seq` is missing from table `messaging_counters`; run the `migrate` command".into(),
-        )
-    })?;
+    let last = last.ok_or_else(missing_counter)?;
     Ok((last - int(n) + 1) as u64)
+}
+
+/// The error when the counter enqueues and leases draw from is gone.
+fn missing_counter() -> TransportError {
+    TransportError::Backend(
+        "sqlite: the counter `seq` is missing from table `messaging_counters`; run the `migrate` command".into(),
+    )
 }
 
 impl SqlStore<Sqlite> {
@@ -306,7 +309,15 @@ impl Dialect for Sqlite {
         ]);
         let mut w = Write::begin(store).await?;
         let rows = sqlx::query(&sql).bind(queue).bind(int(n)).bind(now + lease_ms).fetch_all(&mut *w.conn()).await;
-        let result = rows.map_err(fail::<Self>("lease")).and_then(|rows| leased::<Self>(&rows, fifo));
+        let result = rows.map_err(fail::<Self>("lease")).and_then(|rows| {
+            // Without its counter row the token came out NULL: say so,
+            // rather than that it would not decode.
+            let token = rows.first().map(|r| sqlx::Row::try_get::<Option<i64>, _>(r, "lease_token"));
+            if matches!(token, Some(Ok(None))) {
+                return Err(missing_counter());
+            }
+            leased::<Self>(&rows, fifo)
+        });
         w.finish(result).await
     }
 

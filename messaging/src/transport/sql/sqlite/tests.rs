@@ -151,6 +151,24 @@ async fn enqueue_lease_complete() {
 }
 
 #[tokio::test]
+async fn a_lost_counter_asks_for_the_migrate_command_and_leases_nothing() {
+    let (store, db) = store().await;
+    store.declare("jobs", false, NOW).await.expect("declare");
+    enqueue(&store, "jobs", NOW, msg(None, "plain")).await;
+    sqlx::query("DELETE FROM messaging_counters").execute(&store.pool).await.expect("delete");
+    let error = store.lease("jobs", NOW, 10, LEASE, false).await.expect_err("no counter");
+    assert!(
+        error.to_string().contains("the counter `seq` is missing") && error.to_string().contains("`migrate`"),
+        "{error}"
+    );
+    let error = store.enqueue("jobs", NOW, vec![msg(None, "more")], false).await.remove(0).expect_err("no counter");
+    assert!(error.to_string().contains("run the `migrate` command"), "{error}");
+    // The failed lease was rolled back: the message still waits.
+    assert_eq!(row(&store, "jobs", 1).await.status, Status::Pending);
+    close(store, db).await;
+}
+
+#[tokio::test]
 async fn priority_then_enqueue_order_and_batches_in_input_order() {
     let (store, db) = store().await;
     let items = vec![
