@@ -231,6 +231,10 @@ impl std::fmt::Display for HandlerError {
     }
 }
 
+/// The `error.type` of a failure whose error has no telling type (a plain
+/// message, a boxed error), as the OpenTelemetry conventions name it.
+pub(crate) const UNTYPED: &str = "_OTHER";
+
 /// The last path segment of `E`'s name without generic arguments; `_OTHER`
 /// for strings and boxed errors, whose type says nothing about the failure.
 fn short_type_name<E>() -> &'static str {
@@ -238,8 +242,8 @@ fn short_type_name<E>() -> &'static str {
     let bare = full.split('<').next().unwrap_or(full);
     let name = bare.rsplit("::").next().unwrap_or(bare);
     match name {
-        "" | "&str" | "str" | "String" | "Box" | "Cow" => "_OTHER",
-        name if name.starts_with('&') => "_OTHER",
+        "" | "&str" | "str" | "String" | "Box" | "Cow" => UNTYPED,
+        name if name.starts_with('&') => UNTYPED,
         name => name,
     }
 }

@@ -163,13 +163,7 @@ pub(super) async fn run(app: &App, command: DlqCommand) -> Result<(), Error> {
                     if body.chars().count() > 120 { "…" } else { "" }
                 );
                 for attempt in &letter.history {
-                    println!(
-                        "    attempt {} at {}: {}: {}",
-                        attempt.attempt,
-                        crate::transport::rfc3339(attempt.at_ms),
-                        attempt.error_type,
-                        attempt.message
-                    );
+                    println!("    {attempt}");
                 }
             }
             if hidden > 0 {

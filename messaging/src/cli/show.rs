@@ -53,7 +53,7 @@ pub(super) async fn run(app: &App, args: ShowArgs) -> Result<(), Error> {
         println!("reason    {reason}");
     }
     for a in &report.history {
-        println!("attempt {} at {}: {}: {}", a.attempt, rfc3339(a.at_ms), a.error_type, a.message);
+        println!("{a}");
     }
     for (key, value) in &report.attributes {
         println!("attribute {key} = {value}");

@@ -424,7 +424,8 @@ async fn message(
                 .map(|a| Attempt {
                     number: text(a, "attempt").unwrap_or_default(),
                     at: a.get("at_ms").and_then(Value::as_i64).map(rfc3339).unwrap_or_default(),
-                    error_type: text(a, "type").unwrap_or_default(),
+                    // A plain message's `_OTHER` says nothing to an operator.
+                    error_type: text(a, "type").filter(|t| t != crate::error::UNTYPED).unwrap_or_default(),
                     message: text(a, "message").unwrap_or_default(),
                 })
                 .collect()

@@ -127,6 +127,13 @@ impl FailedAttempt {
         FailedAttempt { attempt, at_ms, error_type: error_type.to_owned(), message }
     }
 
+    /// The error's type as an operator reads it: `None` when the handler
+    /// failed with a plain message (`HandlerError::permanent("…")`), whose
+    /// recorded type is OpenTelemetry's `_OTHER`.
+    pub fn shown_type(&self) -> Option<&str> {
+        (self.error_type != crate::error::UNTYPED).then_some(self.error_type.as_str())
+    }
+
     /// The reason a message is dead-lettered with after this attempt:
     /// `"{message} (after N attempts)"`.
     pub fn reason(&self) -> String {
@@ -139,6 +146,19 @@ impl FailedAttempt {
         history.push(self);
         let extra = history.len().saturating_sub(Self::KEPT);
         history.drain(..extra);
+    }
+}
+
+/// `attempt 2 at 2026-12-03T16:40:48.123Z: Timeout: the warehouse did not
+/// answer`, as `dlq peek` and `show` print it (without the type when the
+/// error was a plain message).
+impl std::fmt::Display for FailedAttempt {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "attempt {} at {}: ", self.attempt, rfc3339(self.at_ms))?;
+        if let Some(kind) = self.shown_type() {
+            write!(f, "{kind}: ")?;
+        }
+        f.write_str(&self.message)
     }
 }
 
@@ -571,4 +591,19 @@ pub trait DeadLetters: Send + Sync {
 /// U+FFFF (Rust strings hold no surrogates).
 pub(crate) fn sqs_text_char(c: char) -> bool {
     matches!(c, '\t' | '\n' | '\r') || (c >= ' ' && c != '\u{FFFE}' && c != '\u{FFFF}')
+}
+
+#[cfg(test)]
+mod tests {
+    use super::FailedAttempt;
+
+    #[test]
+    fn a_failed_attempt_reads_with_its_type_unless_it_was_a_plain_message() {
+        let typed = FailedAttempt { at_ms: 1_764_780_048_123, ..FailedAttempt::new(2, "Timeout", "no answer") };
+        assert_eq!(typed.to_string(), "attempt 2 at 2025-12-03T16:40:48.123Z: Timeout: no answer");
+        let error = crate::HandlerError::permanent("card declined");
+        let plain = FailedAttempt { at_ms: 0, ..FailedAttempt::new(1, error.kind(), &error.to_string()) };
+        assert_eq!(plain.shown_type(), None);
+        assert_eq!(plain.to_string(), "attempt 1 at 1970-01-01T00:00:00.000Z: card declined");
+    }
 }
