@@ -150,6 +150,73 @@ async fn enqueue_lease_complete() {
     close(store, db).await;
 }
 
+/// The migration that made the identity index partial rebuilt the table: a
+/// database an earlier version migrated (recorded in sqlx's table) and
+/// filled keeps every row as it was, and the ids it gave (the largest since
+/// deleted) are never given again.
+#[tokio::test]
+async fn the_identity_rebuild_keeps_every_row_and_never_gives_an_id_twice() {
+    const REBUILD: i64 = 20261207000001;
+    let (db, earlier) = (TempDb::new(), TempDir::new());
+    let source = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("migrations/sqlite");
+    for file in std::fs::read_dir(&source).expect("the migrations") {
+        let path = file.expect("a migration").path();
+        let name = path.file_name().and_then(|n| n.to_str()).unwrap_or_default().to_owned();
+        if name.split('_').next().and_then(|v| v.parse::<i64>().ok()).is_some_and(|v| v < REBUILD) {
+            std::fs::copy(&path, earlier.0.join(&name)).expect("copy");
+        }
+    }
+    let store = SqliteStore::connect(&db.url()).await.expect("connect");
+    let old = sqlx::migrate::Migrator::new(earlier.0.as_path()).await.expect("the earlier migrations");
+    old.run(&store.pool).await.expect("an earlier version's migrations");
+    store.declare("jobs", false, NOW).await.expect("declare");
+    for e in [msg(None, "a"), msg(Some("k1"), "b"), msg(None, "c"), msg(Some("k2"), "d"), msg(None, "e")] {
+        enqueue(&store, "jobs", NOW, e).await;
+    }
+    let leased = store.lease("jobs", NOW, 10, LEASE, false).await.expect("lease");
+    let last = leased.iter().find(|l| l.payload == b"e").expect("the last row");
+    assert_eq!(last.id, 5);
+    store.complete("jobs", NOW, vec![(last.id, last.token)], 0).await.remove(0).expect("complete");
+    let before = store.rows("jobs").await.expect("rows");
+    assert_eq!(before.len(), 4);
+
+    store.migrate().await.expect("the rebuild");
+    store.check().await.expect("the schema");
+    assert_eq!(store.rows("jobs").await.expect("rows"), before, "every row as it was");
+    let next = enqueue(&store, "jobs", NOW, msg(None, "f")).await;
+    assert!(matches!(next.outcome, EnqueueOutcome::Inserted(6)), "{:?}", next.outcome);
+    let index: String = sqlx::query_scalar("SELECT sql FROM sqlite_master WHERE name = 'messaging_messages_identity'")
+        .fetch_one(&store.pool)
+        .await
+        .expect("the identity index");
+    assert!(index.ends_with("WHERE identity IS NOT NULL"), "{index}");
+    // Still one row per identity, and any number without one.
+    let duplicate = "INSERT INTO messaging_messages (queue, identity, message_id, payload, status, seq, sent_at) \
+                     VALUES ('jobs', $1, 'x', x'00', 'pending', 99, 0)";
+    let refused = sqlx::query(duplicate).bind("k1").execute(&store.pool).await.expect_err("a second k1");
+    assert!(refused.to_string().contains("UNIQUE"), "{refused}");
+    enqueue(&store, "jobs", NOW, msg(None, "g")).await;
+    assert_eq!(store.depth("jobs").await.expect("depth"), 6);
+    close(store, db).await;
+}
+
+/// A directory in the temp directory, removed on drop.
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new() -> TempDir {
+        let path = std::env::temp_dir().join(format!("messaging-migrations-{:016x}", fastrand::u64(..)));
+        std::fs::create_dir_all(&path).expect("create");
+        TempDir(path)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
 #[tokio::test]
 async fn a_lost_counter_asks_for_the_migrate_command_and_leases_nothing() {
     let (store, db) = store().await;
