@@ -291,21 +291,23 @@ impl Dialect for Sqlite {
         if !found.map_err(fail::<Self>("lease"))? {
             return Ok(Vec::new());
         }
-        // Then in the write transaction, one call to the connection's thread:
-        // a new token for the whole lease, and the picked rows leased with it
-        // (before: the pick, the token and the update in three calls). The
-        // counter advances even when nothing can be picked (a FIFO queue
-        // whose groups are all leased): a token spent, not a row changed.
+        // Then in the write transaction, one call to the connection's thread
+        // (before: the pick, the token and the update in three calls): the
+        // picked rows leased with the counter's next value as their token,
+        // and the counter advanced only if some row was (`changes()`: the
+        // rows the statement before changed). A FIFO queue whose groups are
+        // all leased finds pending rows but picks none, poll after poll;
+        // that writes nothing now.
         let pick = if fifo { sql::PICK_FIFO } else { sql::PICK_STANDARD };
         let sql = store.tables.sql(&[
-            "UPDATE messaging_counters SET value = value + 1 WHERE name = 'seq'; \
-             UPDATE messaging_messages SET status = 'processing', \
-                lease_token = (SELECT value FROM messaging_counters WHERE name = 'seq'), \
+            "UPDATE messaging_messages SET status = 'processing', \
+                lease_token = (SELECT value + 1 FROM messaging_counters WHERE name = 'seq'), \
                 lease_expires = $3, attempts = attempts + 1 \
              WHERE id IN (",
             pick,
             ") RETURNING ",
             sql::LEASED,
+            "; UPDATE messaging_counters SET value = value + 1 WHERE name = 'seq' AND changes() > 0",
         ]);
         let mut w = Write::begin(store).await?;
         let rows = sqlx::query(&sql).bind(queue).bind(int(n)).bind(now + lease_ms).fetch_all(&mut *w.conn()).await;

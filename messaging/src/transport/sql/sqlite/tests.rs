@@ -496,12 +496,19 @@ async fn fifo_leases_group_heads_in_enqueue_order() {
     // One per group; the sleeping head of g3 holds its group back.
     let first = store.lease("ordered", NOW, 10, LEASE, true).await.expect("lease");
     assert_eq!(payloads(&first), ["a1", "b1", "n1"]);
+    // Pending rows, none of them a free head: nothing leased, nothing
+    // written (the counter stays), and the next lease gets the next token.
+    let counter = || sqlx::query_scalar::<_, i64>("SELECT value FROM messaging_counters").fetch_one(&store.pool);
+    let before = counter().await.expect("counter");
+    assert_eq!(first[0].token as i64, before, "the lease took the counter's next value");
     assert!(store.lease("ordered", NOW, 10, LEASE, true).await.expect("lease").is_empty());
+    assert_eq!(counter().await.expect("counter"), before, "an empty lease spends no token");
     // Completing a1 unlocks g1; n limits the batch.
     store.complete("ordered", NOW + 1, vec![(first[0].id, first[0].token)], 0).await.remove(0).expect("complete");
     store.complete("ordered", NOW + 1, vec![(first[2].id, first[2].token)], 0).await.remove(0).expect("complete");
     let next = store.lease("ordered", NOW + 1, 1, LEASE, true).await.expect("lease");
     assert_eq!(payloads(&next), ["a2"]);
+    assert_eq!(next[0].token as i64, before + 1);
     let next = store.lease("ordered", NOW + 1, 10, LEASE, true).await.expect("lease");
     assert_eq!(payloads(&next), ["n2"]);
     store.maintain("ordered", NOW + 100, QueueRules { fifo: true, ..QueueRules::default() }).await.expect("maintain");
