@@ -110,7 +110,7 @@ pub(crate) async fn guard(State(shared): State<Arc<Shared>>, request: Request, n
     let public = path == "/login" || path.starts_with("/assets/");
     if access.has_token() && !public && !access.authorized(headers) {
         if is_page(&path) && request.method() == Method::GET {
-            let login = format!("{}/login", super::pages::base_of(&request));
+            let login = format!("{}/login", super::mount::base_of(&request));
             return Redirect::to(&login).into_response();
         }
         return Failure::new(

@@ -25,6 +25,7 @@
 
 mod access;
 mod api;
+mod mount;
 mod pages;
 mod view;
 

@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use askama::Template;
 use axum::body::Bytes;
-use axum::extract::{OriginalUri, Path, Query, Request, State};
+use axum::extract::{OriginalUri, Path, Query, State};
 use axum::http::{header, StatusCode};
 use axum::response::{Html, IntoResponse, Redirect, Response};
 use axum::routing::{get, post};
@@ -17,6 +17,7 @@ use axum::Router;
 use serde_json::Value;
 
 use super::api::{default_status, listing_of};
+use super::mount::base;
 use super::view::{Action, Filter, QueueView};
 use super::{Failure, Shared};
 use crate::transport::{rfc3339, MessageId, MessageStatus};
@@ -32,19 +33,6 @@ pub(super) fn routes() -> Router<Arc<Shared>> {
         .route("/ui/queues/{queue}", post(act))
         .route("/login", get(login_form).post(login))
         .route("/assets/console.css", get(stylesheet))
-}
-
-/// Where the console is mounted: the part of the original path before the
-/// console's own (empty at the root; `/ops` when nested there).
-pub(crate) fn base_of(request: &Request) -> String {
-    let inner = request.uri().path();
-    let original = request.extensions().get::<OriginalUri>().map_or(inner, |o| o.0.path());
-    base(original, inner)
-}
-
-fn base(original: &str, inner: &str) -> String {
-    let inner = if inner == "/" { "" } else { inner };
-    original.strip_suffix(inner).unwrap_or("").trim_end_matches('/').to_owned()
 }
 
 /// What every page shows around its content.
@@ -611,15 +599,6 @@ async fn stylesheet() -> Response {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn the_base_is_what_the_mount_adds_to_the_path() {
-        assert_eq!(base("/", "/"), "");
-        assert_eq!(base("/queues/q", "/queues/q"), "");
-        assert_eq!(base("/ops/queues/q", "/queues/q"), "/ops");
-        assert_eq!(base("/ops/", "/"), "/ops");
-        assert_eq!(base("/ops", "/"), "/ops");
-    }
 
     #[test]
     fn ages_read_as_a_person_would() {

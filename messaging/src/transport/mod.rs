@@ -16,6 +16,7 @@ mod id;
 mod json;
 pub mod memory;
 mod outbox;
+mod outbox_store;
 pub(crate) mod schedules;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub(crate) mod sql;
@@ -28,8 +29,9 @@ pub use browse::{Browse, Listing, MessagePage, MessageStatus, PauseScope, QueueC
 pub use bytes::Bytes;
 pub use id::MessageId;
 pub use json::{decoded, rfc3339};
-pub(crate) use outbox::{Claimed, OutboxWrite, Settle, MESSAGE_ID_ATTRIBUTE, WAKE as OUTBOX_WAKE};
-pub use outbox::{FailedOutboxRow, Outbox, OutboxQueue, DEFAULT_MAX_AGE};
+pub use outbox::{Outbox, DEFAULT_MAX_AGE};
+pub(crate) use outbox_store::{Claimed, OutboxWrite, Settle, MESSAGE_ID_ATTRIBUTE, WAKE as OUTBOX_WAKE};
+pub use outbox_store::{FailedOutboxRow, OutboxQueue};
 pub(crate) use url::connect_existing;
 pub use url::{connect, DEFAULT_URL};
 

@@ -16,7 +16,7 @@ use super::dialect::{fail, Dialect, Home, SqlStore, Write};
 use super::driver::Value;
 use crate::boxed::BoxFuture;
 use crate::error::TransportError;
-use crate::transport::outbox::{Claimed, FailedOutboxRow, OutboxQueue, OutboxStore, OutboxWrite, Settle, WAKE};
+use crate::transport::outbox_store::{Claimed, FailedOutboxRow, OutboxQueue, OutboxStore, OutboxWrite, Settle, WAKE};
 use crate::transport::{MessageId, Outgoing};
 
 const INSERT: &str = "INSERT INTO messaging_outbox (queue, message_id, fifo, group_id, dedup_id, identity, payload, \
@@ -297,17 +297,19 @@ impl<D: Dialect> OutboxStore for SqlOutbox<D> {
 /// Opens the outbox a database URL names (`postgres://…`, `sqlite://FILE`),
 /// with the framework's `migrate=true`, `schema=NAME` (PostgreSQL) and
 /// `poll=` options.
-pub(crate) async fn connect<D: Dialect>(url: &str) -> Result<crate::transport::Outbox, crate::error::Error> {
+pub(crate) async fn connect<D: Dialect>(
+    url: &str,
+) -> Result<(std::sync::Arc<dyn OutboxStore>, std::time::Duration), crate::error::Error> {
     let (store, options) = super::open::<D>(url).await?;
     let outbox = SqlOutbox { store, home: Home::default() };
     outbox.check().await?;
-    Ok(crate::transport::Outbox::of(std::sync::Arc::new(outbox)).poll(options.poll))
+    Ok((std::sync::Arc::new(outbox), options.poll))
 }
 
 /// An outbox on a pool the application opened, its table in the
 /// connection's schema.
-pub(crate) fn on_pool<D: Dialect>(pool: sqlx::Pool<D>) -> crate::transport::Outbox {
+pub(crate) fn on_pool<D: Dialect>(pool: sqlx::Pool<D>) -> std::sync::Arc<dyn OutboxStore> {
     let state = D::adopt(&pool);
     let store = SqlStore { pool, state, tables: super::Tables::default() };
-    crate::transport::Outbox::of(std::sync::Arc::new(SqlOutbox { store, home: Home::default() }))
+    std::sync::Arc::new(SqlOutbox { store, home: Home::default() })
 }
