@@ -312,8 +312,9 @@ impl Dialect for Sqlite {
         let mut w = Write::begin(store).await?;
         let rows = sqlx::query(&sql).bind(queue).bind(int(n)).bind(now + lease_ms).fetch_all(&mut *w.conn()).await;
         let result = rows.map_err(fail::<Self>("lease")).and_then(|rows| {
-            // Without its counter row the token came out NULL: say so,
-            // rather than that it would not decode.
+            // Without its counter row the token comes out NULL, which sqlx
+            // reads as 0: the lease went ahead, and no completion could ever
+            // match its rows. Say what is wrong instead (and roll back).
             let token = rows.first().map(|r| sqlx::Row::try_get::<Option<i64>, _>(r, "lease_token"));
             if matches!(token, Some(Ok(None))) {
                 return Err(missing_counter());
