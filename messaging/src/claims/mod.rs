@@ -13,6 +13,7 @@ pub use memory::MemoryIdempotencyStore;
 /// caller's transaction what the store would.
 #[doc(hidden)]
 #[derive(Debug, Clone, Default)]
+#[cfg_attr(not(any(feature = "sqlite", feature = "postgres")), allow(dead_code))]
 pub struct SqlClaims {
     /// The schema of the claims table (none: the connection's own).
     pub(crate) schema: Option<std::sync::Arc<str>>,
@@ -24,6 +25,7 @@ pub struct SqlClaims {
 #[derive(Debug)]
 pub(crate) struct ClaimState {
     /// The store's tables and clock (database stores only).
+    #[cfg_attr(not(any(feature = "sqlite", feature = "postgres")), allow(dead_code))]
     pub(crate) sql: Option<SqlClaims>,
     pub(crate) message_id: String,
     pub(crate) scope: &'static str,

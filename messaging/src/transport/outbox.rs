@@ -108,6 +108,7 @@ impl Outbox {
         Outbox::of(super::sql::outbox::on_pool(pool))
     }
 
+    #[cfg(any(feature = "sqlite", feature = "postgres"))]
     pub(crate) fn of(store: Arc<dyn OutboxStore>) -> Outbox {
         Outbox { store, local: Arc::new(Notify::new()), max_age: DEFAULT_MAX_AGE, poll: Duration::from_secs(1) }
     }

@@ -14,6 +14,7 @@ use crate::error::TransportError;
 
 /// One message to write into the outbox.
 #[derive(Debug, Clone)]
+#[cfg_attr(not(any(feature = "sqlite", feature = "postgres")), allow(dead_code))]
 pub(crate) struct OutboxWrite {
     /// The destination queue.
     pub(crate) queue: &'static str,

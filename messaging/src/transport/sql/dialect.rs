@@ -333,6 +333,7 @@ pub(crate) fn in_input_order(rows: &[Row], mut inserted: Vec<(i64, i64)>, assign
 }
 
 /// Row ids as the integers the database stores.
+#[cfg(feature = "postgres")]
 pub(crate) fn ids(ids: &[RowId]) -> impl Iterator<Item = i64> + '_ {
     ids.iter().map(|&id| id as i64)
 }

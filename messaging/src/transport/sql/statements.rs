@@ -96,6 +96,7 @@ pub(crate) const STORED_COLUMNS: usize = STORED.len();
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum StoreForm {
     /// One `UPDATE … FROM (VALUES …)` (PostgreSQL).
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     Values,
     /// One `UPDATE … WHERE id = $N` per row, joined by `;` in one call
     /// (SQLite, whose driver binds `$N` across the statements of a call).
@@ -245,6 +246,7 @@ pub(crate) const SET_PAUSED: &str = "UPDATE messaging_queues SET paused = $2 WHE
 pub(crate) const ROWS: &str = concat!("SELECT ", columns!(), " FROM messaging_messages WHERE queue = $1 ORDER BY id");
 
 /// Standard queues: the first pending rows by priority, then enqueue order.
+#[cfg_attr(not(feature = "sqlite"), allow(dead_code))]
 pub(crate) const PICK_STANDARD: &str = "SELECT id FROM messaging_messages WHERE queue = $1 AND status = 'pending' \
     ORDER BY priority DESC, seq LIMIT $2";
 
