@@ -116,6 +116,20 @@ async fn flush_loop(
     let mut closing = false;
     while !closing && rx.recv_many(&mut commands, max).await > 0 {
         take(&mut commands, &mut batch, &mut closing);
+        if !linger && !closing && batch.len() < max {
+            // No timer, but one turn of the scheduler: the lanes that are
+            // running add their acks, and the flush takes them along. Woken
+            // by every ack, the task flushed one or two at a time, each a
+            // call, a queue lookup and a lock; with the turn, one send per
+            // message at concurrency 8 on `memory://` used 0.92 of the CPU
+            // and 0.90 of the wall time (nine pairs).
+            tokio::task::yield_now().await;
+            while batch.len() < max {
+                let Ok(command) = rx.try_recv() else { break };
+                commands.push(command);
+                take(&mut commands, &mut batch, &mut closing);
+            }
+        }
         // Wait for the acks of handlers still running, while they keep coming.
         let until_at_most = tokio::time::Instant::now() + LINGER;
         while linger && !closing && !batch.is_empty() && batch.len() < max && held.has_unsettled() {
