@@ -186,6 +186,52 @@ async fn a_dead_letter_keeps_every_failed_attempt_and_the_last_error_as_its_reas
     }
 }
 
+#[messaging::queue("errors-history.fifo", fifo, max_receives = 3, default_group = "g", dlq = "errors-history-dlq.fifo")]
+struct FlakyFifo;
+
+#[messaging::message(name = "test.errors.history.fifo", v = 1)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct AttemptedInOrder {
+    n: u32,
+}
+
+#[messaging::handler(queue = FlakyFifo, retry(base = "20ms", max = "40ms"))]
+async fn always_fails_in_order(_m: AttemptedInOrder) -> Result<(), HandlerError> {
+    Err(HandlerError::transient(Boom(0)))
+}
+
+/// A FIFO message is tried again by the worker that holds it (its group waits
+/// for it): one receive, three attempts. Each attempt is in the history, not
+/// only the last one.
+#[tokio::test]
+async fn a_fifo_dead_letter_keeps_the_attempts_its_worker_retried_itself() {
+    let mut urls: Vec<(String, Box<dyn std::any::Any>)> = both_databases("&migrate=true&poll=50ms").await;
+    urls.push(("memory://".to_owned(), Box::new(())));
+    for (url, _guard) in urls {
+        let transport = messaging::transport::connect(&url).await.expect("connects");
+        let mut app = messaging::App::new(transport.clone()).await.expect("app");
+        app.only_queues(&["errors-history.fifo"]);
+        let running = app.start().expect("start");
+        let id =
+            Publisher::new(transport.clone()).send::<FlakyFifo, _>(&AttemptedInOrder { n: 1 }).await.expect("sent");
+        let dead = transport.dead_letters().expect("dead letters");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let letter = loop {
+            if let Some(letter) = dead.peek("errors-history.fifo", 10).await.expect("peek").pop() {
+                break letter;
+            }
+            assert!(Instant::now() < deadline, "{url}: never dead-lettered");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        running.stop().await;
+        assert_eq!(letter.message_id, id);
+        assert_eq!(letter.reason.as_deref(), Some("attempt 0 failed (after 3 attempts)"), "{url}");
+        let attempts: Vec<(u32, &str)> = letter.history.iter().map(|a| (a.attempt, a.error_type.as_str())).collect();
+        assert_eq!(attempts, [(1, "Boom"), (2, "Boom"), (3, "Boom")], "{url}: {:?}", letter.history);
+        assert!(letter.history.windows(2).all(|w| w[0].at_ms <= w[1].at_ms), "{url}: in order");
+    }
+}
+
 #[tokio::test]
 async fn dead_letters_are_paged_through_with_exact_counts() {
     use messaging::transport::{FailedAttempt, RedriveOptions};

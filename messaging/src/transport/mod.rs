@@ -334,6 +334,20 @@ pub trait Transport: Send + Sync + 'static {
         self.nack(queue, receipt, delay)
     }
 
+    /// Records `failure` in the error history of a delivery that stays held
+    /// and is tried again by its holder (a FIFO message: its group waits for
+    /// it), where the backend keeps a history; the default records nothing
+    /// (on SQS the dead letter's reason is the last error).
+    fn record_failure<'a>(
+        &'a self,
+        queue: &'a str,
+        receipt: &'a Receipt,
+        failure: FailedAttempt,
+    ) -> BoxFuture<'a, Result<(), TransportError>> {
+        let _ = (queue, receipt, failure);
+        Box::pin(std::future::ready(Ok(())))
+    }
+
     /// Pushes the visibility timeout of an in-flight delivery out to `visibility` from now.
     fn extend<'a>(
         &'a self,

@@ -163,6 +163,14 @@ impl Worker {
                 self.settle(batch, i);
                 self.dead_letter(delivery, failed_attempt(attempt, error)).await
             } else if spec.fifo && !spent {
+                // Held for the next try, the failure is written down now: a
+                // dead letter shows every attempt, and one whose process dies
+                // in between still shows this one.
+                if let Err(e) =
+                    self.transport.record_failure(queue, &delivery.receipt, failed_attempt(attempt, error)).await
+                {
+                    tracing::warn!(queue, message.id = %id, "could not record the failed attempt in its history ({e})");
+                }
                 Step::Again { after: delay, counted: true }
             } else {
                 // (A FIFO message past its attempts with nowhere to go is

@@ -440,6 +440,15 @@ impl Transport for MemoryTransport {
         })
     }
 
+    fn record_failure<'a>(
+        &'a self,
+        queue: &'a str,
+        receipt: &'a Receipt,
+        failure: crate::transport::FailedAttempt,
+    ) -> BoxFuture<'a, Result<(), TransportError>> {
+        Box::pin(async move { self.queue(queue)?.lock().record(receipt, failure) })
+    }
+
     fn inspect<'a>(
         &'a self,
         queue: &'a str,

@@ -668,6 +668,18 @@ impl<D: Dialect> Transport for SqlTransport<D> {
         Box::pin(self.give_back(queue, receipt, delay, Some(failure)))
     }
 
+    fn record_failure<'a>(
+        &'a self,
+        queue: &'a str,
+        receipt: &'a Receipt,
+        failure: FailedAttempt,
+    ) -> BoxFuture<'a, Result<(), TransportError>> {
+        Box::pin(async move {
+            self.queue(queue)?;
+            self.store.apply(queue, self.store.now(), receipt.key, receipt.token, RowOp::Note { failure }).await
+        })
+    }
+
     fn extend<'a>(
         &'a self,
         queue: &'a str,

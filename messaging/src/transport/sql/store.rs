@@ -25,6 +25,11 @@ pub(crate) enum RowOp {
         /// The queue's attempt limit.
         max_attempts: u32,
     },
+    /// A failed attempt tried again under the same lease: recorded only.
+    Note {
+        /// Why it failed.
+        failure: FailedAttempt,
+    },
     /// Give the lease back without charging the attempt.
     Release,
     /// A permanent failure: Error at once.
@@ -49,6 +54,7 @@ impl RowOp {
     ) -> Result<(), crate::transport::sql::machine::LeaseLost> {
         match self {
             RowOp::Fail { retry_at, failure, max_attempts } => row.fail(now, token, *retry_at, failure, *max_attempts),
+            RowOp::Note { failure } => row.note(now, token, failure),
             RowOp::Release => row.release(now, token),
             RowOp::DeadLetter { failure } => row.dead_letter(now, token, failure),
             RowOp::Extend { lease_ms } => row.extend(now, token, *lease_ms),

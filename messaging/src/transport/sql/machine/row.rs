@@ -399,6 +399,15 @@ impl Row {
         Ok(())
     }
 
+    /// A failed attempt that the lease's holder tries again itself (a FIFO
+    /// message, whose group waits for it): recorded in the history and as the
+    /// last error; the lease, status and attempts stay.
+    pub fn note(&mut self, now: i64, token: u64, failure: &FailedAttempt) -> Result<(), LeaseLost> {
+        self.check(now, token)?;
+        self.record(now, failure.attempt, &failure.error_type, &failure.message);
+        Ok(())
+    }
+
     /// A permanent failure: Error at once (unless a newer version waits).
     pub fn dead_letter(&mut self, now: i64, token: u64, failure: &FailedAttempt) -> Result<(), LeaseLost> {
         self.check(now, token)?;
@@ -621,6 +630,11 @@ impl IdentityQueue {
     ) -> Result<(), LeaseLost> {
         let max = self.rules.max_attempts;
         self.row_mut(id)?.fail(now, token, retry_at, &FailedAttempt::new(0, "Error", error), max)
+    }
+
+    /// A failed attempt that the lease's holder tries again: noted only.
+    pub(crate) fn note(&mut self, now: i64, id: RowId, token: u64, error: &str) -> Result<(), LeaseLost> {
+        self.row_mut(id)?.note(now, token, &FailedAttempt::new(0, "Error", error))
     }
 
     /// A permanent failure: Error at once (unless a newer version waits).

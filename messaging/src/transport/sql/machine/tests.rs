@@ -301,3 +301,23 @@ fn a_failure_counts_the_attempts_made_within_one_lease() {
     assert_eq!(row.error.as_deref(), Some("still failing (after 2 attempts)"));
     assert_eq!(row.history.iter().map(|a| a.attempt).collect::<Vec<_>>(), [2]);
 }
+
+#[test]
+fn an_attempt_retried_within_its_lease_is_noted_and_the_lease_stays() {
+    // The FIFO head's earlier attempts are written down as they fail, so the
+    // dead letter shows each one, and the row stays leased meanwhile.
+    let mut q = queue(QueueRules { max_attempts: 3, ..QueueRules::default() });
+    let id = q.enqueue(0, msg(None, "x")).row().expect("a row");
+    let l = q.lease(0, 1, LEASE).remove(0);
+    let mut row = q.row(id).unwrap().clone();
+    let failed = |attempt, message| crate::transport::FailedAttempt::new(attempt, "Error", message);
+    row.note(5, l.token, &failed(1, "first")).unwrap();
+    row.note(9, l.token, &failed(2, "second")).unwrap();
+    assert_eq!((row.status, row.attempts, row.lease_token), (Status::Processing, 1, Some(l.token)), "still held");
+    assert_eq!(row.lease_expires, Some(LEASE));
+    assert_eq!(row.error.as_deref(), Some("second (after 2 attempts)"), "the last error so far");
+    row.dead_letter(12, l.token, &failed(3, "third")).unwrap();
+    let history: Vec<(u32, i64)> = row.history.iter().map(|a| (a.attempt, a.at_ms)).collect();
+    assert_eq!(history, [(1, 5), (2, 9), (3, 12)]);
+    assert_eq!(row.note(13, l.token, &failed(4, "late")), Err(LeaseLost), "no lease, no note");
+}

@@ -51,6 +51,10 @@ enum Cmd {
     Extend {
         pick: usize,
     },
+    /// A failed attempt that the holder tries again under its lease.
+    Note {
+        pick: usize,
+    },
     Advance {
         ms: i64,
     },
@@ -124,6 +128,7 @@ fn cmd() -> impl Strategy<Value = Cmd> {
         1 => any::<usize>().prop_map(|pick| Cmd::Release { pick }),
         1 => any::<usize>().prop_map(|pick| Cmd::DeadLetter { pick }),
         1 => any::<usize>().prop_map(|pick| Cmd::Extend { pick }),
+        1 => any::<usize>().prop_map(|pick| Cmd::Note { pick }),
         2 => (1i64..1_500).prop_map(|ms| Cmd::Advance { ms }),
         1 => any::<usize>().prop_map(|pick| Cmd::Redrive { pick }),
         1 => (any::<usize>(), prop_oneof![Just(ConsoleOp::RetryNow), Just(ConsoleOp::Delete), Just(ConsoleOp::RedriveById)])
@@ -251,7 +256,8 @@ async fn run_case<D: Dialect>(store: &SqlStore<D>, queue: &str, rules: QueueRule
             | Cmd::Fail { pick, .. }
             | Cmd::Release { pick }
             | Cmd::DeadLetter { pick }
-            | Cmd::Extend { pick } => {
+            | Cmd::Extend { pick }
+            | Cmd::Note { pick } => {
                 if held.is_empty() {
                     continue;
                 }
@@ -274,6 +280,7 @@ async fn run_case<D: Dialect>(store: &SqlStore<D>, queue: &str, rules: QueueRule
                             Cmd::DeadLetter { .. } => {
                                 RowOp::DeadLetter { failure: FailedAttempt::new(0, "Error", "permanent") }
                             }
+                            Cmd::Note { .. } => RowOp::Note { failure: FailedAttempt::new(0, "Error", "again") },
                             _ => RowOp::Extend { lease_ms: LEASE_MS },
                         };
                         let e = match &op {
@@ -281,6 +288,7 @@ async fn run_case<D: Dialect>(store: &SqlStore<D>, queue: &str, rules: QueueRule
                             RowOp::Release => model.release(now, mid, mtok).is_ok(),
                             RowOp::DeadLetter { .. } => model.dead_letter(now, mid, mtok, "permanent").is_ok(),
                             RowOp::Extend { lease_ms } => model.extend(now, mid, mtok, *lease_ms).is_ok(),
+                            RowOp::Note { .. } => model.note(now, mid, mtok, "again").is_ok(),
                         };
                         (e, store.apply(queue, now, sid, stok, op).await)
                     }
@@ -365,6 +373,7 @@ async fn compare<D: Dialect>(
                 r.lease_expires,
                 r.deferred.as_ref().map(|d| (d.payload.clone(), d.priority, d.process_at)),
                 r.error.clone(),
+                r.history.iter().map(|a| (a.attempt, a.at_ms, a.message.clone())).collect::<Vec<_>>(),
                 r.lease_token.is_some(),
             )
         };
