@@ -232,6 +232,50 @@ async fn a_fifo_dead_letter_keeps_the_attempts_its_worker_retried_itself() {
     }
 }
 
+#[messaging::queue("errors-parked.fifo", fifo, max_receives = 3, default_group = "g", dlq = "errors-parked-dlq.fifo")]
+struct ParkedFifo;
+
+#[messaging::message(name = "test.errors.parked", v = 1)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Parked {
+    n: u32,
+}
+
+/// Fails; its retry waits long enough for the worker to be stopped first.
+#[messaging::handler(queue = ParkedFifo, retry(base = "30s", max = "30s"))]
+async fn fails_then_waits(_m: Parked) -> Result<(), HandlerError> {
+    Err(HandlerError::transient(Boom(0)))
+}
+
+/// The worker stops while a FIFO head waits for its retry in process: the
+/// message is given back, its failed attempt stays spent, and the next
+/// process's attempt is the second, not the first again.
+#[tokio::test]
+async fn a_fifo_head_given_back_at_shutdown_keeps_its_failed_attempt() {
+    for (url, _guard) in both_databases("&migrate=true&poll=50ms").await {
+        let transport = messaging::transport::connect(&url).await.expect("connects");
+        messaging::App::new(transport.clone()).await.expect("declares the queues");
+        let id = Publisher::new(transport.clone()).send::<ParkedFifo, _>(&Parked { n: 1 }).await.expect("sent");
+        let history = |transport: std::sync::Arc<dyn Transport>, id: MessageId| async move {
+            let report = transport.inspect("errors-parked.fifo", &id).await.expect("inspect").expect("found");
+            (report.status, report.attempts, report.history.iter().map(|a| a.attempt).collect::<Vec<_>>())
+        };
+        for round in 1..=2u32 {
+            let mut app = messaging::App::new(transport.clone()).await.expect("app");
+            app.only_queues(&["errors-parked.fifo"]);
+            let running = app.start().expect("start");
+            let deadline = Instant::now() + Duration::from_secs(20);
+            while history(transport.clone(), id.clone()).await.2.len() < round as usize {
+                assert!(Instant::now() < deadline, "{url}: attempt {round} never failed");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            running.stop().await;
+            let expected: Vec<u32> = (1..=round).collect();
+            assert_eq!(history(transport.clone(), id.clone()).await, ("pending".to_owned(), round, expected), "{url}");
+        }
+    }
+}
+
 #[tokio::test]
 async fn dead_letters_are_paged_through_with_exact_counts() {
     use messaging::transport::{FailedAttempt, RedriveOptions};

@@ -421,14 +421,21 @@ impl Row {
         Ok(())
     }
 
-    /// Gives the lease back without charging the attempt (shutdown).
+    /// Gives the lease back without charging the attempt (shutdown), unless
+    /// the holder noted a failure under it: a FIFO message waiting for its
+    /// retry in process when the worker stopped keeps the attempts it spent
+    /// (up to the last one noted), as SQS keeps its receive counted.
     pub fn release(&mut self, now: i64, token: u64) -> Result<(), LeaseLost> {
         self.check(now, token)?;
         if self.status == Status::AwaitingRelease {
             self.apply_deferred(now);
         } else {
             self.clear_lease();
-            self.attempts = self.attempts.saturating_sub(1);
+            // Earlier leases noted lower numbers: each lease counts one more.
+            match self.history.last().map(|a| a.attempt).filter(|&noted| noted >= self.attempts) {
+                Some(noted) => self.attempts = noted,
+                None => self.attempts = self.attempts.saturating_sub(1),
+            }
             self.status = Status::Pending;
         }
         Ok(())

@@ -321,3 +321,29 @@ fn an_attempt_retried_within_its_lease_is_noted_and_the_lease_stays() {
     assert_eq!(history, [(1, 5), (2, 9), (3, 12)]);
     assert_eq!(row.note(13, l.token, &failed(4, "late")), Err(LeaseLost), "no lease, no note");
 }
+
+#[test]
+fn a_release_keeps_the_attempts_its_holder_noted_as_failed() {
+    // The worker stops while a FIFO head waits for its retry in process: the
+    // release gives the row back, but its failed attempts stay spent, and
+    // the next lease's attempt is numbered after them.
+    let mut q = queue(QueueRules { max_attempts: 5, ..QueueRules::default() });
+    let id = q.enqueue(0, msg(None, "x")).row().expect("a row");
+    let l = q.lease(0, 1, LEASE).remove(0);
+    q.note(1, id, l.token, "first").unwrap();
+    q.release(2, id, l.token).unwrap();
+    assert_eq!((status(&q, id), q.row(id).unwrap().attempts), (Status::Pending, 1), "attempt 1 stays spent");
+    let l = q.lease(3, 1, LEASE).remove(0);
+    assert_eq!(l.attempts, 2);
+    let failed = crate::transport::FailedAttempt::new(3, "Error", "third");
+    let mut row = q.row(id).unwrap().clone();
+    row.note(4, l.token, &crate::transport::FailedAttempt::new(2, "Error", "second")).unwrap();
+    row.note(5, l.token, &failed).unwrap();
+    row.release(6, l.token).unwrap();
+    assert_eq!(row.attempts, 3, "two tries under the second lease");
+    // A release with nothing noted under it charges nothing, as before.
+    let mut row = row.clone();
+    row.lease(7, 99, LEASE);
+    row.release(8, 99).unwrap();
+    assert_eq!(row.attempts, 3);
+}
