@@ -106,6 +106,38 @@ fn counting(filter: Option<DeadLetterFilter>, bar: &indicatif::ProgressBar) -> D
     })
 }
 
+/// The error of a redrive or purge that stopped part way (a page of letters
+/// at a time: the database went away, say), with what it had done by then,
+/// read from the dead letters' depth, so that the operator knows where it
+/// stands and that running it again goes on with the rest.
+async fn stopped(
+    dlq: &dyn DeadLetters,
+    queue: &str,
+    before: u64,
+    error: crate::error::TransportError,
+    command: &str,
+    done: &str,
+) -> Error {
+    // The error may have closed every pooled connection (a server restart):
+    // a few tries over two seconds let the count through once it is back.
+    let mut left = dlq.depth(queue).await;
+    for _ in 0..4 {
+        if left.is_ok() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+        left = dlq.depth(queue).await;
+    }
+    let progress = match left {
+        Ok(left) => format!(
+            "{} {done} before it stopped, {left} left in the dead letters of `{queue}`",
+            before.saturating_sub(left)
+        ),
+        Err(e) => format!("what is left could not be counted ({e}); `dlq peek {queue}` shows it"),
+    };
+    Error::Command(format!("{error}\n{progress}; run `dlq {command} {queue}` again to go on with the rest"))
+}
+
 fn capability<'a>(app: &'a App, queue: &str) -> Result<&'a dyn DeadLetters, Error> {
     super::declared(app, queue)?;
     app.setup_transport()
@@ -179,7 +211,10 @@ pub(super) async fn run(app: &App, command: DlqCommand) -> Result<(), Error> {
             let options = RedriveOptions { max, filter: Some(counting(filter, &bar)), dry_run };
             let outcome = dlq.redrive(&queue, options).await;
             bar.finish_and_clear();
-            let outcome = outcome?;
+            let outcome = match outcome {
+                Ok(outcome) => outcome,
+                Err(e) => return Err(stopped(dlq, &queue, total, e, "redrive", "moved").await),
+            };
             let left = dlq.depth(&queue).await.ok();
             if json {
                 let value = serde_json::json!({
@@ -257,7 +292,10 @@ pub(super) async fn run(app: &App, command: DlqCommand) -> Result<(), Error> {
             let options = RedriveOptions { max: None, filter: Some(counting(filter, &bar)), dry_run };
             let outcome = dlq.purge(&queue, options).await;
             bar.finish_and_clear();
-            let outcome = outcome?;
+            let outcome = match outcome {
+                Ok(outcome) => outcome,
+                Err(e) => return Err(stopped(dlq, &queue, total, e, "purge", "deleted").await),
+            };
             let left = dlq.depth(&queue).await.ok();
             if json {
                 let value = serde_json::json!({
@@ -280,5 +318,35 @@ pub(super) async fn run(app: &App, command: DlqCommand) -> Result<(), Error> {
             }
             Ok(())
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::stopped;
+    use crate::error::TransportError;
+    use crate::queue::QueueSpec;
+    use crate::transport::memory::MemoryTransport;
+    use crate::transport::{FailedAttempt, Outgoing, Transport};
+
+    #[tokio::test]
+    async fn a_stopped_redrive_says_what_it_moved_what_is_left_and_how_to_go_on() {
+        let t = MemoryTransport::new();
+        t.declare(&QueueSpec { dlq: Some("dead"), ..QueueSpec::standard("q") }).await.unwrap();
+        let dlq = t.dead_letters().unwrap();
+        for text in ["a", "b", "c"] {
+            t.send("q", Outgoing { body: text.as_bytes().to_vec().into(), ..Outgoing::default() }).await.unwrap();
+            let d = t.receive("q", 1, Duration::ZERO).await.unwrap().remove(0);
+            dlq.dead_letter("q", &d, FailedAttempt::new(1, "Error", "bad")).await.unwrap();
+        }
+        let error = TransportError::Backend("postgresql: redrive failed: the server went away".into());
+        let text = stopped(dlq, "q", 10, error, "redrive", "moved").await.to_string();
+        assert!(text.contains("the server went away"), "{text}");
+        assert!(
+            text.contains("7 moved before it stopped, 3 left in the dead letters of `q`; run `dlq redrive q` again"),
+            "{text}"
+        );
     }
 }
