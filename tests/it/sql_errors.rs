@@ -324,3 +324,68 @@ async fn dead_letters_are_paged_through_with_exact_counts() {
         assert_eq!(dead.depth("errors-paged").await.expect("depth"), 29, "{url}");
     }
 }
+
+/// A redrive while the letters' bug is not fixed yet: a worker fails every
+/// redriven letter again at once, and it goes back to the dead letters,
+/// behind the others. The redrive moves each letter it found once and stops,
+/// rather than meeting the ones it moved again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redrive_ends_at_the_letters_it_found_while_they_fail_again() {
+    use messaging::transport::{DeadLetterFilter, FailedAttempt, RedriveOptions};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    for (url, _guard) in both_databases("&migrate=true").await {
+        let transport = messaging::transport::connect(&url).await.expect("connects");
+        transport.declare(&messaging::QueueSpec::standard("errors-again")).await.expect("declare");
+        let letters: Vec<Outgoing> =
+            (0..1_100).map(|i| Outgoing { body: format!("{i}").into_bytes().into(), ..Outgoing::default() }).collect();
+        for r in transport.send_batch("errors-again", letters).await {
+            r.expect("sent");
+        }
+        let mut dead_lettered = 0;
+        while dead_lettered < 1_100 {
+            for d in transport.receive("errors-again", 300, Duration::from_millis(100)).await.expect("receive") {
+                let dead = transport.dead_letters().expect("dead letters");
+                dead.dead_letter("errors-again", &d, FailedAttempt::new(1, "Error", "bad")).await.expect("dead");
+                dead_lettered += 1;
+            }
+        }
+        let again = Arc::new(AtomicUsize::new(0));
+        let worker = tokio::spawn({
+            let (transport, again) = (transport.clone(), again.clone());
+            async move {
+                loop {
+                    for d in transport.receive("errors-again", 100, Duration::from_millis(20)).await.expect("receive") {
+                        let dead = transport.dead_letters().expect("dead letters");
+                        dead.dead_letter("errors-again", &d, FailedAttempt::new(2, "Error", "bad"))
+                            .await
+                            .expect("dead");
+                        again.fetch_add(1, Ordering::SeqCst);
+                    }
+                }
+            }
+        });
+        let seen = Arc::new(AtomicUsize::new(0));
+        let filter: DeadLetterFilter = Arc::new({
+            let again = again.clone();
+            move |_| {
+                // The first page of 500 is back in the queue: let the worker
+                // fail some of it again before the walk reads its third page.
+                if seen.fetch_add(1, Ordering::SeqCst) == 500 {
+                    let deadline = Instant::now() + Duration::from_secs(10);
+                    while again.load(Ordering::SeqCst) < 100 && Instant::now() < deadline {
+                        std::thread::sleep(Duration::from_millis(5));
+                    }
+                }
+                true
+            }
+        });
+        let dead = transport.dead_letters().expect("dead letters");
+        let outcome =
+            dead.redrive("errors-again", RedriveOptions { filter: Some(filter), ..RedriveOptions::default() });
+        let outcome = outcome.await.expect("redrive");
+        worker.abort();
+        assert!(again.load(Ordering::SeqCst) >= 100, "{url}: the worker failed letters again meanwhile");
+        assert_eq!((outcome.moved, outcome.skipped), (1_100, 0), "{url}: each letter found, once");
+    }
+}

@@ -401,6 +401,14 @@ impl<D: Dialect> SqlTransport<D> {
     /// taking those `options` choose (at most `max`, passing the filter) and
     /// redriving or deleting each page's in one transaction (a dry run only
     /// counts them); returns (taken, skipped by the filter).
+    ///
+    /// The walk ends at the newest letter there was when it began. A
+    /// redriven letter goes to the back of the queue, so if it fails again
+    /// while the walk goes on (its bug not fixed yet, a worker running), it
+    /// comes back behind that end: without it, a redrive met its own letters
+    /// again (22,420 moves for 20,000 letters, tried from outside with a
+    /// failing worker on SQLite) and could chase them for as long as the
+    /// worker kept up.
     async fn walk_dead_letters(
         &self,
         queue: &str,
@@ -408,15 +416,16 @@ impl<D: Dialect> SqlTransport<D> {
         act: Act,
     ) -> Result<(usize, usize), TransportError> {
         let max = options.max.unwrap_or(usize::MAX);
+        let Some(end) = self.store.last_dead_letter_seq(queue).await? else { return Ok((0, 0)) };
         let (mut taken, mut skipped, mut after) = (0, 0, i64::MIN);
-        while taken < max {
+        while taken < max && after < end {
             let page = self.store.dead_letters_after(queue, after, DEAD_LETTER_PAGE).await?;
             let full = page.len() == DEAD_LETTER_PAGE;
             let Some(last) = page.last() else { break };
             after = last.seq as i64;
             let mut chosen = Vec::new();
             for row in page {
-                if taken + chosen.len() >= max {
+                if taken + chosen.len() >= max || row.seq as i64 > end {
                     break;
                 }
                 let id = row.id;

@@ -190,6 +190,8 @@ pub(crate) const NEXT_DUE: &str = "SELECT \
 pub(crate) const DEPTH: &str = "SELECT count(*) FROM messaging_messages WHERE queue = $1 \
     AND status IN ('pending', 'sleeping', 'processing', 'awaiting_release')";
 pub(crate) const ERROR_DEPTH: &str = "SELECT count(*) FROM messaging_messages WHERE queue = $1 AND status = 'error'";
+/// The enqueue position of the newest dead letter (NULL: none).
+pub(crate) const LAST_ERROR_SEQ: &str = "SELECT max(seq) FROM messaging_messages WHERE queue = $1 AND status = 'error'";
 pub(crate) const ERRORS: &str = concat!(
     "SELECT ",
     columns!(),

@@ -297,6 +297,12 @@ impl<D: Dialect> SqlStore<D> {
         self.count(sql::ERROR_DEPTH, queue, "dead-letter depth").await
     }
 
+    /// The enqueue position of the newest dead letter, if there is one.
+    pub(crate) async fn last_dead_letter_seq(&self, queue: &str) -> Result<Option<i64>, TransportError> {
+        let what = "reading dead letters";
+        int::<D>(&self.query(what, &[sql::LAST_ERROR_SEQ], &[queue.into()]).await?, 0, what)
+    }
+
     /// Every row of the queue.
     #[cfg(test)]
     pub(crate) async fn rows(&self, queue: &str) -> Result<Vec<Row>, TransportError> {
