@@ -59,10 +59,23 @@ impl<D: Dialect> SqlStore<D> {
     pub(crate) async fn declare(&self, queue: &str, fifo: bool, now: i64) -> Result<(), TransportError> {
         self.check().await?;
         let what = "declaring a queue";
-        self.exec(what, &[sql::DECLARE], &[queue.into(), fifo.into(), now.into()]).await?;
-        let rows = self.query(what, &[sql::QUEUE_KIND], &[queue.into()]).await?;
-        let stored = rows.first().map(|r| D::flag(r, 0)).transpose().map_err(fail::<D>(what))?;
-        super::schema::check_kind(queue, fifo, stored.unwrap_or(fifo))
+        // Looked up first, without writing: every process declares every
+        // queue as it starts, and the queue is there but the first time. On
+        // SQLite a write waits for the write lock, which an application
+        // sharing the file may hold for a while (a publisher waited out the
+        // busy timeout once per queue before failing, tried from outside).
+        let kind = || async {
+            let rows = self.query(what, &[sql::QUEUE_KIND], &[queue.into()]).await?;
+            rows.first().map(|r| D::flag(r, 0)).transpose().map_err(fail::<D>(what))
+        };
+        let stored = match kind().await? {
+            Some(stored) => stored,
+            None => {
+                self.exec(what, &[sql::DECLARE], &[queue.into(), fifo.into(), now.into()]).await?;
+                kind().await?.unwrap_or(fifo)
+            }
+        };
+        super::schema::check_kind(queue, fifo, stored)
     }
 
     /// Housekeeping: wakes due sleepers, abandons expired leases, purges

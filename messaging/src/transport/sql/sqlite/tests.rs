@@ -616,3 +616,20 @@ async fn the_wal_is_checkpointed_in_the_background() {
     }
     close(store, db).await;
 }
+
+#[tokio::test]
+async fn a_declared_queue_is_declared_again_while_another_connection_holds_the_write_lock() {
+    // An application sharing the file holds a write transaction: a process
+    // starting meanwhile finds its queues there without waiting for the lock.
+    let (store, db) = store().await;
+    store.declare("shared", false, NOW).await.expect("declare");
+    let mut app = <sqlx::SqliteConnection as sqlx::Connection>::connect(&db.url()).await.expect("connect");
+    sqlx::query("BEGIN IMMEDIATE").execute(&mut app).await.expect("the application's write transaction");
+    let again = tokio::time::timeout(Duration::from_secs(2), store.declare("shared", false, NOW)).await;
+    assert!(matches!(again, Ok(Ok(()))), "declared at once: {again:?}");
+    let conflict = tokio::time::timeout(Duration::from_secs(2), store.declare("shared", true, NOW)).await;
+    assert!(matches!(conflict, Ok(Err(_))), "the kind is still checked: {conflict:?}");
+    sqlx::query("ROLLBACK").execute(&mut app).await.expect("rollback");
+    drop(app);
+    close(store, db).await;
+}
