@@ -62,6 +62,10 @@ pub trait Dialect: Driver + sealed::Sealed + Sized {
     const MIGRATION_LOCK: &'static str;
     /// What a failure's text holds when a table is missing.
     const MISSING_TABLE: &'static str;
+    /// The error codes that say a lock was waited for in vain, and what to
+    /// tell the operator about them (none on PostgreSQL, whose statements
+    /// wait for locks without a timeout unless the operator sets one).
+    const LOCKED: (&'static [&'static str], &'static str);
     /// Makes the outbox claims of one queue (`$1`: a key naming it) take
     /// turns, inside the claim's transaction (SQLite's `BEGIN IMMEDIATE`
     /// does already).
@@ -177,10 +181,16 @@ pub trait Dialect: Driver + sealed::Sealed + Sized {
 /// one (operators search for SQLSTATEs; `Dialect::MISSING_TABLE` names one).
 pub(crate) fn backend<D: Dialect>(what: &str, e: sqlx::Error) -> TransportError {
     let code = match &e {
-        sqlx::Error::Database(db) => db.code().map(|c| format!(" (code {c})")).unwrap_or_default(),
-        _ => String::new(),
+        sqlx::Error::Database(db) => db.code().map(|c| c.into_owned()),
+        _ => None,
     };
-    TransportError::Backend(format!("{}: {what} failed: {e}{code}", D::SYSTEM))
+    let (locked, hint) = D::LOCKED;
+    let hint = match &code {
+        Some(code) if locked.contains(&code.as_str()) => hint,
+        _ => "",
+    };
+    let code = code.map(|c| format!(" (code {c})")).unwrap_or_default();
+    TransportError::Backend(format!("{}: {what} failed: {e}{code}{hint}", D::SYSTEM))
 }
 
 /// Stops a store's background task when the last clone of the store is

@@ -29,12 +29,35 @@ fn hex(bytes: &[u8]) -> String {
 /// Applies the migrations `store`'s history lacks; fails, changing nothing,
 /// when an applied migration differs from the one this version carries.
 pub(crate) async fn run<D: Dialect>(store: &SqlStore<D>) -> Result<(), TransportError> {
+    if up_to_date(store).await {
+        return Ok(());
+    }
     // Earlier versions had no `schema=`: nothing of ours is in sqlx's table
     // for a named schema (and the connection's one may be the application's).
     let carried = if store.tables.schema().is_some() { Vec::new() } else { sqlx_history::<D>(store).await };
     let mut w = Write::begin(store).await?;
     let done = apply(store, &mut w, &carried).await;
     w.finish(done).await
+}
+
+/// Whether every migration this version carries is applied with its
+/// checksum, as read outside a transaction: the usual start (`migrate=true`
+/// on every process), which then takes no lock. On SQLite the migration's
+/// transaction takes the write lock, which an application sharing the file
+/// may hold: a worker started meanwhile waited out the busy timeout and
+/// exited (tried from outside). Anything else, an error included, goes the
+/// whole way, under the lock.
+async fn up_to_date<D: Dialect>(store: &SqlStore<D>) -> bool {
+    let read = "SELECT version, checksum FROM messaging_migrations";
+    let Ok(rows) = store.query("reading messaging_migrations", &[read], &[]).await else {
+        return false;
+    };
+    let applied: std::collections::HashSet<(i64, String)> =
+        rows.iter().filter_map(|r| Some((D::int(r, 0).ok()??, D::text(r, 1).ok()??))).collect();
+    D::migrations()
+        .iter()
+        .filter(|m| m.migration_type.is_up_migration())
+        .all(|m| applied.contains(&(m.version, hex(&m.checksum))))
 }
 
 /// Rows of `_sqlx_migrations` (version, checksum), if that table exists.

@@ -292,6 +292,9 @@ pub(crate) const CLAIM_RELEASE: &str = "UPDATE messaging_idempotency SET process
 pub(crate) const CLAIM_EXTEND: &str = "UPDATE messaging_idempotency SET lease_expires_at = $4 \
     WHERE message_id = $1 AND scope = $2 AND processor_id = $3 AND completed = FALSE";
 pub(crate) const CLAIMS_PURGE: &str = "DELETE FROM messaging_idempotency WHERE completed = TRUE AND completed_at < $1";
+/// Whether [`CLAIMS_PURGE`] has anything to delete (a read: no write lock).
+pub(crate) const CLAIMS_PURGE_DUE: &str =
+    "SELECT EXISTS (SELECT 1 FROM messaging_idempotency WHERE completed = TRUE AND completed_at < $1)";
 
 #[cfg(test)]
 mod tests {

@@ -149,6 +149,7 @@ impl Dialect for Postgres {
     // SQLSTATE 42P01 (undefined_table), whatever the server's language.
     const MIGRATION_LOCK: &'static str = "SELECT pg_advisory_xact_lock(hashtext('messaging:migrate'))";
     const MISSING_TABLE: &'static str = "(code 42P01)";
+    const LOCKED: (&'static [&'static str], &'static str) = (&[], "");
     const OUTBOX_LOCK: &'static str = "SELECT pg_advisory_xact_lock(hashtext($1))";
     const DATABASE: Option<&'static str> = Some(
         "SELECT current_database() || '@' || coalesce(host(inet_server_addr()), 'socket') || ':' \

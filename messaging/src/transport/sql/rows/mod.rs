@@ -333,7 +333,15 @@ impl<D: Dialect> SqlStore<D> {
 
     /// Deletes completed idempotency claims completed before `before` (ms).
     pub(crate) async fn purge_claims(&self, before: i64) -> Result<u64, TransportError> {
-        self.exec("purging idempotency claims", &[sql::CLAIMS_PURGE], &[before.into()]).await
+        // Looked at first, as housekeeping does: usually nothing is due, and
+        // the delete would take SQLite's write lock for nothing (and wait for
+        // an application's write transaction on the same file).
+        let what = "purging idempotency claims";
+        let due = self.query(what, &[sql::CLAIMS_PURGE_DUE], &[before.into()]).await?;
+        if !due.first().map(|r| D::flag(r, 0)).transpose().map_err(fail::<D>(what))?.unwrap_or(false) {
+            return Ok(0);
+        }
+        self.exec(what, &[sql::CLAIMS_PURGE], &[before.into()]).await
     }
 
     /// An idempotency store on the same database and clock, so that claims

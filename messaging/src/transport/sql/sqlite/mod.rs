@@ -166,6 +166,14 @@ impl Dialect for Sqlite {
     const AUTOCOMMIT: bool = false;
     const MIGRATION_LOCK: &'static str = "SELECT 1";
     const MISSING_TABLE: &'static str = "no such table";
+    // SQLITE_BUSY and SQLITE_LOCKED, with their extended codes for recovery
+    // and a stale snapshot.
+    const LOCKED: (&'static [&'static str], &'static str) = (
+        &["5", "6", "261", "517"],
+        ": another connection held the database's write lock for longer than the busy timeout (5 s), such as \
+         a long write transaction on this file by the application or another process; the operation can be \
+         tried again once it ends",
+    );
     const OUTBOX_LOCK: &'static str = "SELECT $1";
     const DATABASE: Option<&'static str> = None;
 

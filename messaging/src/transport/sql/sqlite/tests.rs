@@ -629,7 +629,59 @@ async fn a_declared_queue_is_declared_again_while_another_connection_holds_the_w
     assert!(matches!(again, Ok(Ok(()))), "declared at once: {again:?}");
     let conflict = tokio::time::timeout(Duration::from_secs(2), store.declare("shared", true, NOW)).await;
     assert!(matches!(conflict, Ok(Err(_))), "the kind is still checked: {conflict:?}");
+    // A write waits the busy timeout, then says what held it up.
+    let write = tokio::time::timeout(BUSY_TIMEOUT * 2, store.enqueue("shared", NOW, vec![msg(None, "x")], false));
+    let error = write.await.expect("no hang").remove(0).expect_err("locked out").to_string();
+    assert!(error.contains("(code 5)"), "{error}");
+    let timeout = format!("longer than the busy timeout ({} s)", BUSY_TIMEOUT.as_secs());
+    assert!(error.contains(&timeout) && error.contains("a long write transaction on this file"), "{error}");
     sqlx::query("ROLLBACK").execute(&mut app).await.expect("rollback");
+    drop(app);
+    close(store, db).await;
+}
+
+#[tokio::test]
+async fn an_up_to_date_database_migrates_while_another_connection_holds_the_write_lock() {
+    // Every process starts with `migrate=true`: when nothing is left to
+    // apply, it must not wait for the application's write transaction.
+    let (store, db) = store().await;
+    let mut app = <sqlx::SqliteConnection as sqlx::Connection>::connect(&db.url()).await.expect("connect");
+    sqlx::query("BEGIN IMMEDIATE").execute(&mut app).await.expect("the application's write transaction");
+    let again = tokio::time::timeout(Duration::from_secs(2), store.migrate()).await;
+    assert!(matches!(again, Ok(Ok(()))), "nothing to apply, no lock: {again:?}");
+    // With a migration missing, it waits for the lock as before.
+    sqlx::query("ROLLBACK").execute(&mut app).await.expect("rollback");
+    sqlx::query("DELETE FROM messaging_migrations WHERE version = (SELECT max(version) FROM messaging_migrations)")
+        .execute(&mut app)
+        .await
+        .expect("forget the last migration");
+    sqlx::query("BEGIN IMMEDIATE").execute(&mut app).await.expect("the application's write transaction");
+    let blocked = tokio::time::timeout(Duration::from_secs(1), store.migrate()).await;
+    assert!(blocked.is_err(), "a migration to apply waits for the write lock: {blocked:?}");
+    sqlx::query("ROLLBACK").execute(&mut app).await.expect("rollback");
+    drop(app);
+    close(store, db).await;
+}
+
+#[tokio::test]
+async fn claims_are_purged_when_due_and_looked_at_without_the_write_lock() {
+    let (store, db) = store().await;
+    let claim =
+        "INSERT INTO messaging_idempotency (message_id, scope, completed, completed_at) VALUES ($1, 's', TRUE, $2)";
+    for (id, at) in [("old", NOW - 10_000), ("new", NOW)] {
+        sqlx::query(claim).bind(id).bind(at).execute(&store.pool).await.expect("a completed claim");
+    }
+    let mut app = <sqlx::SqliteConnection as sqlx::Connection>::connect(&db.url()).await.expect("connect");
+    sqlx::query("BEGIN IMMEDIATE").execute(&mut app).await.expect("the application's write transaction");
+    let nothing = tokio::time::timeout(Duration::from_secs(2), store.purge_claims(NOW - 20_000)).await;
+    assert!(matches!(nothing, Ok(Ok(0))), "nothing due: no lock taken: {nothing:?}");
+    sqlx::query("ROLLBACK").execute(&mut app).await.expect("rollback");
+    assert_eq!(store.purge_claims(NOW - 5_000).await.expect("purge"), 1, "the old claim");
+    let left: Vec<String> = sqlx::query_scalar("SELECT message_id FROM messaging_idempotency")
+        .fetch_all(&store.pool)
+        .await
+        .expect("claims");
+    assert_eq!(left, ["new"]);
     drop(app);
     close(store, db).await;
 }
