@@ -336,8 +336,11 @@ pub trait Transport: Send + Sync + 'static {
 
     /// Records `failure` in the error history of a delivery that stays held
     /// and is tried again by its holder (a FIFO message: its group waits for
-    /// it), where the backend keeps a history; the default records nothing
-    /// (on SQS the dead letter's reason is the last error).
+    /// it), where the backend keeps a history. The database queues also
+    /// charge that next try, as a receive charges its first, so that a
+    /// release at shutdown gives back only a try not made. The default
+    /// records nothing (on SQS the dead letter's reason is the last error,
+    /// and its receive count counts receives).
     fn record_failure<'a>(
         &'a self,
         queue: &'a str,

@@ -401,10 +401,14 @@ impl Row {
 
     /// A failed attempt that the lease's holder tries again itself (a FIFO
     /// message, whose group waits for it): recorded in the history and as the
-    /// last error; the lease, status and attempts stay.
+    /// last error, and the next try charged now, as a lease charges its
+    /// first (a release gives that charge back if the try is never made, and
+    /// an expired lease keeps it). The lease and the status stay.
     pub fn note(&mut self, now: i64, token: u64, failure: &FailedAttempt) -> Result<(), LeaseLost> {
         self.check(now, token)?;
-        self.record(now, failure.attempt, &failure.error_type, &failure.message);
+        let attempt = failure.attempt.max(self.attempts);
+        self.record(now, attempt, &failure.error_type, &failure.message);
+        self.attempts = attempt + 1;
         Ok(())
     }
 
@@ -421,21 +425,15 @@ impl Row {
         Ok(())
     }
 
-    /// Gives the lease back without charging the attempt (shutdown), unless
-    /// the holder noted a failure under it: a FIFO message waiting for its
-    /// retry in process when the worker stopped keeps the attempts it spent
-    /// (up to the last one noted), as SQS keeps its receive counted.
+    /// Gives the lease back without charging the attempt about to be made
+    /// (shutdown). Attempts made under the lease and noted stay charged.
     pub fn release(&mut self, now: i64, token: u64) -> Result<(), LeaseLost> {
         self.check(now, token)?;
         if self.status == Status::AwaitingRelease {
             self.apply_deferred(now);
         } else {
             self.clear_lease();
-            // Earlier leases noted lower numbers: each lease counts one more.
-            match self.history.last().map(|a| a.attempt).filter(|&noted| noted >= self.attempts) {
-                Some(noted) => self.attempts = noted,
-                None => self.attempts = self.attempts.saturating_sub(1),
-            }
+            self.attempts = self.attempts.saturating_sub(1);
             self.status = Status::Pending;
         }
         Ok(())

@@ -313,7 +313,8 @@ fn an_attempt_retried_within_its_lease_is_noted_and_the_lease_stays() {
     let failed = |attempt, message| crate::transport::FailedAttempt::new(attempt, "Error", message);
     row.note(5, l.token, &failed(1, "first")).unwrap();
     row.note(9, l.token, &failed(2, "second")).unwrap();
-    assert_eq!((row.status, row.attempts, row.lease_token), (Status::Processing, 1, Some(l.token)), "still held");
+    assert_eq!((row.status, row.lease_token), (Status::Processing, Some(l.token)), "still held");
+    assert_eq!(row.attempts, 3, "the next try charged, as a lease charges its first");
     assert_eq!(row.lease_expires, Some(LEASE));
     assert_eq!(row.error.as_deref(), Some("second (after 2 attempts)"), "the last error so far");
     row.dead_letter(12, l.token, &failed(3, "third")).unwrap();
@@ -325,8 +326,8 @@ fn an_attempt_retried_within_its_lease_is_noted_and_the_lease_stays() {
 #[test]
 fn a_release_keeps_the_attempts_its_holder_noted_as_failed() {
     // The worker stops while a FIFO head waits for its retry in process: the
-    // release gives the row back, but its failed attempts stay spent, and
-    // the next lease's attempt is numbered after them.
+    // release gives back only the try not made, and the next lease's attempt
+    // is numbered after the failed ones.
     let mut q = queue(QueueRules { max_attempts: 5, ..QueueRules::default() });
     let id = q.enqueue(0, msg(None, "x")).row().expect("a row");
     let l = q.lease(0, 1, LEASE).remove(0);
@@ -335,15 +336,21 @@ fn a_release_keeps_the_attempts_its_holder_noted_as_failed() {
     assert_eq!((status(&q, id), q.row(id).unwrap().attempts), (Status::Pending, 1), "attempt 1 stays spent");
     let l = q.lease(3, 1, LEASE).remove(0);
     assert_eq!(l.attempts, 2);
-    let failed = crate::transport::FailedAttempt::new(3, "Error", "third");
     let mut row = q.row(id).unwrap().clone();
     row.note(4, l.token, &crate::transport::FailedAttempt::new(2, "Error", "second")).unwrap();
-    row.note(5, l.token, &failed).unwrap();
+    row.note(5, l.token, &crate::transport::FailedAttempt::new(3, "Error", "third")).unwrap();
     row.release(6, l.token).unwrap();
     assert_eq!(row.attempts, 3, "two tries under the second lease");
-    // A release with nothing noted under it charges nothing, as before.
-    let mut row = row.clone();
-    row.lease(7, 99, LEASE);
-    row.release(8, 99).unwrap();
-    assert_eq!(row.attempts, 3);
+    // A redriven letter starts again from nothing, whatever its history says.
+    let mut q = queue(QueueRules { max_attempts: 2, ..QueueRules::default() });
+    let id = q.enqueue(0, msg(None, "x")).row().expect("a row");
+    for at in [0, 100] {
+        let l = q.lease(at, 1, LEASE).remove(0);
+        q.fail(at + 1, id, l.token, at + 100, "failed").unwrap();
+    }
+    assert_eq!(status(&q, id), Status::Error);
+    assert!(q.redrive(id));
+    let l = q.lease(300, 1, LEASE).remove(0);
+    q.release(301, id, l.token).unwrap();
+    assert_eq!((status(&q, id), q.row(id).unwrap().attempts), (Status::Pending, 0));
 }
