@@ -100,6 +100,9 @@ impl MessageContext {
     }
 
     /// How many times the message has been received, this time included.
+    /// On the database queues, the attempts charged so far, this one
+    /// included: a FIFO message that a worker tried again without a new
+    /// receive counts each try.
     pub fn receive_count(&self) -> u32 {
         self.delivery().receive_count
     }

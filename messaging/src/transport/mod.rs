@@ -84,7 +84,9 @@ pub struct Delivery {
     pub body: Bytes,
     /// Settles this delivery.
     pub receipt: Receipt,
-    /// How many times the message has been received, this time included.
+    /// How many times the message has been received, this time included
+    /// (the database queues count the attempts charged: see
+    /// [`Transport::record_failure`]).
     pub receive_count: u32,
     /// FIFO message group id.
     pub group_id: Option<String>,
@@ -488,7 +490,8 @@ pub struct DeadLetter {
     pub group_id: Option<String>,
     /// Attributes as published.
     pub attributes: Arc<Attributes>,
-    /// How many times it was received before it was dead-lettered.
+    /// How many times it was received before it was dead-lettered (the
+    /// database queues count the attempts charged, as for a delivery).
     pub receive_count: u32,
     /// Why it was dead-lettered, when known.
     pub reason: Option<String>,
