@@ -62,7 +62,7 @@ pub(crate) enum Settle {
     Untried,
 }
 
-/// The rows of one queue in the outbox, as [`Outbox::stats`] reports them.
+/// The rows of one queue in the outbox, as [`Outbox::stats`](crate::transport::Outbox::stats) reports them.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct OutboxQueue {
     /// The destination queue.
@@ -75,7 +75,7 @@ pub struct OutboxQueue {
     pub oldest_pending_ms: Option<u64>,
 }
 
-/// A row the transport refused for good, as [`Outbox::failed`] lists it.
+/// A row the transport refused for good, as [`Outbox::failed`](crate::transport::Outbox::failed) lists it.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct FailedOutboxRow {
     /// The destination queue.
