@@ -31,6 +31,26 @@ async fn both_databases(options: &str) -> Vec<(String, Box<dyn std::any::Any>)> 
     vec![(format!("{}{options}", file.url), Box::new(file)), (format!("{}{options}", db.url), Box::new(db))]
 }
 
+/// The app's worker on `queue` alone, running.
+async fn consuming(transport: &std::sync::Arc<dyn Transport>, queue: &'static str) -> messaging::Running {
+    let mut app = messaging::App::new(transport.clone()).await.expect("app");
+    app.only_queues(&[queue]);
+    app.start().expect("start")
+}
+
+/// The first dead letter of `queue`, waited for up to 20 s.
+async fn first_dead_letter(transport: &dyn Transport, queue: &str, url: &str) -> messaging::transport::DeadLetter {
+    let dead = transport.dead_letters().expect("dead letters");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Some(letter) = dead.peek(queue, 10).await.expect("peek").pop() {
+            return letter;
+        }
+        assert!(Instant::now() < deadline, "{url}: never dead-lettered");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 fn message(result: Result<std::sync::Arc<dyn Transport>, messaging::Error>) -> String {
     match result {
         Ok(_) => panic!("expected an error"),
@@ -156,20 +176,10 @@ async fn always_fails(_m: Attempted, ctx: MessageContext) -> Result<(), HandlerE
 async fn a_dead_letter_keeps_every_failed_attempt_and_the_last_error_as_its_reason() {
     for (url, _guard) in both_databases("&migrate=true&poll=50ms").await {
         let transport = messaging::transport::connect(&url).await.expect("connects");
-        let mut app = messaging::App::new(transport.clone()).await.expect("app");
-        app.only_queues(&["errors-history"]);
-        let running = app.start().expect("start");
+        let running = consuming(&transport, "errors-history").await;
         let started = std::time::SystemTime::now();
         let id = Publisher::new(transport.clone()).send::<Flaky, _>(&Attempted { n: 1 }).await.expect("sent");
-        let dead = transport.dead_letters().expect("dead letters");
-        let deadline = Instant::now() + Duration::from_secs(20);
-        let letter = loop {
-            if let Some(letter) = dead.peek("errors-history", 10).await.expect("peek").pop() {
-                break letter;
-            }
-            assert!(Instant::now() < deadline, "{url}: never dead-lettered");
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        };
+        let letter = first_dead_letter(transport.as_ref(), "errors-history", &url).await;
         running.stop().await;
         assert_eq!(letter.message_id, id);
         assert_eq!(letter.reason.as_deref(), Some("attempt 3 failed (after 3 attempts)"), "{url}");
@@ -209,20 +219,10 @@ async fn a_fifo_dead_letter_keeps_the_attempts_its_worker_retried_itself() {
     urls.push(("memory://".to_owned(), Box::new(())));
     for (url, _guard) in urls {
         let transport = messaging::transport::connect(&url).await.expect("connects");
-        let mut app = messaging::App::new(transport.clone()).await.expect("app");
-        app.only_queues(&["errors-history.fifo"]);
-        let running = app.start().expect("start");
+        let running = consuming(&transport, "errors-history.fifo").await;
         let id =
             Publisher::new(transport.clone()).send::<FlakyFifo, _>(&AttemptedInOrder { n: 1 }).await.expect("sent");
-        let dead = transport.dead_letters().expect("dead letters");
-        let deadline = Instant::now() + Duration::from_secs(20);
-        let letter = loop {
-            if let Some(letter) = dead.peek("errors-history.fifo", 10).await.expect("peek").pop() {
-                break letter;
-            }
-            assert!(Instant::now() < deadline, "{url}: never dead-lettered");
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        };
+        let letter = first_dead_letter(transport.as_ref(), "errors-history.fifo", &url).await;
         running.stop().await;
         assert_eq!(letter.message_id, id);
         assert_eq!(letter.reason.as_deref(), Some("attempt 0 failed (after 3 attempts)"), "{url}");
@@ -261,9 +261,7 @@ async fn a_fifo_head_given_back_at_shutdown_keeps_its_failed_attempt() {
             (report.status, report.attempts, report.history.iter().map(|a| a.attempt).collect::<Vec<_>>())
         };
         for round in 1..=2u32 {
-            let mut app = messaging::App::new(transport.clone()).await.expect("app");
-            app.only_queues(&["errors-parked.fifo"]);
-            let running = app.start().expect("start");
+            let running = consuming(&transport, "errors-parked.fifo").await;
             let deadline = Instant::now() + Duration::from_secs(20);
             while history(transport.clone(), id.clone()).await.2.len() < round as usize {
                 assert!(Instant::now() < deadline, "{url}: attempt {round} never failed");

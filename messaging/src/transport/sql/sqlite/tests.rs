@@ -617,14 +617,21 @@ async fn the_wal_is_checkpointed_in_the_background() {
     close(store, db).await;
 }
 
+/// Another connection to `db` in a write transaction, as an application
+/// sharing the file would hold one (`ROLLBACK` on it ends it).
+async fn holding_the_write_lock(db: &TempDb) -> sqlx::SqliteConnection {
+    let mut app = <sqlx::SqliteConnection as sqlx::Connection>::connect(&db.url()).await.expect("connect");
+    sqlx::query("BEGIN IMMEDIATE").execute(&mut app).await.expect("the application's write transaction");
+    app
+}
+
 #[tokio::test]
 async fn a_declared_queue_is_declared_again_while_another_connection_holds_the_write_lock() {
     // An application sharing the file holds a write transaction: a process
     // starting meanwhile finds its queues there without waiting for the lock.
     let (store, db) = store().await;
     store.declare("shared", false, NOW).await.expect("declare");
-    let mut app = <sqlx::SqliteConnection as sqlx::Connection>::connect(&db.url()).await.expect("connect");
-    sqlx::query("BEGIN IMMEDIATE").execute(&mut app).await.expect("the application's write transaction");
+    let mut app = holding_the_write_lock(&db).await;
     let again = tokio::time::timeout(Duration::from_secs(2), store.declare("shared", false, NOW)).await;
     assert!(matches!(again, Ok(Ok(()))), "declared at once: {again:?}");
     let conflict = tokio::time::timeout(Duration::from_secs(2), store.declare("shared", true, NOW)).await;
@@ -645,8 +652,7 @@ async fn an_up_to_date_database_migrates_while_another_connection_holds_the_writ
     // Every process starts with `migrate=true`: when nothing is left to
     // apply, it must not wait for the application's write transaction.
     let (store, db) = store().await;
-    let mut app = <sqlx::SqliteConnection as sqlx::Connection>::connect(&db.url()).await.expect("connect");
-    sqlx::query("BEGIN IMMEDIATE").execute(&mut app).await.expect("the application's write transaction");
+    let mut app = holding_the_write_lock(&db).await;
     let again = tokio::time::timeout(Duration::from_secs(2), store.migrate()).await;
     assert!(matches!(again, Ok(Ok(()))), "nothing to apply, no lock: {again:?}");
     // With a migration missing, it waits for the lock as before.
@@ -671,8 +677,7 @@ async fn claims_are_purged_when_due_and_looked_at_without_the_write_lock() {
     for (id, at) in [("old", NOW - 10_000), ("new", NOW)] {
         sqlx::query(claim).bind(id).bind(at).execute(&store.pool).await.expect("a completed claim");
     }
-    let mut app = <sqlx::SqliteConnection as sqlx::Connection>::connect(&db.url()).await.expect("connect");
-    sqlx::query("BEGIN IMMEDIATE").execute(&mut app).await.expect("the application's write transaction");
+    let mut app = holding_the_write_lock(&db).await;
     let nothing = tokio::time::timeout(Duration::from_secs(2), store.purge_claims(NOW - 20_000)).await;
     assert!(matches!(nothing, Ok(Ok(0))), "nothing due: no lock taken: {nothing:?}");
     sqlx::query("ROLLBACK").execute(&mut app).await.expect("rollback");
