@@ -491,7 +491,10 @@ pub struct DeadLetter {
     /// Attributes as published.
     pub attributes: Arc<Attributes>,
     /// How many times it was received before it was dead-lettered (the
-    /// database queues count the attempts charged, as for a delivery).
+    /// database queues count the attempts charged, as for a delivery). On
+    /// SQS, where the letter is a copy in the dead-letter queue, how many
+    /// times that copy was received, peeks included: the attempts are in the
+    /// reason.
     pub receive_count: u32,
     /// Why it was dead-lettered, when known.
     pub reason: Option<String>,
