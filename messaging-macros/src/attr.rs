@@ -280,24 +280,10 @@ fn closest(name: &str, known: &[&'static str]) -> Option<&'static str> {
     }
     known
         .iter()
-        .map(|k| (edit_distance(name, k), *k))
+        .map(|k| (crate::hint::edit_distance(name, k), *k))
         .filter(|(d, k)| *d <= 2.max(k.len() / 3))
         .min_by_key(|(d, _)| *d)
         .map(|(_, k)| k)
-}
-
-fn edit_distance(a: &str, b: &str) -> usize {
-    let b: Vec<char> = b.chars().collect();
-    let mut prev: Vec<usize> = (0..=b.len()).collect();
-    for (i, ca) in a.chars().enumerate() {
-        let mut cur = vec![i + 1];
-        for (j, cb) in b.iter().enumerate() {
-            let cost = usize::from(ca != *cb);
-            cur.push((prev[j] + cost).min(prev[j + 1] + 1).min(cur[j] + 1));
-        }
-        prev = cur;
-    }
-    prev[b.len()]
 }
 
 /// The item unchanged plus the error, so that the rest of the user's code

@@ -16,7 +16,11 @@ mod cadence;
 // macros, command line and URLs.
 #[path = "../../messaging/src/duration.rs"]
 mod duration;
+// The runtime crate's "did you mean" distance, compiled here too.
 mod handler;
+#[path = "../../messaging/src/hint.rs"]
+#[allow(dead_code)]
+mod hint;
 mod main_fn;
 mod message;
 mod queue;

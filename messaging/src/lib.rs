@@ -34,6 +34,7 @@ pub mod error;
 pub mod extract;
 mod handler;
 mod health;
+mod hint;
 #[cfg(test)]
 mod layers;
 pub mod message;

@@ -152,7 +152,7 @@ pub(crate) fn parse_zone(name: &str) -> Result<TimeZone, String> {
         let hint = jiff::tz::db()
             .available()
             .map(|n| n.as_str().to_owned())
-            .map(|n| (edit_distance(&lower, &n.to_ascii_lowercase()), n))
+            .map(|n| (crate::hint::edit_distance(&lower, &n.to_ascii_lowercase()), n))
             .filter(|(d, _)| *d <= 2)
             .min()
             .map(|(_, n)| format!("; did you mean \"{n}\"?"))
@@ -162,21 +162,6 @@ pub(crate) fn parse_zone(name: &str) -> Result<TimeZone, String> {
              \"UTC\"{hint}"
         )
     })
-}
-
-/// Levenshtein's distance between two names.
-fn edit_distance(a: &str, b: &str) -> usize {
-    let b: Vec<char> = b.chars().collect();
-    let mut previous: Vec<usize> = (0..=b.len()).collect();
-    for (i, ca) in a.chars().enumerate() {
-        let mut current = vec![i + 1];
-        for (j, cb) in b.iter().enumerate() {
-            let cost = usize::from(ca != *cb);
-            current.push((previous[j] + cost).min(previous[j + 1] + 1).min(current[j] + 1));
-        }
-        previous = current;
-    }
-    previous[b.len()]
 }
 
 /// A reference instant for compile-time checks: 2026-01-01T00:00:00Z.

@@ -39,6 +39,33 @@ impl Default for SqlOptions {
     }
 }
 
+/// The framework's parameters.
+const OURS: [&str; 6] = ["retention", "claims_retention", "poll", "retry_abandoned", "migrate", "schema"];
+
+/// Parameters of sqlx's SQLite and PostgreSQL drivers, passed to them (one,
+/// `port`, is two edits from `poll`).
+const DRIVER: [&str; 19] = [
+    "mode",
+    "cache",
+    "immutable",
+    "vfs",
+    "sslmode",
+    "sslrootcert",
+    "sslcert",
+    "sslkey",
+    "sslnegotiation",
+    "statement-cache-capacity",
+    "host",
+    "hostaddr",
+    "port",
+    "dbname",
+    "user",
+    "password",
+    "application_name",
+    "options",
+    "extra_float_digits",
+];
+
 impl SqlOptions {
     /// Takes the framework's parameters out of `url`; returns the options and
     /// the URL left for the database driver.
@@ -67,7 +94,18 @@ impl SqlOptions {
                         parse_bool(value).ok_or_else(|| bad(format!("`migrate={value}`: write true or false")))?
                 }
                 "schema" => options.schema = Some(schema_name(value).map_err(bad)?.to_owned()),
-                _ => kept.push(pair),
+                _ => {
+                    // The driver's own parameters pass through; a near miss
+                    // of ours is a typo. (sqlx's PostgreSQL driver ignores a
+                    // parameter it does not know: `retension=1d` would have
+                    // kept nothing, silently.)
+                    if !DRIVER.contains(&key) {
+                        if let Some(ours) = crate::hint::nearest(key, OURS) {
+                            return Err(bad(format!("unknown parameter `{key}`: did you mean `{ours}`?")));
+                        }
+                    }
+                    kept.push(pair)
+                }
             }
         }
         let rest = if kept.is_empty() { base.to_owned() } else { format!("{base}?{}", kept.join("&")) };
@@ -126,5 +164,21 @@ mod tests {
             let err = SqlOptions::parse(&format!("postgres://u@h/db?schema={bad}")).unwrap_err().to_string();
             assert!(err.contains("a schema name is 1 to 63 lowercase letters"), "{bad}: {err}");
         }
+    }
+
+    #[test]
+    fn a_near_miss_of_a_parameter_names_the_one_meant() {
+        for (url, meant) in [
+            ("postgres://u@h/db?retension=1d", "retention"),
+            ("postgres://u@h/db?migrat=true", "migrate"),
+            ("sqlite://a.db?pol=5s", "poll"),
+            ("sqlite://a.db?retry_abandonned=false", "retry_abandoned"),
+        ] {
+            let err = SqlOptions::parse(url).unwrap_err().to_string();
+            assert!(err.contains(&format!("did you mean `{meant}`?")), "{url}: {err}");
+        }
+        // The drivers' own parameters pass through, `port` too (two edits from `poll`).
+        let (_, rest) = SqlOptions::parse("postgres://u@h/db?port=5433&sslmode=disable&application_name=x").unwrap();
+        assert_eq!(rest, "postgres://u@h/db?port=5433&sslmode=disable&application_name=x");
     }
 }
