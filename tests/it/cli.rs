@@ -551,6 +551,11 @@ fn read_only_commands_create_no_database_and_say_so() {
         assert!(err.contains("`run` or `migrate` creates it"), "{args:?}: {err}");
         assert_eq!(files_in(&dir), Vec::<String>::new(), "{args:?} created a file");
     }
+    // A file in a directory that does not exist: `run` would not create it either.
+    let out = run(orders_in(&dir).args(["--transport", "sqlite://nowhere/app.db", "queues"]));
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("its directory `nowhere` does not exist either"), "{err}");
     // Once it exists, they read it.
     let out = run(orders_in(&dir).arg("migrate"));
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));

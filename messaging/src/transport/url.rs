@@ -23,9 +23,15 @@ pub(crate) async fn connect_existing(url: &str) -> Result<Arc<dyn Transport>, Er
     if url.starts_with("sqlite:") {
         let (_, rest) = super::sql::SqlOptions::parse(url)?;
         if let Some(file) = super::sql::missing_sqlite_file(&rest) {
+            // `run` and `migrate` create the file, but not its directory.
+            let directory = file.parent().filter(|d| !d.as_os_str().is_empty() && !d.is_dir());
+            let fix = match directory {
+                Some(d) => format!("its directory `{}` does not exist either", d.display()),
+                None => "`run` or `migrate` creates it".to_owned(),
+            };
             return Err(Error::Command(format!(
-                "there is no database file `{}` ({url}): nothing has run on it yet; `run` or `migrate` creates it, \
-                 or name another with --transport",
+                "there is no database file `{}` ({url}): nothing has run on it yet; {fix}, or name another with \
+                 --transport",
                 file.display()
             )));
         }
