@@ -24,9 +24,8 @@ pub(crate) async fn connect_existing(url: &str) -> Result<Arc<dyn Transport>, Er
         let (_, rest) = super::sql::SqlOptions::parse(url)?;
         if let Some(file) = super::sql::missing_sqlite_file(&rest) {
             // `run` and `migrate` create the file, but not its directory.
-            let directory = file.parent().filter(|d| !d.as_os_str().is_empty() && !d.is_dir());
-            let fix = match directory {
-                Some(d) => format!("its directory `{}` does not exist either", d.display()),
+            let fix = match super::sql::sqlite_directory_problem(&file) {
+                Some(problem) => format!("its directory {problem} either"),
                 None => "`run` or `migrate` creates it".to_owned(),
             };
             return Err(Error::Command(format!(

@@ -428,6 +428,11 @@ pub(crate) fn int<D: Dialect>(rows: &[D::Row], i: usize, what: &str) -> Result<O
     Ok(rows.first().map(|r| D::int(r, i)).transpose().map_err(fail::<D>(what))?.flatten())
 }
 
+/// Column `i` of the first row as a flag (none: no row, or NULL).
+pub(crate) fn flag<D: Dialect>(rows: &[D::Row], i: usize, what: &str) -> Result<Option<bool>, TransportError> {
+    rows.first().map(|r| D::flag(r, i)).transpose().map_err(fail::<D>(what))
+}
+
 /// Leased rows, decoded and in the order they go out.
 pub(crate) fn leased<D: Dialect>(found: &[D::Row], fifo: bool) -> Result<Vec<LeasedRow>, TransportError> {
     let records = found.iter().map(D::leased).collect::<Result<_, _>>().map_err(fail::<D>("lease"))?;

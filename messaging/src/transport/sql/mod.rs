@@ -51,7 +51,7 @@ pub(crate) use driver::Driver;
 pub(crate) use options::SqlOptions;
 pub(crate) use record::LeasedRow;
 #[cfg(feature = "sqlite")]
-pub(crate) use sqlite::missing_file as missing_sqlite_file;
+pub(crate) use sqlite::{directory_problem as sqlite_directory_problem, missing_file as missing_sqlite_file};
 pub(crate) use statements::Tables;
 pub(crate) use store::RowOp;
 

@@ -109,7 +109,7 @@ impl<D: Dialect> SqlStore<D> {
     pub(crate) async fn paused(&self, queue: &str) -> Result<bool, TransportError> {
         let what = "reading the queue's pause flag";
         let rows = self.query(what, &[sql::PAUSED], &[queue.into()]).await?;
-        Ok(rows.first().map(|r| D::flag(r, 0)).transpose().map_err(fail::<D>(what))?.unwrap_or(false))
+        Ok(flag::<D>(&rows, 0, what)?.unwrap_or(false))
     }
 
     /// Pauses or resumes `queue` for every process.

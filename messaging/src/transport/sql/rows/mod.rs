@@ -7,7 +7,7 @@
 mod browse;
 mod write;
 
-use super::dialect::{fail, int, rows, Dialect, SqlStore, Write};
+use super::dialect::{fail, flag, int, rows, Dialect, SqlStore, Write};
 use super::driver::Value;
 use super::record::LeasedRow;
 use super::statements as sql;
@@ -64,10 +64,7 @@ impl<D: Dialect> SqlStore<D> {
         // SQLite a write waits for the write lock, which an application
         // sharing the file may hold for a while (a publisher waited out the
         // busy timeout once per queue before failing, tried from outside).
-        let kind = || async {
-            let rows = self.query(what, &[sql::QUEUE_KIND], &[queue.into()]).await?;
-            rows.first().map(|r| D::flag(r, 0)).transpose().map_err(fail::<D>(what))
-        };
+        let kind = || async { flag::<D>(&self.query(what, &[sql::QUEUE_KIND], &[queue.into()]).await?, 0, what) };
         let stored = match kind().await? {
             Some(stored) => stored,
             None => {
@@ -86,9 +83,8 @@ impl<D: Dialect> SqlStore<D> {
         let (what, cutoff) = ("housekeeping", now - rules.retention_ms);
         let args = [queue.into(), now.into(), (rules.retention_ms > 0).into(), cutoff.into()];
         let rows = self.query(what, &[sql::HOUSEKEEPING_DUE], &args).await?;
-        let due = |i| rows.first().map(|r| D::flag(r, i)).transpose().map(Option::unwrap_or_default);
-        let (sleepers, expired, purgeable) =
-            (due(0).map_err(fail::<D>(what))?, due(1).map_err(fail::<D>(what))?, due(2).map_err(fail::<D>(what))?);
+        let due = |i| flag::<D>(&rows, i, what).map(Option::unwrap_or_default);
+        let (sleepers, expired, purgeable) = (due(0)?, due(1)?, due(2)?);
         if sleepers {
             self.exec("waking sleeping messages", &[sql::WAKE], &[queue.into(), now.into()]).await?;
         }
@@ -338,7 +334,7 @@ impl<D: Dialect> SqlStore<D> {
         // an application's write transaction on the same file).
         let what = "purging idempotency claims";
         let due = self.query(what, &[sql::CLAIMS_PURGE_DUE], &[before.into()]).await?;
-        if !due.first().map(|r| D::flag(r, 0)).transpose().map_err(fail::<D>(what))?.unwrap_or(false) {
+        if !flag::<D>(&due, 0, what)?.unwrap_or(false) {
             return Ok(0);
         }
         self.exec(what, &[sql::CLAIMS_PURGE], &[before.into()]).await

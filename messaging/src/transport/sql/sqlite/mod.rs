@@ -77,6 +77,15 @@ pub(crate) fn missing_file(url: &str) -> Option<std::path::PathBuf> {
     (!in_memory(url, path) && !path.exists()).then(|| path.to_path_buf())
 }
 
+/// What keeps database file `path` from being created, if anything: SQLite
+/// creates the file but not its directory, which does not exist or is not a
+/// directory (`` `DIR` does not exist ``).
+pub(crate) fn directory_problem(path: &std::path::Path) -> Option<String> {
+    let dir = path.parent().filter(|d| !d.as_os_str().is_empty() && !d.is_dir())?;
+    let problem = if dir.exists() { "is not a directory" } else { "does not exist" };
+    Some(format!("`{}` {problem}", dir.display()))
+}
+
 /// A count or limit as SQLite's signed integer.
 fn int(n: usize) -> i64 {
     i64::try_from(n).unwrap_or(i64::MAX)
@@ -122,17 +131,11 @@ impl SqlStore<Sqlite> {
             .foreign_keys(false);
         let path = options.get_filename().to_path_buf();
         let memory = in_memory(url, &path);
-        if !memory {
-            if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-                if !dir.is_dir() {
-                    let problem = if dir.exists() { "is not a directory" } else { "does not exist" };
-                    return Err(TransportError::Backend(format!(
-                        "sqlite: cannot open the database file `{}`: `{}` {problem}",
-                        path.display(),
-                        dir.display()
-                    )));
-                }
-            }
+        if let Some(problem) = directory_problem(&path).filter(|_| !memory) {
+            return Err(TransportError::Backend(format!(
+                "sqlite: cannot open the database file `{}`: {problem}",
+                path.display()
+            )));
         }
         // An in-memory database lives as long as one of its connections: keep
         // exactly one, forever.
