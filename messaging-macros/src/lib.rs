@@ -16,8 +16,8 @@ mod cadence;
 // macros, command line and URLs.
 #[path = "../../messaging/src/duration.rs"]
 mod duration;
-// The runtime crate's "did you mean" distance, compiled here too.
 mod handler;
+// The runtime crate's "did you mean" distance, compiled here too.
 #[path = "../../messaging/src/hint.rs"]
 #[allow(dead_code)]
 mod hint;

@@ -1,4 +1,5 @@
-//! "Did you mean …?" for names given at run time: URL options, time zones.
+//! "Did you mean …?": the edit distance between names (URL options and time
+//! zones here; attribute keys in the macro crate, which compiles this file in).
 
 /// Levenshtein's distance between two names.
 pub(crate) fn edit_distance(a: &str, b: &str) -> usize {
