@@ -150,25 +150,31 @@ async fn enqueue_lease_complete() {
     close(store, db).await;
 }
 
-/// The migration that made the identity index partial rebuilt the table: a
-/// database an earlier version migrated (recorded in sqlx's table) and
-/// filled keeps every row as it was, and the ids it gave (the largest since
-/// deleted) are never given again.
-#[tokio::test]
-async fn the_identity_rebuild_keeps_every_row_and_never_gives_an_id_twice() {
-    const REBUILD: i64 = 20261207000001;
+/// A store on a fresh file migrated as a version before migration `version`
+/// left it (its migrations recorded in sqlx's table, as that version ran them).
+async fn migrated_before(version: i64) -> (SqliteStore, TempDb) {
     let (db, earlier) = (TempDb::new(), TempDir::new());
     let source = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("migrations/sqlite");
     for file in std::fs::read_dir(&source).expect("the migrations") {
         let path = file.expect("a migration").path();
         let name = path.file_name().and_then(|n| n.to_str()).unwrap_or_default().to_owned();
-        if name.split('_').next().and_then(|v| v.parse::<i64>().ok()).is_some_and(|v| v < REBUILD) {
+        if name.split('_').next().and_then(|v| v.parse::<i64>().ok()).is_some_and(|v| v < version) {
             std::fs::copy(&path, earlier.0.join(&name)).expect("copy");
         }
     }
     let store = SqliteStore::connect(&db.url()).await.expect("connect");
     let old = sqlx::migrate::Migrator::new(earlier.0.as_path()).await.expect("the earlier migrations");
     old.run(&store.pool).await.expect("an earlier version's migrations");
+    (store, db)
+}
+
+/// The migration that made the identity index partial rebuilt the table: a
+/// database an earlier version migrated (recorded in sqlx's table) and
+/// filled keeps every row as it was, and the ids it gave (the largest since
+/// deleted) are never given again.
+#[tokio::test]
+async fn the_identity_rebuild_keeps_every_row_and_never_gives_an_id_twice() {
+    let (store, db) = migrated_before(20261207000001).await;
     store.declare("jobs", false, NOW).await.expect("declare");
     for e in [msg(None, "a"), msg(Some("k1"), "b"), msg(None, "c"), msg(Some("k2"), "d"), msg(None, "e")] {
         enqueue(&store, "jobs", NOW, e).await;
@@ -197,6 +203,57 @@ async fn the_identity_rebuild_keeps_every_row_and_never_gives_an_id_twice() {
     assert!(refused.to_string().contains("UNIQUE"), "{refused}");
     enqueue(&store, "jobs", NOW, msg(None, "g")).await;
     assert_eq!(store.depth("jobs").await.expect("depth"), 6);
+    close(store, db).await;
+}
+
+/// The migration that wrote the status check as comparisons rebuilt the
+/// table again: rows in every state keep every column (leases, attempts,
+/// error histories, a new version waiting behind a leased one), ids go on
+/// above the largest ever given, and a status outside the six is still
+/// refused.
+#[tokio::test]
+async fn the_status_check_rebuild_keeps_rows_in_every_state() {
+    let (store, db) = migrated_before(20261208000001).await;
+    store.declare("jobs", false, NOW).await.expect("declare");
+    for e in [msg(None, "a"), msg(Some("k1"), "b"), msg(None, "c"), msg(None, "d"), msg(None, "e")] {
+        enqueue(&store, "jobs", NOW, e).await;
+    }
+    enqueue(&store, "jobs", NOW, Enqueue { process_at: Some(NOW + 60_000), ..msg(None, "later") }).await;
+    let leased = store.lease("jobs", NOW, 5, LEASE, false).await.expect("lease");
+    let by = |p: &[u8]| leased.iter().find(|l| l.payload == p).expect("leased").clone();
+    // b stays leased with a new version waiting; c failed once and waits for
+    // its retry; d is a dead letter; e completed (the largest id so far).
+    enqueue(&store, "jobs", NOW, msg(Some("k1"), "b2")).await;
+    let (c, d, e) = (by(b"c"), by(b"d"), by(b"e"));
+    let fail =
+        RowOp::Fail { retry_at: NOW + 500, failure: FailedAttempt::new(1, "Error", "card declined"), max_attempts: 5 };
+    store.apply("jobs", NOW + 1, c.id, c.token, fail).await.expect("fail");
+    let dead = RowOp::DeadLetter { failure: FailedAttempt::new(1, "Error", "bad input") };
+    store.apply("jobs", NOW + 1, d.id, d.token, dead).await.expect("dead letter");
+    store.complete("jobs", NOW + 1, vec![(e.id, e.token)], 0).await.remove(0).expect("complete");
+    let before = store.rows("jobs").await.expect("rows");
+    let statuses: HashSet<Status> = before.iter().map(|r| r.status).collect();
+    assert!(statuses.len() >= 4, "rows in several states: {statuses:?}");
+
+    store.migrate().await.expect("the rebuild");
+    store.check().await.expect("the schema");
+    assert_eq!(store.rows("jobs").await.expect("rows"), before, "every row as it was");
+    let table: String = sqlx::query_scalar("SELECT sql FROM sqlite_master WHERE name = 'messaging_messages'")
+        .fetch_one(&store.pool)
+        .await
+        .expect("the table");
+    assert!(table.contains("status = 'pending' OR") && !table.contains("status IN"), "{table}");
+    let next = enqueue(&store, "jobs", NOW, msg(None, "f")).await;
+    let largest = leased.iter().map(|l| l.id).max().unwrap_or_default().max(e.id);
+    assert!(matches!(next.outcome, EnqueueOutcome::Inserted(id) if id > largest + 1), "{:?}", next.outcome);
+    let odd = "INSERT INTO messaging_messages (queue, message_id, payload, status, seq, sent_at) \
+               VALUES ('jobs', 'x', x'00', 'paused', 99, 0)";
+    let refused = sqlx::query(odd).execute(&store.pool).await.expect_err("an unknown status");
+    assert!(refused.to_string().contains("CHECK"), "{refused}");
+    // The rebuilt table leases and completes as before.
+    let again = store.lease("jobs", NOW + 1_000, 10, LEASE, false).await.expect("lease");
+    assert_eq!(payloads(&again), ["f"]);
+    store.complete("jobs", NOW + 1_001, vec![(again[0].id, again[0].token)], 0).await.remove(0).expect("complete");
     close(store, db).await;
 }
 
