@@ -196,8 +196,10 @@ impl<D: Dialect> SqlTransport<D> {
     fn enqueue_of(&self, message: Outgoing, now: i64) -> Enqueue {
         Enqueue {
             identity: message.identity,
-            message_id: MessageId::random().to_string(),
-            payload: message.body.to_vec(),
+            message_id: MessageId::random().as_str().to_owned(),
+            // The encoder's vector back without a copy (the body is its
+            // only owner).
+            payload: Vec::from(message.body),
             priority: message.priority,
             process_at: message.delay.filter(|d| !d.is_zero()).map(|d| now + d.as_millis() as i64),
             status: None,
