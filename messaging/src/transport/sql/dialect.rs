@@ -17,7 +17,6 @@ use std::future::Future;
 
 use sqlx::pool::PoolConnection;
 use sqlx::{Pool, Transaction};
-use tokio::sync::OwnedMutexGuard;
 
 use super::driver::{Driver, Value};
 use super::record::LeasedRow;
@@ -95,8 +94,15 @@ pub trait Dialect: Driver + sealed::Sealed + Sized {
     /// database agrees on.
     fn now(state: &Self::State) -> i64;
 
+    /// This process's write turn, held for the length of a write.
+    type Turn: Send + 'static;
+
     /// Takes this process's write turn, where the database needs one.
-    fn turn(state: &Self::State) -> impl Future<Output = Option<OwnedMutexGuard<()>>> + Send;
+    fn turn(state: &Self::State) -> impl Future<Output = Option<Self::Turn>> + Send;
+
+    /// Gives back to the pool the connection the write turn keeps, if any
+    /// (before the pool is closed, which waits for every connection).
+    fn release(state: &Self::State) -> impl Future<Output = ()> + Send;
 
     /// Begins a write transaction.
     fn begin(pool: &Pool<Self>) -> impl Future<Output = Result<Transaction<'static, Self>, sqlx::Error>> + Send;
@@ -146,11 +152,22 @@ pub trait Dialect: Driver + sealed::Sealed + Sized {
         partition: Option<(u32, u32)>,
     ) -> impl Future<Output = Result<Vec<LeasedRow>, TransportError>> + Send + 'a;
 
-    /// Completes, in one statement, the rows without identity whose lease the
-    /// items hold (deleted, or kept as processed); returns those items.
+    /// Inserts plain `rows` (no identity) of `queue` as one transaction of
+    /// its own, the sequence assigned in input order; their ids, in order.
+    /// Other processes are told of `queue` when they commit.
+    fn enqueue_plain<'a>(
+        store: &'a SqlStore<Self>,
+        queue: &'a str,
+        now: i64,
+        rows: &'a [Row],
+    ) -> impl Future<Output = Result<Vec<RowId>, TransportError>> + Send + 'a;
+
+    /// Completes, as one transaction of its own, rows without identity whose
+    /// lease the items hold (deleted, or kept as processed); returns the
+    /// items completed. Items left out are the caller's to settle one by one
+    /// (a lost lease, an identity row).
     fn complete_plain<'a>(
-        conn: &'a mut Self::Connection,
-        tables: &'a Tables,
+        store: &'a SqlStore<Self>,
         queue: &'a str,
         now: i64,
         items: &'a [(RowId, u64)],
@@ -212,7 +229,7 @@ impl StopOnDrop {
 /// which the caller commits.
 pub(crate) struct Write<'c, D: Dialect> {
     conn: Conn<'c, D>,
-    _turn: Option<OwnedMutexGuard<()>>,
+    _turn: Option<D::Turn>,
 }
 
 enum Conn<'c, D: Dialect> {
@@ -249,11 +266,6 @@ impl<'c, D: Dialect> Write<'c, D> {
     /// framework's writers (its busy timeout applies).
     pub(crate) fn on(conn: &'c mut D::Connection) -> Self {
         Write { conn: Conn::Theirs(conn), _turn: None }
-    }
-
-    /// Whether statements on it commit together.
-    pub(crate) fn is_transaction(&self) -> bool {
-        matches!(self.conn, Conn::Tx(_) | Conn::Theirs(_))
     }
 
     /// The connection to run statements on.
@@ -372,6 +384,13 @@ impl<D: Dialect> SqlStore<D> {
     /// The connection pool.
     pub fn pool(&self) -> &Pool<D> {
         &self.pool
+    }
+
+    /// Closes the pool, with the connection the write turn keeps.
+    #[cfg(test)]
+    pub(crate) async fn close(&self) {
+        D::release(&self.state).await;
+        self.pool.close().await;
     }
 
     /// The rows of a reading statement, on a pooled connection.

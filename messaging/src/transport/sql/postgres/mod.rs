@@ -12,7 +12,7 @@ use std::str::FromStr;
 use sqlx::postgres::{PgConnectOptions, PgConnection, PgListener, PgPool, PgPoolOptions};
 use sqlx::Connection as _;
 use sqlx::{Pool, Postgres, Transaction};
-use tokio::sync::{broadcast, oneshot, OwnedMutexGuard};
+use tokio::sync::{broadcast, oneshot};
 
 use super::clock::Clock;
 use super::dialect::{backend, fail, ids, leased, Dialect, SqlStore, StopOnDrop, Write};
@@ -204,9 +204,13 @@ impl Dialect for Postgres {
         state.clock.now()
     }
 
-    async fn turn(_: &PgState) -> Option<OwnedMutexGuard<()>> {
+    type Turn = ();
+
+    async fn turn(_: &PgState) -> Option<()> {
         None
     }
+
+    async fn release(_: &PgState) {}
 
     async fn begin(pool: &Pool<Self>) -> Result<Transaction<'static, Self>, sqlx::Error> {
         pool.begin().await
@@ -307,9 +311,23 @@ impl Dialect for Postgres {
         leased::<Self>(&w.finish(result).await?, true)
     }
 
+    async fn enqueue_plain<'a>(
+        store: &'a SqlStore<Self>,
+        queue: &'a str,
+        now: i64,
+        rows: &'a [Row],
+    ) -> Result<Vec<RowId>, TransportError> {
+        // One statement, which also notifies.
+        let mut w = Write::single(store).await?;
+        let ids = insert::insert(w.conn(), &store.tables, queue, now, rows, true).await;
+        let ids = w.finish(ids).await?;
+        ids.into_iter()
+            .map(|id| id.ok_or_else(|| TransportError::Backend("postgresql: the insert returned too few ids".into())))
+            .collect()
+    }
+
     async fn complete_plain<'a>(
-        conn: &'a mut PgConnection,
-        tables: &'a Tables,
+        store: &'a SqlStore<Self>,
         queue: &'a str,
         now: i64,
         items: &'a [(RowId, u64)],
@@ -325,15 +343,17 @@ impl Dialect for Postgres {
              WHERE m.id = t.id AND m.lease_token = t.token AND m.queue = $3 AND m.status = 'processing' \
              AND m.identity IS NULL AND m.lease_expires > $4 RETURNING m.id, t.token"
         };
-        let sql = tables.sql(&[template]);
-        let done: Vec<(i64, i64)> = sqlx::query_as(&sql)
+        let sql = store.tables.sql(&[template]);
+        let mut w = Write::single(store).await?;
+        let done: Result<Vec<(i64, i64)>, _> = sqlx::query_as(&sql)
             .bind(items.iter().map(|&(id, _)| id as i64).collect::<Vec<_>>())
             .bind(items.iter().map(|&(_, token)| token as i64).collect::<Vec<_>>())
             .bind(queue)
             .bind(now)
-            .fetch_all(&mut *conn)
+            .fetch_all(w.conn())
             .await
-            .map_err(fail::<Self>("completing messages"))?;
+            .map_err(fail::<Self>("completing messages"));
+        let done = w.finish(done).await?;
         Ok(done.into_iter().map(|(id, token)| (id as RowId, token as u64)).collect())
     }
 

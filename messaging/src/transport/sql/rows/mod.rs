@@ -166,13 +166,16 @@ impl<D: Dialect> SqlStore<D> {
             return Vec::new();
         }
         let n = items.len();
-        let plain = items.iter().all(|e| e.identity.is_none());
-        let results = match if plain { Write::single(self).await } else { Write::begin(self).await } {
-            Ok(mut w) => {
-                let stored = self.enqueue_in(&mut w, queue, now, items, idempotent).await;
-                w.finish(stored).await
+        let results = if items.iter().all(|e| e.identity.is_none()) {
+            self.enqueue_plain(queue, now, items).await
+        } else {
+            match Write::begin(self).await {
+                Ok(mut w) => {
+                    let stored = self.enqueue_in(&mut w, queue, now, items, idempotent).await;
+                    w.finish(stored).await
+                }
+                Err(e) => Err(e),
             }
-            Err(e) => Err(e),
         };
         match results {
             Ok(stored) => stored.into_iter().map(Ok).collect(),

@@ -73,6 +73,22 @@ impl<D: Dialect> SqlStore<D> {
         Ok(out)
     }
 
+    /// Enqueues plain messages (no identity) as one transaction of their own.
+    pub(super) async fn enqueue_plain(
+        &self,
+        queue: &str,
+        now: i64,
+        items: Vec<Enqueue>,
+    ) -> Result<Vec<Enqueued>, TransportError> {
+        let rows: Vec<Row> = items.into_iter().map(|e| Row::new(0, 0, now, e)).collect();
+        let ids = D::enqueue_plain(self, queue, now, &rows).await?;
+        Ok(rows
+            .into_iter()
+            .zip(ids)
+            .map(|(row, id)| Enqueued { outcome: EnqueueOutcome::Inserted(id), message_id: row.message_id })
+            .collect())
+    }
+
     async fn insert_plain(
         &self,
         w: &mut Write<'_, D>,
@@ -333,19 +349,11 @@ impl<D: Dialect> SqlStore<D> {
         items: &[(RowId, u64)],
         retention_ms: i64,
     ) -> Result<Vec<Result<(), TransportError>>, TransportError> {
-        let mut w = Write::single(self).await?;
-        let mut done = match D::complete_plain(w.conn(), &self.tables, queue, now, items, retention_ms).await {
-            Ok(done) => done,
-            Err(e) => return w.finish(Err(e)).await,
-        };
+        let mut done = D::complete_plain(self, queue, now, items, retention_ms).await?;
         if done.len() == items.len() {
-            w.finish(Ok(())).await?;
             return Ok(items.iter().map(|_| Ok(())).collect());
         }
-        if !w.is_transaction() {
-            w.finish(Ok(())).await?;
-            w = Write::begin(self).await?;
-        }
+        let mut w = Write::begin(self).await?;
         let results = self.complete_rest(&mut w, queue, now, items, &mut done, retention_ms).await;
         w.finish(results).await
     }

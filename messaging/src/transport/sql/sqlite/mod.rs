@@ -15,7 +15,7 @@
 //! process are woken by [`SqlTransport`], others poll. One machine, one
 //! clock: times are the machine's.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::HashSet;
 use std::path::Path;
 use std::str::FromStr;
 use std::sync::Arc;
@@ -23,17 +23,21 @@ use std::time::Duration;
 
 use sqlx::sqlite::{SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 use sqlx::{Pool, Sqlite, Transaction};
-use tokio::sync::{Mutex, OwnedMutexGuard};
+use tokio::sync::Mutex;
 
-use super::dialect::{fail, in_input_order, leased, Dialect, SqlStore, StopOnDrop, Write};
+use super::dialect::{fail, in_input_order, Dialect, SqlStore, StopOnDrop};
 use super::record::LeasedRow;
 use super::statements::{self as sql, StoreForm, Tables};
 use crate::error::TransportError;
 use crate::transport::sql::machine::{Row, RowId};
 
 mod checkpoint;
+mod one_call;
 #[cfg(test)]
 mod tests;
+mod writer;
+
+use writer::{Turn, Writer};
 
 /// How many connections a file database gets (readers run in parallel; writers take turns).
 const MAX_CONNECTIONS: u32 = 8;
@@ -52,11 +56,9 @@ pub(crate) type SqliteStore = SqlStore<Sqlite>;
 /// What a SQLite store keeps beside its pool.
 #[derive(Debug, Clone)]
 pub struct LiteState {
-    /// Queues this process's writes in order. Without it, writers of one
-    /// process compete through SQLite's busy handler (sleeps of up to 100 ms,
-    /// unfair: an ack could starve into "database is locked"); other processes
-    /// still wait through the busy timeout.
-    writer: Arc<Mutex<()>>,
+    /// This process's write turn ([`Turn`]), with the connection its
+    /// one-call transactions run on.
+    writer: Arc<Mutex<Writer>>,
     /// Checkpoints the WAL in the background (file databases only).
     _checkpointer: Option<StopOnDrop>,
 }
@@ -166,7 +168,7 @@ impl SqlStore<Sqlite> {
             TransportError::Backend(format!("sqlite: cannot open the database file `{}`: {e}", path.display()))
         })?;
         let checkpointer = if memory { None } else { checkpoint::start(pool.clone()) };
-        Ok((pool, LiteState { writer: Default::default(), _checkpointer: checkpointer }))
+        Ok((pool, LiteState { writer: Writer::shared(!memory), _checkpointer: checkpointer }))
     }
 }
 
@@ -201,7 +203,7 @@ impl Dialect for Sqlite {
     }
 
     fn adopt(_: &Pool<Self>) -> LiteState {
-        LiteState { writer: Default::default(), _checkpointer: None }
+        LiteState { writer: Writer::shared(false), _checkpointer: None }
     }
 
     fn migrations() -> &'static sqlx::migrate::Migrator {
@@ -213,8 +215,14 @@ impl Dialect for Sqlite {
         super::clock::local_ms()
     }
 
-    async fn turn(state: &LiteState) -> Option<OwnedMutexGuard<()>> {
-        Some(state.writer.clone().lock_owned().await)
+    type Turn = Turn;
+
+    async fn turn(state: &LiteState) -> Option<Turn> {
+        Some(Turn::take(&state.writer).await)
+    }
+
+    async fn release(state: &LiteState) {
+        Turn::take(&state.writer).await.release();
     }
 
     /// `BEGIN IMMEDIATE` takes the write lock now. If the future is dropped
@@ -316,103 +324,27 @@ impl Dialect for Sqlite {
         if !found.map_err(fail::<Self>("lease"))? {
             return Ok(Vec::new());
         }
-        // Then in the write transaction, one call to the connection's thread
-        // (before: the pick, the token and the update in three calls): the
-        // picked rows leased with the counter's next value as their token,
-        // and the counter advanced only if some row was (`changes()`: the
-        // rows the statement before changed). A FIFO queue whose groups are
-        // all leased finds pending rows but picks none, poll after poll;
-        // that writes nothing now. The leased rows are read back by their
-        // token (unique: the counter only moves on) on the leased index
-        // rather than by `RETURNING`, which SQLite gathers into a temporary
-        // table before handing out the first row: 5.0 -> 3.9 us per row for
-        // the call (sqlx's statement log, 20,000 rows, medians of five).
-        // With no counter row the token is NULL, which `IS` still finds.
         let pick = if fifo { sql::PICK_FIFO } else { sql::PICK_STANDARD };
-        let sql = store.tables.sql(&[
-            "UPDATE messaging_messages SET status = 'processing', \
-                lease_token = (SELECT value + 1 FROM messaging_counters WHERE name = 'seq'), \
-                lease_expires = $3, attempts = attempts + 1 \
-             WHERE id IN (",
-            pick,
-            "); SELECT ",
-            sql::LEASED,
-            " FROM messaging_messages WHERE queue = $1 AND status IN ('processing', 'awaiting_release') \
-             AND lease_expires = $3 AND lease_token IS (SELECT value + 1 FROM messaging_counters WHERE name = 'seq')",
-            "; UPDATE messaging_counters SET value = value + 1 WHERE name = 'seq' AND changes() > 0",
-        ]);
-        let mut w = Write::begin(store).await?;
-        let rows = sqlx::query(&sql).bind(queue).bind(int(n)).bind(now + lease_ms).fetch_all(&mut *w.conn()).await;
-        let result = rows.map_err(fail::<Self>("lease")).and_then(|rows| {
-            // Without its counter row the token comes out NULL, which sqlx
-            // reads as 0: the lease went ahead, and no completion could ever
-            // match its rows. Say what is wrong instead (and roll back).
-            let token = rows.first().map(|r| sqlx::Row::try_get::<Option<i64>, _>(r, "lease_token"));
-            if matches!(token, Some(Ok(None))) {
-                return Err(missing_counter());
-            }
-            leased::<Self>(&rows, fifo)
-        });
-        w.finish(result).await
+        one_call::lease(store, queue, n, now + lease_ms, pick, fifo).await
+    }
+
+    async fn enqueue_plain<'a>(
+        store: &'a SqlStore<Self>,
+        queue: &'a str,
+        now: i64,
+        rows: &'a [Row],
+    ) -> Result<Vec<RowId>, TransportError> {
+        one_call::enqueue_plain(store, queue, now, rows).await
     }
 
     async fn complete_plain<'a>(
-        conn: &'a mut SqliteConnection,
-        tables: &'a Tables,
+        store: &'a SqlStore<Self>,
         queue: &'a str,
         now: i64,
         items: &'a [(RowId, u64)],
         retention_ms: i64,
     ) -> Result<HashSet<(RowId, u64)>, TransportError> {
-        // Per lease token among the items (usually one or two leases), one
-        // statement that completes the rows it still holds, all joined in one
-        // call. Usually every receipt still holds its row: then the count
-        // says so, and the rows need not come back one by one through the
-        // driver's channel (which cost about as much as the deletes).
-        // Otherwise the same statements run again, returning which rows
-        // they completed, after undoing the first run (a savepoint).
-        let mut by_token: BTreeMap<u64, Vec<i64>> = BTreeMap::new();
-        for &(id, token) in items {
-            by_token.entry(token).or_default().push(id as i64);
-        }
-        let complete = if retention_ms <= 0 {
-            "DELETE FROM messaging_messages"
-        } else {
-            "UPDATE messaging_messages SET status = 'processed', processed_at = $2, lease_token = NULL, \
-             lease_expires = NULL"
-        };
-        let statements = |returning: bool| -> String {
-            let one = |k: usize| {
-                let (ids, token) = (3 + 2 * k, 4 + 2 * k);
-                let returning = if returning { format!(" RETURNING id, ${token}") } else { String::new() };
-                format!(
-                    "{complete} WHERE id IN (SELECT value FROM json_each(${ids})) AND lease_token = ${token} \
-                     AND queue = $1 AND status = 'processing' AND identity IS NULL AND lease_expires > $2{returning}"
-                )
-            };
-            (0..by_token.len()).map(one).collect::<Vec<_>>().join("; ")
-        };
-        let args: Vec<(String, i64)> =
-            by_token.iter().map(|(&token, ids)| (json_ids(ids.iter().copied()), token as i64)).collect();
-        let what = "completing messages";
-        let (all, some) = (statements(false), statements(true));
-        let (all, some) = (tables.sql(&[&all]), tables.sql(&[&some]));
-        sqlx::query("SAVEPOINT completing").execute(&mut *conn).await.map_err(fail::<Self>(what))?;
-        let mut query = sqlx::query(&all).bind(queue).bind(now);
-        for (ids, token) in &args {
-            query = query.bind(ids.as_str()).bind(token);
-        }
-        let completed = query.execute(&mut *conn).await.map_err(fail::<Self>(what))?.rows_affected();
-        if completed == items.len() as u64 {
-            return Ok(items.iter().copied().collect());
-        }
-        sqlx::query("ROLLBACK TO completing").execute(&mut *conn).await.map_err(fail::<Self>(what))?;
-        let mut query = sqlx::query_as(&some).bind(queue).bind(now);
-        for (ids, token) in &args {
-            query = query.bind(ids.as_str()).bind(token);
-        }
-        let done: Vec<(i64, i64)> = query.fetch_all(conn).await.map_err(fail::<Self>(what))?;
-        Ok(done.into_iter().map(|(id, token)| (id as RowId, token as u64)).collect())
+        one_call::complete_plain(store, queue, now, items, retention_ms).await
     }
 
     async fn redrive<'a>(

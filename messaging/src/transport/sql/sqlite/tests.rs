@@ -44,7 +44,7 @@ async fn store() -> (SqliteStore, TempDb) {
 }
 
 async fn close(store: SqliteStore, db: TempDb) {
-    store.pool.close().await;
+    store.close().await;
     drop(db);
 }
 
@@ -92,7 +92,7 @@ async fn connect_runs_the_migrations_when_asked() {
         .await
         .expect("connect");
     transport.store.check().await.expect("migrated");
-    transport.store.pool().close().await;
+    transport.store.close().await;
 }
 
 #[tokio::test]
@@ -723,6 +723,59 @@ async fn an_up_to_date_database_migrates_while_another_connection_holds_the_writ
     assert!(blocked.is_err(), "a migration to apply waits for the write lock: {blocked:?}");
     sqlx::query("ROLLBACK").execute(&mut app).await.expect("rollback");
     drop(app);
+    close(store, db).await;
+}
+
+/// Whether another connection can take the write lock now.
+async fn write_lock_is_free(db: &TempDb) -> bool {
+    let mut other = <sqlx::SqliteConnection as sqlx::Connection>::connect(&db.url()).await.expect("connect");
+    sqlx::query("PRAGMA busy_timeout = 0").execute(&mut other).await.expect("no waiting");
+    let free = sqlx::query("BEGIN IMMEDIATE").execute(&mut other).await.is_ok();
+    if free {
+        sqlx::query("ROLLBACK").execute(&mut other).await.expect("rollback");
+    }
+    free
+}
+
+#[tokio::test]
+async fn a_lease_cut_short_leaves_no_transaction_behind() {
+    // A receive ended at shutdown drops its lease mid-call. Here the call
+    // waits for the write lock another connection holds, is dropped, and its
+    // BEGIN succeeds after all once the lock is released: the connection it
+    // ran on must not keep that transaction (and the lock).
+    let (store, db) = store().await;
+    enqueue(&store, "jobs", NOW, msg(None, "a")).await;
+    let mut app = holding_the_write_lock(&db).await;
+    let cut = tokio::time::timeout(Duration::from_millis(300), store.lease("jobs", NOW, 10, LEASE, false)).await;
+    assert!(cut.is_err(), "the lease waited for the lock: {cut:?}");
+    sqlx::query("ROLLBACK").execute(&mut app).await.expect("rollback");
+    drop(app);
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while !write_lock_is_free(&db).await {
+        assert!(std::time::Instant::now() < deadline, "the cut lease still holds the write lock");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let leased = store.lease("jobs", NOW, 10, LEASE, false).await.expect("lease");
+    assert_eq!(payloads(&leased), ["a"], "the cut lease leased nothing");
+    store.complete("jobs", NOW, vec![(leased[0].id, leased[0].token)], 0).await.remove(0).expect("complete");
+    assert!(write_lock_is_free(&db).await);
+    close(store, db).await;
+}
+
+#[tokio::test]
+async fn a_failed_statement_in_a_one_call_write_rolls_its_transaction_back() {
+    // The enqueue's call begins, then fails on a missing table: nothing it
+    // did stays, and the write lock is free at once.
+    let (store, db) = store().await;
+    enqueue(&store, "jobs", NOW, msg(None, "a")).await;
+    sqlx::query("ALTER TABLE messaging_counters RENAME TO counters_away").execute(&store.pool).await.expect("rename");
+    let error = store.enqueue("jobs", NOW, vec![msg(None, "b")], false).await.remove(0).expect_err("no counters");
+    assert!(error.to_string().contains("messaging_counters"), "{error}");
+    assert!(write_lock_is_free(&db).await, "rolled back");
+    sqlx::query("ALTER TABLE counters_away RENAME TO messaging_counters").execute(&store.pool).await.expect("back");
+    enqueue(&store, "jobs", NOW, msg(None, "c")).await;
+    let leased = store.lease("jobs", NOW, 10, LEASE, false).await.expect("lease");
+    assert_eq!(payloads(&leased), ["a", "c"]);
     close(store, db).await;
 }
 

@@ -139,9 +139,9 @@ where
         store.store.migrate().await.unwrap();
     }
     let outcome = tokio::spawn(body(store.clone())).await;
-    store.store.pool.close().await;
+    store.store.close().await;
     sqlx::raw_sql(&format!("DROP SCHEMA {schema} CASCADE")).execute(&admin.store.pool).await.unwrap();
-    admin.store.pool.close().await;
+    admin.store.close().await;
     if let Err(e) = outcome {
         std::panic::resume_unwind(e.into_panic());
     }
@@ -160,7 +160,7 @@ where
         store.store.migrate().await.unwrap();
     }
     let outcome = tokio::spawn(body(store.clone())).await;
-    store.store.pool.close().await;
+    store.store.close().await;
     for suffix in ["", "-journal", "-wal", "-shm"] {
         let mut file = path.clone().into_os_string();
         file.push(suffix);
@@ -453,5 +453,5 @@ async fn sqlite_in_memory_database_is_one_connection() {
         outcomes.push(task.await.unwrap());
     }
     assert_eq!(count(&outcomes, Claim::Claimed), 1, "{outcomes:?}");
-    store.store.pool.close().await;
+    store.store.close().await;
 }
