@@ -135,6 +135,41 @@ const LEASE_IDS: &str = "UPDATE messaging_messages SET status = 'processing', \
         lease_token = (SELECT nextval('messaging_seq')), lease_expires = $2, attempts = attempts + 1 \
      WHERE id = ANY($1) AND status = 'pending' RETURNING ";
 
+/// The completion of plain rows (`$1` ids in increasing order, `$2` their
+/// tokens, `$3` the queue, `$4` now): deleted, or kept as processed; returns
+/// the (id, token) of each row completed.
+///
+/// Each receipt's row is looked up by primary key alone and locked (a
+/// LATERAL with LIMIT is not flattened into a join the planner may reorder,
+/// and the checks outside it cannot be pushed into it), checked, and then
+/// completed by its tuple id: no index but the primary key is there to be
+/// chosen. Measured: the plain join `USING UNNEST(ids, tokens)` on a table
+/// never analyzed (autovacuum off, as on the test machine) was planned from
+/// the leased index, every leased row of the queue hashed or looped against
+/// the receipts: 60 ms for 300 receipts with 126,000 rows leased, and while
+/// draining a 200,000-message backlog the completions took seconds each,
+/// leases expired and the drain stalled. A form that checked queue and expiry
+/// inside the LATERAL was planned from the leased index too, once per
+/// receipt. This way 1.0-1.5 ms for 300, custom plan or generic. Rows are
+/// locked in id order, so two completions cannot deadlock.
+pub(super) fn completion(retain: bool) -> [&'static str; 3] {
+    const HELD: &str = "WITH held AS MATERIALIZED (SELECT r.ctid AS tuple, r.id, t.token \
+        FROM UNNEST($1::bigint[], $2::bigint[]) AS t(id, token), \
+        LATERAL (SELECT ctid, id, lease_token, queue, status, identity, lease_expires FROM messaging_messages \
+            WHERE id = t.id LIMIT 1 FOR UPDATE) r \
+        WHERE r.lease_token = t.token AND r.queue = $3 AND r.status = 'processing' AND r.identity IS NULL \
+            AND r.lease_expires > $4), \
+        done AS (";
+    const HELD_ROWS: &str = " WHERE ctid = ANY (ARRAY(SELECT tuple FROM held))) SELECT id, token FROM held";
+    let complete = if retain {
+        "UPDATE messaging_messages SET status = 'processed', processed_at = $4, lease_token = NULL, \
+         lease_expires = NULL"
+    } else {
+        "DELETE FROM messaging_messages"
+    };
+    [HELD, complete, HELD_ROWS]
+}
+
 // The dialect's items are the framework's own (the trait is sealed).
 #[allow(private_interfaces)]
 impl Dialect for Postgres {
@@ -333,18 +368,10 @@ impl Dialect for Postgres {
         items: &'a [(RowId, u64)],
         retention_ms: i64,
     ) -> Result<HashSet<(RowId, u64)>, TransportError> {
-        let template = if retention_ms <= 0 {
-            "DELETE FROM messaging_messages m USING UNNEST($1::bigint[], $2::bigint[]) AS t(id, token) \
-             WHERE m.id = t.id AND m.lease_token = t.token AND m.queue = $3 AND m.status = 'processing' \
-             AND m.identity IS NULL AND m.lease_expires > $4 RETURNING m.id, t.token"
-        } else {
-            "UPDATE messaging_messages m SET status = 'processed', processed_at = $4, lease_token = NULL, \
-             lease_expires = NULL FROM UNNEST($1::bigint[], $2::bigint[]) AS t(id, token) \
-             WHERE m.id = t.id AND m.lease_token = t.token AND m.queue = $3 AND m.status = 'processing' \
-             AND m.identity IS NULL AND m.lease_expires > $4 RETURNING m.id, t.token"
-        };
-        let sql = store.tables.sql(&[template]);
+        let sql = store.tables.sql(&completion(retention_ms > 0));
         let mut w = Write::single(store).await?;
+        let mut items = items.to_vec();
+        items.sort_unstable();
         let done: Result<Vec<(i64, i64)>, _> = sqlx::query_as(&sql)
             .bind(items.iter().map(|&(id, _)| id as i64).collect::<Vec<_>>())
             .bind(items.iter().map(|&(_, token)| token as i64).collect::<Vec<_>>())

@@ -9,6 +9,7 @@
 mod claims;
 mod model;
 mod notify;
+mod plans;
 mod schedules;
 
 /// The server the tests use (trust auth).
