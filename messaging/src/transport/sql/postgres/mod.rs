@@ -170,6 +170,23 @@ pub(super) fn completion(retain: bool) -> [&'static str; 3] {
     [HELD, complete, HELD_ROWS]
 }
 
+/// Dead letters `$2` (ids) of queue `$1` back to pending, at the back of the
+/// queue in the order given. As [`completion`]: each row looked up by primary
+/// key and locked, then changed by its tuple id. `id = ANY($2) AND queue = $1
+/// AND status = 'error'` on a table never analyzed was planned from the
+/// dead-letter index, every dead letter of the queue read for each page:
+/// 92 ms for a page of 500 among 50,000 letters (a whole redrive quadratic
+/// in the letters), 6.8 ms this way. The enqueue order is drawn in the
+/// order of the ids (volatile functions run after the rows are ordered),
+/// where it used to follow the order the rows were found in.
+pub(super) const REDRIVE: &str = "WITH picked AS MATERIALIZED ( \
+        SELECT r.ctid AS tuple, nextval('messaging_seq') AS seq \
+        FROM UNNEST($2::bigint[]) WITH ORDINALITY AS t(id, ord), \
+        LATERAL (SELECT ctid, queue, status FROM messaging_messages WHERE id = t.id LIMIT 1 FOR UPDATE) r \
+        WHERE r.queue = $1 AND r.status = 'error' ORDER BY t.ord) \
+    UPDATE messaging_messages m SET status = 'pending', attempts = 0, process_at = NULL, seq = picked.seq \
+    FROM picked WHERE m.ctid = picked.tuple";
+
 // The dialect's items are the framework's own (the trait is sealed).
 #[allow(private_interfaces)]
 impl Dialect for Postgres {
@@ -390,10 +407,7 @@ impl Dialect for Postgres {
         queue: &'a str,
         rows: &'a [RowId],
     ) -> Result<usize, TransportError> {
-        let sql =
-            tables.sql(&["UPDATE messaging_messages m SET status = 'pending', attempts = 0, process_at = NULL, \
-                seq = nextval('messaging_seq') \
-             WHERE m.id = ANY($2) AND m.queue = $1 AND m.status = 'error'"]);
+        let sql = tables.sql(&[REDRIVE]);
         let moved = sqlx::query(&sql)
             .bind(queue)
             .bind(ids(rows).collect::<Vec<_>>())
