@@ -1,6 +1,6 @@
 //! [`Dialect`]: only what really differs between PostgreSQL and SQLite. Every
 //! statement the two share is written once, in [`super::statements`], and
-//! run by the one store ([`super::rows::SqlStore`]).
+//! run by the one store ([`SqlStore`]).
 //!
 //! | | PostgreSQL | SQLite |
 //! |---|---|---|

@@ -219,7 +219,7 @@ fn landing(process_at: Option<i64>, now: i64) -> Status {
 }
 
 /// The transitions of one row. Storage backends load a row, call one of
-/// these, and store the result; [`IdentityQueue`] does the same in memory.
+/// these, and store the result; `IdentityQueue` (tests) does the same in memory.
 impl Row {
     /// A new row for an enqueue.
     pub fn new(id: RowId, seq: u64, now: i64, e: Enqueue) -> Row {

@@ -12,7 +12,7 @@
 //! There are no sequences: the row `('seq', value)` of `messaging_counters`
 //! gives the enqueue order and the lease tokens. There is no cross-process
 //! signal either (`Dialect::changes` is `None`): receivers in the same
-//! process are woken by [`SqlTransport`], others poll. One machine, one
+//! process are woken by [`super::SqlTransport`], others poll. One machine, one
 //! clock: times are the machine's.
 
 use std::collections::HashSet;
