@@ -318,12 +318,6 @@ impl Dialect for Sqlite {
         fifo: bool,
         _partition: Option<(u32, u32)>,
     ) -> Result<Vec<LeasedRow>, TransportError> {
-        // Most idle polls find nothing: look before taking the write lock.
-        let look = "SELECT EXISTS (SELECT 1 FROM messaging_messages WHERE queue = $1 AND status = 'pending')";
-        let found = sqlx::query_scalar(&store.tables.sql(&[look])).bind(queue).fetch_one(&store.pool).await;
-        if !found.map_err(fail::<Self>("lease"))? {
-            return Ok(Vec::new());
-        }
         let pick = if fifo { sql::PICK_FIFO } else { sql::PICK_STANDARD };
         one_call::lease(store, queue, n, now + lease_ms, pick, fifo).await
     }

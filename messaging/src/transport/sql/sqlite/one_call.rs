@@ -28,6 +28,9 @@ const INSERT_ROWS: usize = 1_000;
 const MISSING_COUNTER: &str =
     "SELECT 1 AS missing_counter WHERE NOT EXISTS (SELECT 1 FROM messaging_counters WHERE name = 'seq')";
 
+/// Whether queue `$1` has pending rows: read before a lease takes the write lock.
+const LOOK: &str = "SELECT EXISTS (SELECT 1 FROM messaging_messages WHERE queue = $1 AND status = 'pending')";
+
 /// Whether the rows of a call include [`MISSING_COUNTER`]'s.
 fn counter_missing(rows: &[SqliteRow]) -> bool {
     rows.first().is_some_and(|r| r.try_column("missing_counter").is_ok())
@@ -145,6 +148,13 @@ pub(super) async fn lease(
     let text = store.tables.sql(&[&whole]);
     let query = sqlx::query(&text).bind(queue).bind(int(n)).bind(expires);
     let mut turn = Turn::take(&store.state.writer).await;
+    // Most idle polls find nothing: look before taking the write lock (which
+    // an application sharing the file may hold), on the turn's connection.
+    let look = store.tables.sql(&[LOOK]);
+    let pending = turn.read(&store.pool, sqlx::query(&look).bind(queue)).await.map_err(fail::<Sqlite>("lease"))?;
+    if !pending.first().is_some_and(|r| r.try_get::<bool, _>(0).unwrap_or(true)) {
+        return Ok(Vec::new());
+    }
     let found = turn.transaction(&store.pool, query).await.map_err(fail::<Sqlite>("lease"))?;
     if counter_missing(&found) {
         return Err(missing_counter());

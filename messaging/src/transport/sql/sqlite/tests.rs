@@ -693,6 +693,9 @@ async fn a_declared_queue_is_declared_again_while_another_connection_holds_the_w
     assert!(matches!(again, Ok(Ok(()))), "declared at once: {again:?}");
     let conflict = tokio::time::timeout(Duration::from_secs(2), store.declare("shared", true, NOW)).await;
     assert!(matches!(conflict, Ok(Err(_))), "the kind is still checked: {conflict:?}");
+    // An idle poll looks first and finds nothing, without the lock.
+    let idle = tokio::time::timeout(Duration::from_secs(2), store.lease("shared", NOW, 10, LEASE, false)).await;
+    assert!(matches!(&idle, Ok(Ok(rows)) if rows.is_empty()), "an idle lease returns at once: {idle:?}");
     // A write waits the busy timeout, then says what held it up.
     let write = tokio::time::timeout(BUSY_TIMEOUT * 2, store.enqueue("shared", NOW, vec![msg(None, "x")], false));
     let error = write.await.expect("no hang").remove(0).expect_err("locked out").to_string();

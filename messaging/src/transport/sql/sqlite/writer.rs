@@ -75,6 +75,25 @@ impl Turn {
         self.0.conn = None;
     }
 
+    /// Runs `query`, a read outside any transaction, on the turn's
+    /// connection (no pool connection taken and given back for it).
+    pub(crate) async fn read<'q>(
+        &mut self,
+        pool: &Pool<Sqlite>,
+        query: sqlx::query::Query<'q, Sqlite, SqliteArguments<'q>>,
+    ) -> Result<Vec<SqliteRow>, sqlx::Error> {
+        let writer = &mut *self.0;
+        let conn = match &mut writer.conn {
+            Some(conn) => conn,
+            empty => empty.insert(pool.acquire().await?),
+        };
+        let result = query.fetch_all(&mut **conn).await;
+        if !writer.keep {
+            writer.conn = None;
+        }
+        result
+    }
+
     /// Runs `query`, whose text is one transaction (`BEGIN IMMEDIATE; …;
     /// COMMIT`), in one call on the turn's connection; returns every row its
     /// statements gave. On an error the transaction is rolled back.
