@@ -41,6 +41,7 @@
 //! MESSAGES=5000 LATENCY_SECS=3 cargo bench -p messaging-suite --bench sql_throughput
 //! BENCH_DB=postgres cargo bench -p messaging-suite --bench sql_throughput   # or sqlite: one database only
 //! TEST_POSTGRES_URL=postgres://user@host/db cargo bench -p messaging-suite --bench sql_throughput
+//! BENCH_ONLY=publish cargo bench -p messaging-suite --bench sql_throughput  # the publish comparison alone (to profile it)
 //! ```
 
 use std::future::Future;
@@ -249,6 +250,9 @@ struct Config {
     latency: Duration,
     /// The PostgreSQL server and database (`TEST_POSTGRES_URL`).
     postgres: String,
+    /// Only the publish comparison (`BENCH_ONLY=publish`), for a profile of
+    /// the publish path alone.
+    publish_only: bool,
 }
 
 impl Config {
@@ -260,6 +264,7 @@ impl Config {
             latency: Duration::from_secs(number("LATENCY_SECS").filter(|n| *n > 0).unwrap_or(10)),
             postgres: std::env::var("TEST_POSTGRES_URL")
                 .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned()),
+            publish_only: std::env::var("BENCH_ONLY").is_ok_and(|v| v.trim() == "publish"),
         }
     }
 }
@@ -813,6 +818,13 @@ async fn measure(
     let rounds = 3 * messages;
     let (base_publish, base_shaped) = (rate(rounds, published.plain), rate(rounds, published.shaped));
     let publish = rate(rounds, published.framework);
+    print_rate("baseline publish (INSERT, 1,000 rows/statement)", base_publish, base_publish);
+    print_rate("messaging publish (send_batch, 1,000/call)", publish, base_publish);
+    print_rate("baseline publish, the framework's columns and indexes", base_shaped, base_shaped);
+    print_rate("messaging publish × that baseline", publish, base_shaped);
+    if config.publish_only {
+        return Ok(());
+    }
 
     // Three rounds of the three drains in turn, the median of each: a drain
     // of 20,000 rows takes a tenth to a third of a second, and one run of
@@ -834,10 +846,6 @@ async fn measure(
     let base_drain = rate(messages, median(base_drains));
     let (seq_drain, par_drain) = (median(seq_drains), median(par_drains));
     let tasks = if baseline_tasks == 1 { "1 task".to_owned() } else { format!("{baseline_tasks} tasks") };
-    print_rate("baseline publish (INSERT, 1,000 rows/statement)", base_publish, base_publish);
-    print_rate("messaging publish (send_batch, 1,000/call)", publish, base_publish);
-    print_rate("baseline publish, the framework's columns and indexes", base_shaped, base_shaped);
-    print_rate("messaging publish × that baseline", publish, base_shaped);
     print_rate(&format!("baseline drain (DELETE 100 … RETURNING, {tasks})"), base_drain, base_drain);
     print_rate("messaging drain, concurrency 1", rate(messages, seq_drain), base_drain);
     print_rate("messaging drain, concurrency 8", rate(messages, par_drain), base_drain);

@@ -127,18 +127,28 @@ pub trait Dialect: Driver + sealed::Sealed + Sized {
     /// identities of queue `$1` in `$2`, written as [`Dialect::BY_IDENTITIES`].
     const PREVIOUS_OF: &'static str;
 
-    /// Inserts `rows` in one statement per chunk, in order: with the sequence
-    /// assigned here in order when `assign`, else with each row's own. A row
-    /// whose identity exists already is skipped (`None`); the others' ids.
+    /// Inserts `rows` (no identity) in one statement per chunk, the
+    /// sequence assigned in input order, without reading their ids back.
     /// Other processes are told of `queue` when the rows commit, as by
     /// [`Dialect::notify_in`] (PostgreSQL, in the insert's own statement).
+    fn append<'a>(
+        conn: &'a mut Self::Connection,
+        tables: &'a Tables,
+        queue: &'a str,
+        now: i64,
+        rows: &'a [Row],
+    ) -> impl Future<Output = Result<(), TransportError>> + Send + 'a;
+
+    /// Inserts `rows` (each with its identity and its own sequence) in one
+    /// statement per chunk. A row whose identity exists already is skipped
+    /// (`None`); the others' ids, in input order. Other processes are told
+    /// as by [`Dialect::append`].
     fn insert<'a>(
         conn: &'a mut Self::Connection,
         tables: &'a Tables,
         queue: &'a str,
         now: i64,
         rows: &'a [Row],
-        assign: bool,
     ) -> impl Future<Output = Result<Vec<Option<RowId>>, TransportError>> + Send + 'a;
 
     /// Leases up to `n` rows (a standard queue's `partition` when given).
@@ -152,15 +162,13 @@ pub trait Dialect: Driver + sealed::Sealed + Sized {
         partition: Option<(u32, u32)>,
     ) -> impl Future<Output = Result<Vec<LeasedRow>, TransportError>> + Send + 'a;
 
-    /// Inserts plain `rows` (no identity) of `queue` as one transaction of
-    /// its own, the sequence assigned in input order; their ids, in order.
-    /// Other processes are told of `queue` when they commit.
+    /// [`Dialect::append`] as one transaction of its own.
     fn enqueue_plain<'a>(
         store: &'a SqlStore<Self>,
         queue: &'a str,
         now: i64,
         rows: &'a [Row],
-    ) -> impl Future<Output = Result<Vec<RowId>, TransportError>> + Send + 'a;
+    ) -> impl Future<Output = Result<(), TransportError>> + Send + 'a;
 
     /// Completes, as one transaction of its own, rows without identity whose
     /// lease the items hold (deleted, or kept as processed); returns the
@@ -341,15 +349,9 @@ impl Home {
 }
 
 /// The ids of an insert's rows in input order, from what its RETURNING gave
-/// as (id, seq) in no particular order: assigned sequence values follow the
-/// input; given ones are each row's own. `None`: the row was not inserted.
-pub(crate) fn in_input_order(rows: &[Row], mut inserted: Vec<(i64, i64)>, assigned: bool) -> Vec<Option<RowId>> {
-    if assigned {
-        inserted.sort_unstable_by_key(|&(_, seq)| seq);
-        let mut ids: Vec<Option<RowId>> = inserted.into_iter().map(|(id, _)| Some(id as RowId)).collect();
-        ids.resize(rows.len(), None);
-        return ids;
-    }
+/// as (id, seq) in no particular order, by each row's own sequence value.
+/// `None`: the row was not inserted.
+pub(crate) fn in_input_order(rows: &[Row], inserted: Vec<(i64, i64)>) -> Vec<Option<RowId>> {
     let by_seq: std::collections::HashMap<i64, i64> = inserted.into_iter().map(|(id, seq)| (seq, id)).collect();
     rows.iter().map(|r| by_seq.get(&(r.seq as i64)).map(|&id| id as RowId)).collect()
 }

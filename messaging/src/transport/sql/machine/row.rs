@@ -141,6 +141,11 @@ pub struct Row {
 pub enum EnqueueOutcome {
     /// A new row.
     Inserted(RowId),
+    /// A new row of a message without identity, its id not read back: the
+    /// stores insert such messages without returning their rows (on
+    /// PostgreSQL, returning them cost a tenth of the insert). Never an
+    /// outcome of the state machine, which always knows its ids.
+    Appended,
     /// An existing row got the new version.
     Updated(RowId),
     /// The row is leased; the new version waits for the release.
@@ -157,7 +162,7 @@ impl EnqueueOutcome {
     /// The same outcome on row `id` (a new row's id, known once inserted).
     pub(crate) fn on_row(self, id: RowId) -> Self {
         match self {
-            EnqueueOutcome::Inserted(_) => EnqueueOutcome::Inserted(id),
+            EnqueueOutcome::Inserted(_) | EnqueueOutcome::Appended => EnqueueOutcome::Inserted(id),
             EnqueueOutcome::Updated(_) => EnqueueOutcome::Updated(id),
             EnqueueOutcome::Deferred(_) => EnqueueOutcome::Deferred(id),
             EnqueueOutcome::Discarded(_) => EnqueueOutcome::Discarded(id),
@@ -165,14 +170,15 @@ impl EnqueueOutcome {
         }
     }
 
-    /// The row concerned (none when the message was [`EnqueueOutcome::Unchanged`]).
+    /// The row concerned, when known (none when the message was
+    /// [`EnqueueOutcome::Unchanged`], or [`EnqueueOutcome::Appended`]).
     pub fn row(self) -> Option<RowId> {
         match self {
             EnqueueOutcome::Inserted(id)
             | EnqueueOutcome::Updated(id)
             | EnqueueOutcome::Deferred(id)
             | EnqueueOutcome::Discarded(id) => Some(id),
-            EnqueueOutcome::Unchanged => None,
+            EnqueueOutcome::Unchanged | EnqueueOutcome::Appended => None,
         }
     }
 }

@@ -1,5 +1,5 @@
-//! The multi-row insert of an enqueue: one statement for any number of rows,
-//! which also tells other processes (`NOTIFY`) when it commits.
+//! The multi-row inserts of an enqueue: one statement for any number of
+//! rows, which also tells other processes (`NOTIFY`) when it commits.
 //!
 //! Each column is bound either as one value for every row, when the rows
 //! agree (a batch of one `send_batch` usually shares its identity, group,
@@ -7,13 +7,18 @@
 //! the others. Measured on 1,000 rows into the framework's table, six forms
 //! interleaved, medians of 50 per run, six runs: nine arrays, RETURNING one
 //! row per message and a `pg_notify` statement after it took 12.6 ms; two
-//! arrays with the notification in the statement 10.9 ms; the ids returned
-//! as two arrays in one row 10.8 ms; the same insert without RETURNING
-//! 10.5 ms. A plain insert of the same columns with constants
-//! (`bench_shape` of the SQL benchmark) took 9.1 ms: the rest is
-//! `nextval` for each row's sequence (0.6 ms: the enqueue order, assigned in
-//! input order) and the RETURNING, which tells an identity run which rows
-//! met an identity inserted meanwhile.
+//! arrays with the notification in the statement 10.9 ms.
+//!
+//! Messages without identity are appended: nothing comes back, and the
+//! enqueue order is drawn as the unnested rows come. Against an insert of
+//! the same columns with constants (`bench_shape` of the SQL benchmark), in
+//! `pgbench` with the forms interleaved, medians of 200 per form, three
+//! runs: returning the ids and sequence values as two arrays 1.16-1.23 of
+//! its time, any RETURNING at all (one aggregate of the ids) 1.10-1.13, an
+//! `ORDER BY` of the ordinality without RETURNING 1.02-1.06, neither
+//! 0.95-0.97. Rows with an identity are inserted with their own sequence
+//! values and return (id, seq), which tells the enqueue which met an
+//! identity inserted meanwhile.
 
 use sqlx::postgres::{PgArguments, PgConnection, PgHasArrayType};
 use sqlx::query::QueryAs;
@@ -25,8 +30,8 @@ use crate::transport::sql::dialect::{fail, in_input_order};
 use crate::transport::sql::machine::{Row, RowId};
 use crate::transport::sql::statements::Tables;
 
-/// The ids and sequence values inserted (NULL: none).
-type Insert<'q> = QueryAs<'q, Postgres, (Option<Vec<i64>>, Option<Vec<i64>>), PgArguments>;
+/// A query of the insert, returning `O`.
+type Insert<'q, O> = QueryAs<'q, Postgres, O, PgArguments>;
 
 /// The statement's columns after `queue` (`$1`) and `sent_at` (`$2`),
 /// in the order they are bound from `$3` on.
@@ -97,7 +102,7 @@ fn same_optional_text(values: &[Option<&str>]) -> bool {
 }
 
 /// Binds a column as [`Columns::column`] declared it.
-fn bind<'q, T>(query: Insert<'q>, same: bool, values: Vec<T>) -> Insert<'q>
+fn bind<'q, T, O>(query: Insert<'q, O>, same: bool, values: Vec<T>) -> Insert<'q, O>
 where
     T: 'q + Send + Encode<'q, Postgres> + Type<Postgres> + PgHasArrayType,
 {
@@ -108,36 +113,32 @@ where
     }
 }
 
-/// Inserts `rows` (not empty) of `queue` in one statement, in order, and
-/// notifies other processes of `queue` when it commits: with the sequence
-/// assigned here in order when `assign`, else with each row's own, skipping
-/// a row whose identity exists already (`None`).
-pub(super) async fn insert(
-    conn: &mut PgConnection,
-    tables: &Tables,
-    queue: &str,
-    now: i64,
-    rows: &[Row],
-    assign: bool,
-) -> Result<Vec<Option<RowId>>, TransportError> {
-    let identity: Vec<Option<&str>> = rows.iter().map(|r| r.identity.as_deref()).collect();
-    let group: Vec<Option<&str>> = rows.iter().map(|r| r.group.as_deref()).collect();
-    let message_id: Vec<&str> = rows.iter().map(|r| r.message_id.as_str()).collect();
-    let payload: Vec<&[u8]> = rows.iter().map(|r| r.payload.as_slice()).collect();
-    let attributes: Vec<&str> = rows.iter().map(|r| r.attributes.as_str()).collect();
-    let priority: Vec<i32> = rows.iter().map(|r| r.priority).collect();
-    let process_at: Vec<Option<i64>> = rows.iter().map(|r| r.process_at).collect();
-    let status: Vec<&str> = rows.iter().map(|r| r.status.as_str()).collect();
-    let seq: Vec<i64> = rows.iter().map(|r| r.seq as i64).collect();
-    let uniform = [
-        same_optional_text(&identity),
-        same_optional_text(&group),
-        same_text(&attributes),
-        same(&priority),
-        same(&process_at),
-        same_text(&status),
-    ];
+/// What a statement of [`statement`] does with its rows.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Form {
+    /// Rows without identity: the sequence drawn in input order, nothing returned.
+    Append,
+    /// Rows with an identity and their own sequence values: a row whose
+    /// identity exists is skipped; (id, seq) of the others come back.
+    Insert,
+}
 
+/// Which columns the rows of a statement agree on, in [`Columns`]' order:
+/// identity, group, attributes, priority, process-at, status.
+type Uniform = [bool; 6];
+
+/// The insert of `rows` (not empty) in the `form`, and which columns it binds
+/// once ([`bind_rows`] binds its parameters); it notifies other processes of
+/// queue `$1` when it commits.
+fn statement(tables: &Tables, rows: &[Row], form: Form) -> (String, Uniform) {
+    let uniform = [
+        same_optional_text(&rows.iter().map(|r| r.identity.as_deref()).collect::<Vec<_>>()),
+        same_optional_text(&rows.iter().map(|r| r.group.as_deref()).collect::<Vec<_>>()),
+        same_text(&rows.iter().map(|r| r.attributes.as_str()).collect::<Vec<_>>()),
+        same(&rows.iter().map(|r| r.priority).collect::<Vec<_>>()),
+        same(&rows.iter().map(|r| r.process_at).collect::<Vec<_>>()),
+        same_text(&rows.iter().map(|r| r.status.as_str()).collect::<Vec<_>>()),
+    ];
     let mut columns = Columns::new();
     columns.column("i", "text", uniform[0]);
     columns.column("g", "text", uniform[1]);
@@ -148,48 +149,109 @@ pub(super) async fn insert(
     columns.column("pa", "bigint", uniform[4]);
     columns.column("s", "text", uniform[5]);
     columns.computed("0");
-    if assign {
-        // Volatile functions run after ORDER BY (PostgreSQL 9.6+): the
-        // assigned sequence follows the input order.
-        columns.computed("nextval('messaging_seq')");
-    } else {
-        columns.column("q", "bigint", false);
+    match form {
+        // The only scan is the unnest's, which gives the arrays' elements in
+        // order, and nothing sits between it and the insert that could
+        // reorder them (the plan is checked in `tests::plans`): each row
+        // draws its sequence value as it comes, in input order. An
+        // `ORDER BY` of the ordinality, which said so to the planner, cost
+        // a sort of the rows (see the module's figures).
+        Form::Append => columns.computed("nextval('messaging_seq')"),
+        Form::Insert => columns.column("q", "bigint", false),
     }
     let channel = columns.next;
     let (arrays, aliases): (Vec<String>, Vec<&str>) = columns.arrays.into_iter().unzip();
-    // Rows are matched back by their (unique) sequence value: RETURNING has
-    // no order; it comes back as two arrays in one row, not a row each. The
-    // notification is one per statement, sent at commit (a statement of its
-    // own cost a round trip and a commit per batch); no row inserted, no
-    // notification.
-    let sql = format!(
-        "WITH inserted AS (INSERT INTO messaging_messages (queue, identity, group_id, message_id, payload, \
-         attributes, priority, process_at, status, attempts, seq, sent_at) \
-         SELECT $1, {select}, $2 FROM UNNEST({arrays}) WITH ORDINALITY AS t({aliases}, ord) ORDER BY ord {conflict}\
-         RETURNING id, seq), \
-         woken AS (SELECT pg_notify(${channel}, $1)) \
-         SELECT array_agg(inserted.id), array_agg(inserted.seq) FROM inserted, woken",
+    let insert = format!(
+        "INSERT INTO messaging_messages (queue, identity, group_id, message_id, payload, attributes, priority, \
+         process_at, status, attempts, seq, sent_at) SELECT $1, {select}, $2 FROM UNNEST({arrays}) AS t({aliases})",
         select = columns.select.join(", "),
         arrays = arrays.join(", "),
         aliases = aliases.join(", "),
-        conflict = if assign { "" } else { "ON CONFLICT (queue, identity) WHERE identity IS NOT NULL DO NOTHING " },
     );
-    let sql = tables.sql(&[&sql]);
-    let mut query: Insert<'_> = sqlx::query_as(&sql).bind(queue).bind(now);
-    query = bind(query, uniform[0], identity);
-    query = bind(query, uniform[1], group);
-    query = bind(query, false, message_id);
-    query = bind(query, false, payload);
-    query = bind(query, uniform[2], attributes);
-    query = bind(query, uniform[3], priority);
-    query = bind(query, uniform[4], process_at);
-    query = bind(query, uniform[5], status);
-    if !assign {
-        query = bind(query, false, seq);
+    // The notification is one per statement, sent at commit (a statement of
+    // its own cost a round trip and a commit per batch). An insert's rows
+    // are matched back by their (unique) sequence values: RETURNING has no
+    // order; they come back as two arrays in one row, not a row each; no
+    // row inserted, no notification.
+    let sql = match form {
+        Form::Append => {
+            format!("WITH appended AS ({insert}), woken AS (SELECT pg_notify(${channel}, $1)) SELECT 1 FROM woken")
+        }
+        Form::Insert => format!(
+            "WITH inserted AS ({insert} ON CONFLICT (queue, identity) WHERE identity IS NOT NULL DO NOTHING \
+             RETURNING id, seq), woken AS (SELECT pg_notify(${channel}, $1)) \
+             SELECT array_agg(inserted.id), array_agg(inserted.seq) FROM inserted, woken"
+        ),
+    };
+    (tables.sql(&[&sql]).into_owned(), uniform)
+}
+
+/// Binds the parameters of [`statement`]'s insert of `rows` into `queue`.
+fn bind_rows<'q, O>(
+    query: Insert<'q, O>,
+    queue: &'q str,
+    now: i64,
+    rows: &'q [Row],
+    (form, uniform): (Form, Uniform),
+) -> Insert<'q, O> {
+    let mut query = query.bind(queue).bind(now);
+    query = bind(query, uniform[0], rows.iter().map(|r| r.identity.as_deref()).collect());
+    query = bind(query, uniform[1], rows.iter().map(|r| r.group.as_deref()).collect());
+    query = bind(query, false, rows.iter().map(|r| r.message_id.as_str()).collect());
+    query = bind(query, false, rows.iter().map(|r| r.payload.as_slice()).collect());
+    query = bind(query, uniform[2], rows.iter().map(|r| r.attributes.as_str()).collect());
+    query = bind(query, uniform[3], rows.iter().map(|r| r.priority).collect());
+    query = bind(query, uniform[4], rows.iter().map(|r| r.process_at).collect());
+    query = bind(query, uniform[5], rows.iter().map(|r| r.status.as_str()).collect());
+    if form == Form::Insert {
+        query = bind(query, false, rows.iter().map(|r| r.seq as i64).collect());
     }
-    let (ids, seqs) = query.bind(CHANNEL).fetch_one(&mut *conn).await.map_err(fail::<sqlx::Postgres>("enqueue"))?;
+    query.bind(CHANNEL)
+}
+
+/// Appends `rows` (not empty, no identity) to `queue` in one statement, the
+/// enqueue order drawn in input order; other processes are told of `queue`
+/// when it commits.
+pub(super) async fn append(
+    conn: &mut PgConnection,
+    tables: &Tables,
+    queue: &str,
+    now: i64,
+    rows: &[Row],
+) -> Result<(), TransportError> {
+    let (sql, uniform) = statement(tables, rows, Form::Append);
+    let query: Insert<'_, (i32,)> = bind_rows(sqlx::query_as(&sql), queue, now, rows, (Form::Append, uniform));
+    query.fetch_one(&mut *conn).await.map_err(fail::<sqlx::Postgres>("enqueue"))?;
+    Ok(())
+}
+
+/// The plan PostgreSQL picks for the append of `rows` to `queue`, as text.
+#[cfg(test)]
+pub(crate) async fn append_plan(conn: &mut PgConnection, tables: &Tables, queue: &str, rows: &[Row]) -> String {
+    let (sql, uniform) = statement(tables, rows, Form::Append);
+    let explain = format!("EXPLAIN {sql}");
+    let query: Insert<'_, (String,)> = bind_rows(sqlx::query_as(&explain), queue, 0, rows, (Form::Append, uniform));
+    let lines = query.fetch_all(&mut *conn).await.expect("explain the append");
+    lines.into_iter().map(|(line,)| line).collect::<Vec<_>>().join("\n")
+}
+
+/// Inserts `rows` (not empty) of `queue`, each with its identity and its own
+/// sequence value, in one statement: a row whose identity exists already is
+/// skipped (`None`); the others' ids, in input order. Other processes are
+/// told of `queue` when it commits, if a row was inserted.
+pub(super) async fn insert(
+    conn: &mut PgConnection,
+    tables: &Tables,
+    queue: &str,
+    now: i64,
+    rows: &[Row],
+) -> Result<Vec<Option<RowId>>, TransportError> {
+    let (sql, uniform) = statement(tables, rows, Form::Insert);
+    let query: Insert<'_, (Option<Vec<i64>>, Option<Vec<i64>>)> =
+        bind_rows(sqlx::query_as(&sql), queue, now, rows, (Form::Insert, uniform));
+    let (ids, seqs) = query.fetch_one(&mut *conn).await.map_err(fail::<sqlx::Postgres>("enqueue"))?;
     let inserted = ids.unwrap_or_default().into_iter().zip(seqs.unwrap_or_default()).collect();
-    Ok(in_input_order(rows, inserted, assign))
+    Ok(in_input_order(rows, inserted))
 }
 
 #[cfg(test)]

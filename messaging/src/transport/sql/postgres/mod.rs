@@ -22,6 +22,8 @@ use crate::error::TransportError;
 use crate::transport::sql::machine::{Row, RowId};
 
 mod insert;
+#[cfg(test)]
+pub(crate) use insert::append_plan;
 
 /// The notification channel enqueues signal on (payload: the queue name).
 const CHANNEL: &str = "messaging_enqueued";
@@ -301,18 +303,30 @@ impl Dialect for Postgres {
         LATERAL (SELECT identity, message_id, payload FROM messaging_previous \
             WHERE queue = $1 AND identity = keys.k LIMIT 1) p";
 
+    async fn append<'a>(
+        conn: &'a mut PgConnection,
+        tables: &'a Tables,
+        queue: &'a str,
+        now: i64,
+        rows: &'a [Row],
+    ) -> Result<(), TransportError> {
+        if rows.is_empty() {
+            return Ok(());
+        }
+        insert::append(conn, tables, queue, now, rows).await
+    }
+
     async fn insert<'a>(
         conn: &'a mut PgConnection,
         tables: &'a Tables,
         queue: &'a str,
         now: i64,
         rows: &'a [Row],
-        assign: bool,
     ) -> Result<Vec<Option<RowId>>, TransportError> {
         if rows.is_empty() {
             return Ok(Vec::new());
         }
-        insert::insert(conn, tables, queue, now, rows, assign).await
+        insert::insert(conn, tables, queue, now, rows).await
     }
 
     async fn lease<'a>(
@@ -368,14 +382,11 @@ impl Dialect for Postgres {
         queue: &'a str,
         now: i64,
         rows: &'a [Row],
-    ) -> Result<Vec<RowId>, TransportError> {
+    ) -> Result<(), TransportError> {
         // One statement, which also notifies.
         let mut w = Write::single(store).await?;
-        let ids = insert::insert(w.conn(), &store.tables, queue, now, rows, true).await;
-        let ids = w.finish(ids).await?;
-        ids.into_iter()
-            .map(|id| id.ok_or_else(|| TransportError::Backend("postgresql: the insert returned too few ids".into())))
-            .collect()
+        let appended = Self::append(w.conn(), &store.tables, queue, now, rows).await;
+        w.finish(appended).await
     }
 
     async fn complete_plain<'a>(

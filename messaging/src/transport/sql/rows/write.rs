@@ -36,6 +36,11 @@ impl Slot {
     }
 }
 
+/// What an append of `rows` stored: a new row each, its id not read back.
+fn appended(rows: Vec<Row>) -> Vec<Enqueued> {
+    rows.into_iter().map(|row| Enqueued { outcome: EnqueueOutcome::Appended, message_id: row.message_id }).collect()
+}
+
 impl<D: Dialect> SqlStore<D> {
     /// Enqueues a batch on `w`, in input order: each run of messages without
     /// identity in one multi-row insert, each run with identities in a few
@@ -81,12 +86,8 @@ impl<D: Dialect> SqlStore<D> {
         items: Vec<Enqueue>,
     ) -> Result<Vec<Enqueued>, TransportError> {
         let rows: Vec<Row> = items.into_iter().map(|e| Row::new(0, 0, now, e)).collect();
-        let ids = D::enqueue_plain(self, queue, now, &rows).await?;
-        Ok(rows
-            .into_iter()
-            .zip(ids)
-            .map(|(row, id)| Enqueued { outcome: EnqueueOutcome::Inserted(id), message_id: row.message_id })
-            .collect())
+        D::enqueue_plain(self, queue, now, &rows).await?;
+        Ok(appended(rows))
     }
 
     async fn insert_plain(
@@ -98,12 +99,8 @@ impl<D: Dialect> SqlStore<D> {
         out: &mut Vec<Enqueued>,
     ) -> Result<(), TransportError> {
         let run: Vec<Row> = run.into_iter().map(|e| Row::new(0, 0, now, e)).collect();
-        let ids = D::insert(w.conn(), &self.tables, queue, now, &run, true).await?;
-        for (row, id) in run.into_iter().zip(ids) {
-            let id =
-                id.ok_or_else(|| TransportError::Backend(format!("{}: the insert returned too few ids", D::SYSTEM)))?;
-            out.push(Enqueued { outcome: EnqueueOutcome::Inserted(id), message_id: row.message_id });
-        }
+        D::append(w.conn(), &self.tables, queue, now, &run).await?;
+        out.extend(appended(run));
         Ok(())
     }
 
@@ -184,7 +181,7 @@ impl<D: Dialect> SqlStore<D> {
             })
             .unzip();
         if !rows.is_empty() {
-            let ids = D::insert(w.conn(), &self.tables, queue, now, &rows, false).await?;
+            let ids = D::insert(w.conn(), &self.tables, queue, now, &rows).await?;
             for (versions, id) in created.into_iter().zip(ids) {
                 match id {
                     Some(id) => {

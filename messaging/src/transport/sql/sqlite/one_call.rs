@@ -37,13 +37,13 @@ fn counter_missing(rows: &[SqliteRow]) -> bool {
 }
 
 /// Inserts plain `rows` (no identity) of `queue` in one transaction, the
-/// enqueue order assigned in input order from the counter; their ids.
+/// enqueue order assigned in input order from the counter.
 pub(super) async fn enqueue_plain(
     store: &SqlStore<Sqlite>,
     queue: &str,
     now: i64,
     rows: &[Row],
-) -> Result<Vec<RowId>, TransportError> {
+) -> Result<(), TransportError> {
     let n = int(rows.len());
     // The counter moves first by the whole batch; each row's sequence is
     // then the counter's new value less the batch plus its place in it
@@ -65,7 +65,7 @@ pub(super) async fn enqueue_plain(
         // Nothing without the counter (the first statement says so).
         text.push_str(
             ") WHERE EXISTS (SELECT 1 FROM messaging_counters WHERE name = 'seq'); \
-             SELECT last_insert_rowid() AS last, changes() AS inserted",
+             SELECT changes() AS inserted",
         );
     }
     let whole = transaction(&text);
@@ -90,24 +90,21 @@ pub(super) async fn enqueue_plain(
     if counter_missing(&found) {
         return Err(missing_counter());
     }
-    // Rows cannot conflict without an identity, and under the write lock an
-    // insert's AUTOINCREMENT ids are consecutive: the last one names them all.
-    let mut ids = Vec::with_capacity(rows.len());
+    // Rows cannot conflict without an identity: each insert stores all its
+    // rows or the call fails.
     for (chunk, result) in rows.chunks(INSERT_ROWS).zip(&found) {
-        let read = |column: &str| result.try_get::<i64, _>(column).map_err(fail::<Sqlite>("enqueue"));
-        let (last, inserted) = (read("last")?, read("inserted")?);
+        let inserted = result.try_get::<i64, _>("inserted").map_err(fail::<Sqlite>("enqueue"))?;
         if inserted != int(chunk.len()) {
             return Err(TransportError::Backend(format!(
                 "sqlite: an insert of {} messages stored {inserted}",
                 chunk.len()
             )));
         }
-        ids.extend((last - inserted + 1..=last).map(|id| id as RowId));
     }
-    if ids.len() != rows.len() {
+    if found.len() != rows.chunks(INSERT_ROWS).len() {
         return Err(TransportError::Backend("sqlite: the enqueue reported too few inserts".into()));
     }
-    Ok(ids)
+    Ok(())
 }
 
 /// Leases up to `n` rows of `queue` picked by `pick` until `expires`.

@@ -151,6 +151,18 @@ fn rules() -> impl Strategy<Value = QueueRules> {
 /// A lease held on both sides: (model id, model token, store id, store token).
 type Held = (RowId, u64, RowId, u64);
 
+/// The id of the row of `queue` holding message `message_id`: appended rows
+/// (without identity) come back without theirs.
+async fn stored_id<D: Dialect>(store: &SqlStore<D>, queue: &str, message_id: &str) -> Result<RowId, String> {
+    let rows = store.rows(queue).await.map_err(|e| e.to_string())?;
+    let mut found = rows.iter().filter(|r| r.message_id == message_id).map(|r| r.id);
+    match (found.next(), found.next()) {
+        (Some(id), None) => Ok(id),
+        (None, _) => Err(format!("no row holds the appended message {message_id}")),
+        (Some(_), Some(_)) => Err(format!("two rows hold the appended message {message_id}")),
+    }
+}
+
 /// Runs one sequence; `Err` describes the first divergence.
 async fn run_case<D: Dialect>(store: &SqlStore<D>, queue: &str, rules: QueueRules, cmds: &[Cmd]) -> Result<(), String> {
     let mut model = IdentityQueue::new(rules);
@@ -181,10 +193,14 @@ async fn run_case<D: Dialect>(store: &SqlStore<D>, queue: &str, rules: QueueRule
                 if *via == Via::Rollback {
                     continue;
                 }
+                let (plain, message_id) = (e.identity.is_none(), e.message_id.clone());
                 let expected = model.enqueue(now, e);
                 match (expected, got.outcome) {
                     (EnqueueOutcome::Inserted(m), EnqueueOutcome::Inserted(s)) => {
                         ids.insert(m, s);
+                    }
+                    (EnqueueOutcome::Inserted(m), EnqueueOutcome::Appended) if plain => {
+                        ids.insert(m, stored_id(store, queue, &message_id).await.map_err(at)?);
                     }
                     (EnqueueOutcome::Updated(m), EnqueueOutcome::Updated(s))
                     | (EnqueueOutcome::Deferred(m), EnqueueOutcome::Deferred(s))
@@ -220,11 +236,14 @@ async fn run_case<D: Dialect>(store: &SqlStore<D>, queue: &str, rules: QueueRule
                     continue;
                 }
                 let expected: Vec<EnqueueOutcome> = batch.iter().map(|e| model.enqueue(now, e.clone())).collect();
-                for (e, g) in expected.into_iter().zip(got) {
+                for ((e, g), item) in expected.into_iter().zip(got).zip(&batch) {
                     let g = g.map_err(|err| at(err.to_string()))?;
                     match (e, g.outcome) {
                         (EnqueueOutcome::Inserted(m), EnqueueOutcome::Inserted(s)) => {
                             ids.insert(m, s);
+                        }
+                        (EnqueueOutcome::Inserted(m), EnqueueOutcome::Appended) if item.identity.is_none() => {
+                            ids.insert(m, stored_id(store, queue, &item.message_id).await.map_err(at)?);
                         }
                         (EnqueueOutcome::Updated(m), EnqueueOutcome::Updated(s))
                         | (EnqueueOutcome::Deferred(m), EnqueueOutcome::Deferred(s))
