@@ -30,7 +30,9 @@ pub fn encode_envelope<T: Serialize + ?Sized>(
         out.extend_from_slice(b"{\"type\":");
         serde_json::to_writer(&mut *out, name)?;
         out.extend_from_slice(b",\"v\":");
-        std::io::Write::write_fmt(out, format_args!("{version}")).map_err(serde_json::Error::io)?;
+        // As a JSON number (itoa): `write!` went through `core::fmt`, 2 % of
+        // a PostgreSQL `send_batch`'s client time in a profile.
+        serde_json::to_writer(&mut *out, &version)?;
         out.extend_from_slice(b",\"data\":");
         serde_json::to_writer(&mut *out, data)?;
         out.push(b'}');
