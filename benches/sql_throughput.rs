@@ -41,7 +41,7 @@
 //! MESSAGES=5000 LATENCY_SECS=3 cargo bench -p messaging-suite --bench sql_throughput
 //! BENCH_DB=postgres cargo bench -p messaging-suite --bench sql_throughput   # or sqlite: one database only
 //! TEST_POSTGRES_URL=postgres://user@host/db cargo bench -p messaging-suite --bench sql_throughput
-//! BENCH_ONLY=publish cargo bench -p messaging-suite --bench sql_throughput  # the publish comparison alone (to profile it)
+//! BENCH_ONLY=publish cargo bench -p messaging-suite --bench sql_throughput  # the publish comparison alone (or drain: the drains alone), to profile it
 //! ```
 
 use std::future::Future;
@@ -250,9 +250,9 @@ struct Config {
     latency: Duration,
     /// The PostgreSQL server and database (`TEST_POSTGRES_URL`).
     postgres: String,
-    /// Only the publish comparison (`BENCH_ONLY=publish`), for a profile of
-    /// the publish path alone.
-    publish_only: bool,
+    /// Only the publish comparison or only the drains (`BENCH_ONLY=publish`
+    /// or `drain`), for a profile of one path.
+    only: Option<String>,
 }
 
 impl Config {
@@ -264,7 +264,7 @@ impl Config {
             latency: Duration::from_secs(number("LATENCY_SECS").filter(|n| *n > 0).unwrap_or(10)),
             postgres: std::env::var("TEST_POSTGRES_URL")
                 .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned()),
-            publish_only: std::env::var("BENCH_ONLY").is_ok_and(|v| v.trim() == "publish"),
+            only: std::env::var("BENCH_ONLY").ok().map(|v| v.trim().to_owned()),
         }
     }
 }
@@ -812,17 +812,22 @@ async fn measure(
     raw.create().await.context("creating the baseline table")?;
     raw.create_shaped().await.context("creating the baseline table of the framework's shape")?;
     let payloads = payloads(messages)?;
-    let published = publish_side_by_side::<Publishing>(&transport, publishing, &payloads)
-        .await
-        .context("the publish comparison")?;
-    let rounds = 3 * messages;
-    let (base_publish, base_shaped) = (rate(rounds, published.plain), rate(rounds, published.shaped));
-    let publish = rate(rounds, published.framework);
-    print_rate("baseline publish (INSERT, 1,000 rows/statement)", base_publish, base_publish);
-    print_rate("messaging publish (send_batch, 1,000/call)", publish, base_publish);
-    print_rate("baseline publish, the framework's columns and indexes", base_shaped, base_shaped);
-    print_rate("messaging publish × that baseline", publish, base_shaped);
-    if config.publish_only {
+    let base_publish = if config.only.as_deref() == Some("drain") {
+        None
+    } else {
+        let published = publish_side_by_side::<Publishing>(&transport, publishing, &payloads)
+            .await
+            .context("the publish comparison")?;
+        let rounds = 3 * messages;
+        let (base_publish, base_shaped) = (rate(rounds, published.plain), rate(rounds, published.shaped));
+        let publish = rate(rounds, published.framework);
+        print_rate("baseline publish (INSERT, 1,000 rows/statement)", base_publish, base_publish);
+        print_rate("messaging publish (send_batch, 1,000/call)", publish, base_publish);
+        print_rate("baseline publish, the framework's columns and indexes", base_shaped, base_shaped);
+        print_rate("messaging publish × that baseline", publish, base_shaped);
+        Some(base_publish)
+    };
+    if config.only.as_deref() == Some("publish") {
         return Ok(());
     }
 
@@ -849,6 +854,7 @@ async fn measure(
     print_rate(&format!("baseline drain (DELETE 100 … RETURNING, {tasks})"), base_drain, base_drain);
     print_rate("messaging drain, concurrency 1", rate(messages, seq_drain), base_drain);
     print_rate("messaging drain, concurrency 8", rate(messages, par_drain), base_drain);
+    let Some(base_publish) = base_publish else { return Ok(()) };
 
     let base = baseline_latency(raw, url, config.latency).await.context("the baseline latency")?;
     let ours =
