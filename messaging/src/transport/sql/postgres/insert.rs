@@ -33,6 +33,10 @@ use crate::transport::sql::statements::Tables;
 /// A query of the insert, returning `O`.
 type Insert<'q, O> = QueryAs<'q, Postgres, O, PgArguments>;
 
+/// What an insert of identity rows returns: the ids and sequence values of
+/// the rows inserted, as two arrays (NULL: none).
+type Returned = (Option<Vec<i64>>, Option<Vec<i64>>);
+
 /// The statement's columns after `queue` (`$1`) and `sent_at` (`$2`),
 /// in the order they are bound from `$3` on.
 struct Columns {
@@ -247,8 +251,7 @@ pub(super) async fn insert(
     rows: &[Row],
 ) -> Result<Vec<Option<RowId>>, TransportError> {
     let (sql, uniform) = statement(tables, rows, Form::Insert);
-    let query: Insert<'_, (Option<Vec<i64>>, Option<Vec<i64>>)> =
-        bind_rows(sqlx::query_as(&sql), queue, now, rows, (Form::Insert, uniform));
+    let query: Insert<'_, Returned> = bind_rows(sqlx::query_as(&sql), queue, now, rows, (Form::Insert, uniform));
     let (ids, seqs) = query.fetch_one(&mut *conn).await.map_err(fail::<sqlx::Postgres>("enqueue"))?;
     let inserted = ids.unwrap_or_default().into_iter().zip(seqs.unwrap_or_default()).collect();
     Ok(in_input_order(rows, inserted))
