@@ -112,6 +112,19 @@ async fn reserve(conn: &mut SqliteConnection, tables: &Tables, n: usize) -> Resu
     Ok((last - int(n) + 1) as u64)
 }
 
+/// Error → Pending, attempts reset, for the dead letters of queue `$2` whose
+/// ids are in `$3` (a JSON array), each at the back of the queue in the
+/// array's order: its first place in the array after `$1`. One statement for a
+/// page of letters (it was one per letter, a hop to the connection's thread
+/// each: 25,000 letters a second). The unary `+` keeps the queue's and the
+/// status's indexes out of the plan: with them SQLite walked every dead
+/// letter of the queue and, for each, the whole array; without, it looks each
+/// id up by key (`tests::a_redrive_looks_each_letter_up_by_key_in_the_order_given`).
+pub(super) const REDRIVE: &str = "UPDATE messaging_messages AS m \
+    SET status = 'pending', attempts = 0, process_at = NULL, seq = $1 + given.key \
+    FROM (SELECT CAST(value AS INTEGER) AS id, min(key) AS key FROM json_each($3) GROUP BY value) AS given \
+    WHERE m.id = given.id AND +m.queue = $2 AND +m.status = 'error'";
+
 /// A multi-row insert of `rows` into `queue`, the sequence values `seqs`.
 fn insert_values<'a>(
     tables: &Tables,
@@ -372,14 +385,10 @@ impl Dialect for Sqlite {
         ids: &'a [RowId],
     ) -> Result<usize, TransportError> {
         let first = reserve(conn, tables, ids.len()).await?;
-        let sql = tables.sql(&["UPDATE messaging_messages SET status = 'pending', attempts = 0, process_at = NULL, \
-             seq = $1 WHERE id = $2 AND queue = $3 AND status = 'error'"]);
-        let mut moved = 0;
-        for (seq, &id) in (first..).zip(ids) {
-            let done = sqlx::query(&sql).bind(seq as i64).bind(id as i64).bind(queue).execute(&mut *conn).await;
-            moved += done.map_err(fail::<Self>("redrive"))?.rows_affected() as usize;
-        }
-        Ok(moved)
+        let list = serde_json::to_string(ids).unwrap_or_else(|_| "[]".to_owned());
+        let sql = tables.sql(&[REDRIVE]);
+        let done = sqlx::query(&sql).bind(first as i64).bind(queue).bind(list).execute(&mut *conn).await;
+        Ok(done.map_err(fail::<Self>("redrive"))?.rows_affected() as usize)
     }
 
     async fn notify<'a>(_: &'a Pool<Self>, _: &'a str) {}

@@ -618,6 +618,48 @@ async fn dead_letters_are_listed_counted_and_redriven() {
     close(store, db).await;
 }
 
+#[tokio::test]
+async fn a_redrive_looks_each_letter_up_by_key_in_the_order_given() {
+    let (store, db) = store().await;
+    let items: Vec<Enqueue> = (0..6).map(|i| msg(None, &format!("p{i}"))).collect();
+    for r in store.enqueue("jobs", NOW, items, false).await {
+        r.expect("enqueue");
+    }
+    enqueue(&store, "other", NOW, msg(None, "elsewhere")).await;
+    for queue in ["jobs", "other"] {
+        for l in store.lease(queue, NOW, 10, LEASE, false).await.expect("lease") {
+            let op = RowOp::DeadLetter { failure: FailedAttempt::new(1, "Error", "bad") };
+            store.apply(queue, NOW + 1, l.id, l.token, op).await.expect("dead letter");
+        }
+    }
+    let letters = store.dead_letters("jobs", 10).await.expect("letters");
+    let elsewhere = store.dead_letters("other", 10).await.expect("letters")[0].id;
+    // Out of id order, one twice, one of another queue, one that does not exist.
+    let given = vec![letters[4].id, letters[1].id, letters[5].id, letters[1].id, elsewhere, 999_999, letters[0].id];
+    assert_eq!(store.redrive("jobs", given).await.expect("redrive"), 4);
+    let order: Vec<String> = store
+        .lease("jobs", NOW + 2, 10, LEASE, false)
+        .await
+        .expect("lease")
+        .iter()
+        .map(|l| String::from_utf8_lossy(&l.payload).into_owned())
+        .collect();
+    assert_eq!(order, ["p4", "p1", "p5", "p0"], "back in the order given");
+    assert_eq!(store.error_depth("jobs").await.expect("error depth"), 2);
+    assert_eq!(store.error_depth("other").await.expect("error depth"), 1, "another queue's letter stays");
+    let plan: Vec<(i64, i64, i64, String)> = sqlx::query_as(&format!("EXPLAIN QUERY PLAN {}", super::REDRIVE))
+        .bind(0_i64)
+        .bind("jobs")
+        .bind("[1, 2, 3]")
+        .fetch_all(&store.pool)
+        .await
+        .expect("the plan");
+    let plan: Vec<String> = plan.into_iter().map(|(_, _, _, detail)| detail).collect();
+    assert!(plan.iter().any(|d| d.contains("USING INTEGER PRIMARY KEY")), "each letter by key: {plan:?}");
+    assert!(!plan.iter().any(|d| d.contains("messaging_messages_error")), "not the queue's letters: {plan:?}");
+    close(store, db).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn concurrent_leases_never_share_a_row() {
     let (store, db) = store().await;
