@@ -127,22 +127,55 @@ enum Form {
     Insert,
 }
 
-/// Which columns the rows of a statement agree on, in [`Columns`]' order:
-/// identity, group, attributes, priority, process-at, status.
-type Uniform = [bool; 6];
+/// The rows of a statement, column by column, and which columns they agree
+/// on ([`Columns`]' order: identity, group, attributes, priority,
+/// process-at, status), each column collected once for both.
+struct Values<'a> {
+    identity: Vec<Option<&'a str>>,
+    group: Vec<Option<&'a str>>,
+    message_id: Vec<&'a str>,
+    payload: Vec<&'a [u8]>,
+    attributes: Vec<&'a str>,
+    priority: Vec<i32>,
+    process_at: Vec<Option<i64>>,
+    status: Vec<&'a str>,
+    uniform: [bool; 6],
+}
 
-/// The insert of `rows` (not empty) in the `form`, and which columns it binds
-/// once ([`bind_rows`] binds its parameters); it notifies other processes of
-/// queue `$1` when it commits.
-fn statement(tables: &Tables, rows: &[Row], form: Form) -> (String, Uniform) {
-    let uniform = [
-        same_optional_text(&rows.iter().map(|r| r.identity.as_deref()).collect::<Vec<_>>()),
-        same_optional_text(&rows.iter().map(|r| r.group.as_deref()).collect::<Vec<_>>()),
-        same_text(&rows.iter().map(|r| r.attributes.as_str()).collect::<Vec<_>>()),
-        same(&rows.iter().map(|r| r.priority).collect::<Vec<_>>()),
-        same(&rows.iter().map(|r| r.process_at).collect::<Vec<_>>()),
-        same_text(&rows.iter().map(|r| r.status.as_str()).collect::<Vec<_>>()),
-    ];
+impl<'a> Values<'a> {
+    fn of(rows: &'a [Row]) -> Self {
+        let identity: Vec<Option<&str>> = rows.iter().map(|r| r.identity.as_deref()).collect();
+        let group: Vec<Option<&str>> = rows.iter().map(|r| r.group.as_deref()).collect();
+        let attributes: Vec<&str> = rows.iter().map(|r| r.attributes.as_str()).collect();
+        let priority: Vec<i32> = rows.iter().map(|r| r.priority).collect();
+        let process_at: Vec<Option<i64>> = rows.iter().map(|r| r.process_at).collect();
+        let status: Vec<&str> = rows.iter().map(|r| r.status.as_str()).collect();
+        let uniform = [
+            same_optional_text(&identity),
+            same_optional_text(&group),
+            same_text(&attributes),
+            same(&priority),
+            same(&process_at),
+            same_text(&status),
+        ];
+        Values {
+            identity,
+            group,
+            message_id: rows.iter().map(|r| r.message_id.as_str()).collect(),
+            payload: rows.iter().map(|r| r.payload.as_slice()).collect(),
+            attributes,
+            priority,
+            process_at,
+            status,
+            uniform,
+        }
+    }
+}
+
+/// The insert of `values` (not empty) in the `form` ([`bind_rows`] binds its
+/// parameters); it notifies other processes of queue `$1` when it commits.
+fn statement(tables: &Tables, values: &Values<'_>, form: Form) -> String {
+    let uniform = values.uniform;
     let mut columns = Columns::new();
     columns.column("i", "text", uniform[0]);
     columns.column("g", "text", uniform[1]);
@@ -187,26 +220,28 @@ fn statement(tables: &Tables, rows: &[Row], form: Form) -> (String, Uniform) {
              SELECT array_agg(inserted.id), array_agg(inserted.seq) FROM inserted, woken"
         ),
     };
-    (tables.sql(&[&sql]).into_owned(), uniform)
+    tables.sql(&[&sql]).into_owned()
 }
 
-/// Binds the parameters of [`statement`]'s insert of `rows` into `queue`.
+/// Binds the parameters of [`statement`]'s insert of `rows` (whose
+/// `values` they are) into `queue`.
 fn bind_rows<'q, O>(
     query: Insert<'q, O>,
     queue: &'q str,
     now: i64,
-    rows: &'q [Row],
-    (form, uniform): (Form, Uniform),
+    (rows, values): (&'q [Row], Values<'q>),
+    form: Form,
 ) -> Insert<'q, O> {
+    let uniform = values.uniform;
     let mut query = query.bind(queue).bind(now);
-    query = bind(query, uniform[0], rows.iter().map(|r| r.identity.as_deref()).collect());
-    query = bind(query, uniform[1], rows.iter().map(|r| r.group.as_deref()).collect());
-    query = bind(query, false, rows.iter().map(|r| r.message_id.as_str()).collect());
-    query = bind(query, false, rows.iter().map(|r| r.payload.as_slice()).collect());
-    query = bind(query, uniform[2], rows.iter().map(|r| r.attributes.as_str()).collect());
-    query = bind(query, uniform[3], rows.iter().map(|r| r.priority).collect());
-    query = bind(query, uniform[4], rows.iter().map(|r| r.process_at).collect());
-    query = bind(query, uniform[5], rows.iter().map(|r| r.status.as_str()).collect());
+    query = bind(query, uniform[0], values.identity);
+    query = bind(query, uniform[1], values.group);
+    query = bind(query, false, values.message_id);
+    query = bind(query, false, values.payload);
+    query = bind(query, uniform[2], values.attributes);
+    query = bind(query, uniform[3], values.priority);
+    query = bind(query, uniform[4], values.process_at);
+    query = bind(query, uniform[5], values.status);
     if form == Form::Insert {
         query = bind(query, false, rows.iter().map(|r| r.seq as i64).collect());
     }
@@ -223,8 +258,9 @@ pub(super) async fn append(
     now: i64,
     rows: &[Row],
 ) -> Result<(), TransportError> {
-    let (sql, uniform) = statement(tables, rows, Form::Append);
-    let query: Insert<'_, (i32,)> = bind_rows(sqlx::query_as(&sql), queue, now, rows, (Form::Append, uniform));
+    let values = Values::of(rows);
+    let sql = statement(tables, &values, Form::Append);
+    let query: Insert<'_, (i32,)> = bind_rows(sqlx::query_as(&sql), queue, now, (rows, values), Form::Append);
     query.fetch_one(&mut *conn).await.map_err(fail::<sqlx::Postgres>("enqueue"))?;
     Ok(())
 }
@@ -232,9 +268,9 @@ pub(super) async fn append(
 /// The plan PostgreSQL picks for the append of `rows` to `queue`, as text.
 #[cfg(test)]
 pub(crate) async fn append_plan(conn: &mut PgConnection, tables: &Tables, queue: &str, rows: &[Row]) -> String {
-    let (sql, uniform) = statement(tables, rows, Form::Append);
-    let explain = format!("EXPLAIN {sql}");
-    let query: Insert<'_, (String,)> = bind_rows(sqlx::query_as(&explain), queue, 0, rows, (Form::Append, uniform));
+    let values = Values::of(rows);
+    let explain = format!("EXPLAIN {}", statement(tables, &values, Form::Append));
+    let query: Insert<'_, (String,)> = bind_rows(sqlx::query_as(&explain), queue, 0, (rows, values), Form::Append);
     let lines = query.fetch_all(&mut *conn).await.expect("explain the append");
     lines.into_iter().map(|(line,)| line).collect::<Vec<_>>().join("\n")
 }
@@ -250,8 +286,9 @@ pub(super) async fn insert(
     now: i64,
     rows: &[Row],
 ) -> Result<Vec<Option<RowId>>, TransportError> {
-    let (sql, uniform) = statement(tables, rows, Form::Insert);
-    let query: Insert<'_, Returned> = bind_rows(sqlx::query_as(&sql), queue, now, rows, (Form::Insert, uniform));
+    let values = Values::of(rows);
+    let sql = statement(tables, &values, Form::Insert);
+    let query: Insert<'_, Returned> = bind_rows(sqlx::query_as(&sql), queue, now, (rows, values), Form::Insert);
     let (ids, seqs) = query.fetch_one(&mut *conn).await.map_err(fail::<sqlx::Postgres>("enqueue"))?;
     let inserted = ids.unwrap_or_default().into_iter().zip(seqs.unwrap_or_default()).collect();
     Ok(in_input_order(rows, inserted))
