@@ -40,6 +40,21 @@ impl Writer {
     pub(crate) fn shared(keep: bool) -> Arc<Mutex<Writer>> {
         Arc::new(Mutex::new(Writer { conn: None, open: false, keep }))
     }
+
+    /// The kept connection, taken from `pool` when there is none.
+    async fn connection(&mut self, pool: &Pool<Sqlite>) -> Result<&mut PoolConnection<Sqlite>, sqlx::Error> {
+        Ok(match &mut self.conn {
+            Some(conn) => conn,
+            empty => empty.insert(pool.acquire().await?),
+        })
+    }
+
+    /// After a call: the connection back to the pool unless it is kept.
+    fn done(&mut self) {
+        if !self.keep {
+            self.conn = None;
+        }
+    }
 }
 
 impl Drop for Writer {
@@ -83,14 +98,8 @@ impl Turn {
         query: sqlx::query::Query<'q, Sqlite, SqliteArguments<'q>>,
     ) -> Result<Vec<SqliteRow>, sqlx::Error> {
         let writer = &mut *self.0;
-        let conn = match &mut writer.conn {
-            Some(conn) => conn,
-            empty => empty.insert(pool.acquire().await?),
-        };
-        let result = query.fetch_all(&mut **conn).await;
-        if !writer.keep {
-            writer.conn = None;
-        }
+        let result = query.fetch_all(&mut **writer.connection(pool).await?).await;
+        writer.done();
         result
     }
 
@@ -103,13 +112,17 @@ impl Turn {
         query: sqlx::query::Query<'q, Sqlite, SqliteArguments<'q>>,
     ) -> Result<Vec<SqliteRow>, sqlx::Error> {
         let writer = &mut *self.0;
-        let conn = match &mut writer.conn {
-            Some(conn) => conn,
-            empty => empty.insert(pool.acquire().await?),
-        };
         // Set before the call and cleared after it: if the call is cut
-        // short, `drop` finds the connection still here and closes it.
+        // short, `drop` finds the connection still here and closes it (and
+        // finds none if it was cut short while taking one).
         writer.open = true;
+        let conn = match writer.connection(pool).await {
+            Ok(conn) => conn,
+            Err(e) => {
+                writer.open = false;
+                return Err(e);
+            }
+        };
         let result = query.fetch_all(&mut **conn).await;
         if result.is_err() {
             // A statement failed and the ones after it did not run: the
@@ -123,9 +136,7 @@ impl Turn {
             }
         }
         writer.open = false;
-        if !writer.keep {
-            writer.conn = None; // back to the pool
-        }
+        writer.done();
         result
     }
 }
