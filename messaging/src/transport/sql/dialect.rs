@@ -20,7 +20,7 @@ use sqlx::{Pool, Transaction};
 
 use super::driver::{Driver, Value};
 use super::record::LeasedRow;
-use super::statements::StoreForm;
+use super::statements::{FifoSearch, StoreForm};
 use super::Tables;
 use crate::error::TransportError;
 use crate::transport::sql::machine::{Row, RowId};
@@ -151,14 +151,15 @@ pub trait Dialect: Driver + sealed::Sealed + Sized {
         rows: &'a [Row],
     ) -> impl Future<Output = Result<Vec<Option<RowId>>, TransportError>> + Send + 'a;
 
-    /// Leases up to `n` rows (a standard queue's `partition` when given).
+    /// Leases up to `n` rows (a standard queue's `partition` when given; a
+    /// FIFO queue's heads when `fifo` says how far to look for them).
     fn lease<'a>(
         store: &'a SqlStore<Self>,
         queue: &'a str,
         now: i64,
         n: usize,
         lease_ms: i64,
-        fifo: bool,
+        fifo: Option<FifoSearch>,
         partition: Option<(u32, u32)>,
     ) -> impl Future<Output = Result<Vec<LeasedRow>, TransportError>> + Send + 'a;
 
@@ -455,9 +456,9 @@ pub(crate) fn flag<D: Dialect>(rows: &[D::Row], i: usize, what: &str) -> Result<
 }
 
 /// Leased rows, decoded and in the order they go out.
-pub(crate) fn leased<D: Dialect>(found: &[D::Row], fifo: bool) -> Result<Vec<LeasedRow>, TransportError> {
+pub(crate) fn leased<D: Dialect>(found: &[D::Row]) -> Result<Vec<LeasedRow>, TransportError> {
     let records = found.iter().map(D::leased).collect::<Result<_, _>>().map_err(fail::<D>("lease"))?;
-    Ok(super::record::in_order(records, fifo))
+    Ok(super::record::in_order(records))
 }
 
 /// Whole message rows.

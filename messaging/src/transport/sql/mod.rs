@@ -240,7 +240,7 @@ impl<D: Dialect> SqlTransport<D> {
         let (name, fifo, of) = (q.spec.name, q.spec.fifo, D::CONCURRENT_LEASES);
         if !fifo && of > 1 {
             let part = q.turn.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % of;
-            let rows = D::lease(&self.store, name, self.store.now(), n, lease_ms, false, Some((part, of))).await?;
+            let rows = D::lease(&self.store, name, self.store.now(), n, lease_ms, None, Some((part, of))).await?;
             if !rows.is_empty() {
                 return Ok(rows);
             }

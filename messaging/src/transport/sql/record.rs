@@ -61,14 +61,10 @@ pub(crate) struct LeasedRow {
 }
 
 /// Leased rows in the order they go out (a RETURNING clause comes in no
-/// particular order): FIFO heads by enqueue order, others by priority then
-/// enqueue order.
-pub(crate) fn in_order(mut leased: Vec<LeasedRow>, fifo: bool) -> Vec<LeasedRow> {
-    if fifo {
-        leased.sort_by_key(|r| r.seq);
-    } else {
-        leased.sort_by_key(|r| (std::cmp::Reverse(r.priority), r.seq));
-    }
+/// particular order): by priority then enqueue order (on a FIFO queue, one
+/// head per group).
+pub(crate) fn in_order(mut leased: Vec<LeasedRow>) -> Vec<LeasedRow> {
+    leased.sort_by_key(|r| (std::cmp::Reverse(r.priority), r.seq));
     leased
 }
 

@@ -252,20 +252,100 @@ pub(crate) const ROWS: &str = concat!("SELECT ", columns!(), " FROM messaging_me
 pub(crate) const PICK_STANDARD: &str = "SELECT id FROM messaging_messages WHERE queue = $1 AND status = 'pending' \
     ORDER BY priority DESC, seq LIMIT $2";
 
-/// FIFO: the head of each group with nothing leased, one per group, in
-/// enqueue order. The head of a group is its earliest pending or sleeping
-/// row; a sleeping head holds the group back. Rows without a group form one
-/// group (as in the state machine; the transport refuses such messages on a
-/// FIFO queue, so only rows written by other means have none).
-pub(crate) const PICK_FIFO: &str = "SELECT id FROM ( \
-        SELECT id, group_id, status, seq, \
-            row_number() OVER (PARTITION BY group_id ORDER BY seq) AS place \
-        FROM messaging_messages WHERE queue = $1 AND status IN ('pending', 'sleeping')) heads \
-    WHERE place = 1 AND status = 'pending' AND NOT EXISTS ( \
-        SELECT 1 FROM messaging_messages l WHERE l.queue = $1 \
-        AND l.group_id IS NOT DISTINCT FROM heads.group_id \
-        AND l.status IN ('processing', 'awaiting_release')) \
-    ORDER BY seq LIMIT $2";
+/// FIFO: the heads of groups with nothing leased, by priority, then enqueue
+/// order (`$1` queue, `$2` how many; `$3` is the lease's; `$4` and `$5`
+/// bound the first two ways below, [`FifoSearch`]). The head of a group is
+/// its earliest waiting (pending or sleeping) row; a sleeping head holds the
+/// group back. Every message of a FIFO queue has a group (the transport
+/// refuses one without), so rows without one are never picked.
+///
+/// Reading every waiting row to find the heads (a sort of the whole
+/// backlog) took 45-60 ms per lease on PostgreSQL and 40-90 ms on SQLite
+/// with 25,000 waiting, whether in 10 groups or in 25,000, so a FIFO queue
+/// with a backlog drained at a few hundred messages a second. The statement
+/// now tries two ways that read little, each of which is exact when it
+/// answers, and reads everything only when neither does (`tier`):
+/// 1. the walk: the first `$4` pending rows in lease order (the ready
+///    index), each kept if no earlier row of its group waits or is leased
+///    (one probe of the groups index) and its group is not locked. Exact
+///    when it finds `$2`: a row it did not reach comes later in lease order.
+///    This is the answer when most waiting rows are heads (a group per
+///    customer).
+/// 2. the groups: each group with waiting or leased rows, found by a skip
+///    scan of the groups index (one probe per group, at most `$5` groups),
+///    and its first row. Exact when the scan reached the last group. This is
+///    the answer for a few long groups, where the walk finds their heads but
+///    not `$2` of them.
+/// 3. otherwise, every waiting row (more than `$5` groups, and the first `$4`
+///    rows mostly behind locked or sleeping heads).
+///
+/// With 25,000 waiting: 1.3-3 ms (PostgreSQL) and 1-2 ms (SQLite) per lease
+/// of 32, in 10 groups or in 25,000. SQLite evaluates a scalar subquery in a
+/// WHERE clause row by row, so the third way's scan joins `tier` first
+/// (`CROSS JOIN` keeps that order) and does not start unless it is chosen.
+pub(crate) const PICK_FIFO: &str = "WITH RECURSIVE \
+    locked AS MATERIALIZED ( \
+        SELECT DISTINCT group_id FROM messaging_messages \
+        WHERE queue = $1 AND status IN ('processing', 'awaiting_release') AND group_id IS NOT NULL), \
+    walk AS MATERIALIZED ( \
+        SELECT w.id, w.priority, w.seq FROM ( \
+            SELECT id, group_id, priority, seq FROM messaging_messages WHERE queue = $1 AND status = 'pending' \
+            ORDER BY priority DESC, seq LIMIT $4) w \
+        WHERE w.group_id NOT IN (SELECT group_id FROM locked) \
+            AND (SELECT 1 FROM messaging_messages e WHERE e.queue = $1 AND e.group_id = w.group_id \
+                AND e.seq < w.seq AND e.group_id IS NOT NULL \
+                AND e.status IN ('pending', 'sleeping', 'processing', 'awaiting_release') LIMIT 1) IS NULL \
+        ORDER BY w.priority DESC, w.seq LIMIT $2), \
+    groups (group_id, n) AS MATERIALIZED ( \
+        SELECT (SELECT group_id FROM messaging_messages WHERE queue = $1 AND group_id IS NOT NULL \
+            AND status IN ('pending', 'sleeping', 'processing', 'awaiting_release') ORDER BY group_id LIMIT 1), 1 \
+        UNION ALL \
+        SELECT (SELECT m.group_id FROM messaging_messages m WHERE m.queue = $1 AND m.group_id > g.group_id \
+            AND m.group_id IS NOT NULL AND m.status IN ('pending', 'sleeping', 'processing', 'awaiting_release') \
+            ORDER BY m.group_id LIMIT 1), g.n + 1 \
+        FROM groups g WHERE g.group_id IS NOT NULL AND g.n <= $5), \
+    tier AS MATERIALIZED ( \
+        SELECT CASE WHEN (SELECT count(*) FROM walk) >= $2 THEN 1 \
+            WHEN EXISTS (SELECT 1 FROM groups WHERE group_id IS NULL) THEN 2 ELSE 3 END AS way), \
+    heads AS MATERIALIZED ( \
+        SELECT (SELECT m.id FROM messaging_messages m WHERE m.queue = $1 AND m.group_id = g.group_id \
+                AND m.group_id IS NOT NULL AND m.status IN ('pending', 'sleeping', 'processing', 'awaiting_release') \
+                ORDER BY m.seq LIMIT 1) AS id \
+        FROM groups g WHERE (SELECT way FROM tier) = 2 AND g.group_id NOT IN (SELECT group_id FROM locked)) \
+    SELECT id FROM ( \
+    SELECT id, priority, seq FROM walk WHERE (SELECT way FROM tier) = 1 \
+    UNION ALL \
+    SELECT id, (SELECT priority FROM messaging_messages p WHERE p.id = heads.id), \
+            (SELECT seq FROM messaging_messages s WHERE s.id = heads.id) FROM heads \
+        WHERE (SELECT status FROM messaging_messages h WHERE h.id = heads.id) = 'pending' \
+    UNION ALL \
+    SELECT id, priority, seq FROM ( \
+            SELECT id, group_id, status, seq, priority, \
+                row_number() OVER (PARTITION BY group_id ORDER BY seq) AS place \
+            FROM tier CROSS JOIN messaging_messages WHERE tier.way = 3 AND (SELECT way FROM tier) = 3 \
+                AND queue = $1 AND group_id IS NOT NULL AND status IN ('pending', 'sleeping')) heads \
+        WHERE place = 1 AND status = 'pending' AND group_id NOT IN (SELECT group_id FROM locked) \
+    ) picked ORDER BY priority DESC, seq LIMIT $2";
+
+/// How far [`PICK_FIFO`] looks before it reads every waiting row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct FifoSearch {
+    /// Pending rows the walk reads (`$4`).
+    pub(crate) walk: i64,
+    /// Groups the skip scan enumerates (`$5`).
+    pub(crate) groups: i64,
+}
+
+impl FifoSearch {
+    /// For a lease of `n`: a walk of four times as many rows and 64 more
+    /// (room for rows behind locked heads), and up to 512 groups (a probe
+    /// each, about 10 us on PostgreSQL: 5 ms at most, a tenth of reading a
+    /// backlog of 25,000).
+    pub(crate) fn for_lease(n: usize) -> FifoSearch {
+        let n = i64::try_from(n).unwrap_or(i64::MAX / 8);
+        FifoSearch { walk: n.saturating_mul(4).saturating_add(64), groups: 512 }
+    }
+}
 
 // Idempotency claims.
 

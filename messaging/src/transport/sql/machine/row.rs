@@ -570,7 +570,9 @@ impl IdentityQueue {
 
     /// Leases up to `n` rows for `lease_ms`: highest priority first, then
     /// enqueue order. On a FIFO queue only the first waiting row of a group
-    /// with nothing leased is eligible, and groups go by enqueue order.
+    /// with nothing leased is eligible; every row of a FIFO queue has a group
+    /// (the transport refuses a message without one), and a row without one
+    /// is never leased.
     pub(crate) fn lease(&mut self, now: i64, n: usize, lease_ms: i64) -> Vec<Leased> {
         self.expire(now);
         let mut candidates: Vec<&Row> = Vec::new();
@@ -579,18 +581,18 @@ impl IdentityQueue {
                 self.rows.values().filter(|r| r.status.is_leased()).map(|r| r.group.clone()).collect();
             // The head of each group: its earliest waiting (P or S) row.
             let mut heads: HashMap<Option<String>, &Row> = HashMap::new();
-            for row in self.rows.values().filter(|r| matches!(r.status, Status::Pending | Status::Sleeping)) {
+            let waiting = |r: &&Row| matches!(r.status, Status::Pending | Status::Sleeping) && r.group.is_some();
+            for row in self.rows.values().filter(waiting) {
                 let head = heads.entry(row.group.clone()).or_insert(row);
                 if row.seq < head.seq {
                     *head = row;
                 }
             }
             candidates.extend(heads.into_values().filter(|r| !blocked.contains(&r.group) && r.is_eligible(now)));
-            candidates.sort_by_key(|r| r.seq);
         } else {
             candidates.extend(self.rows.values().filter(|r| r.is_eligible(now)));
-            candidates.sort_by(|a, b| b.priority.cmp(&a.priority).then(a.seq.cmp(&b.seq)));
         }
+        candidates.sort_by(|a, b| b.priority.cmp(&a.priority).then(a.seq.cmp(&b.seq)));
         let chosen: Vec<RowId> = candidates.into_iter().take(n).map(|r| r.id).collect();
         let mut out = Vec::with_capacity(chosen.len());
         for id in chosen {

@@ -17,7 +17,7 @@ use tokio::sync::{broadcast, oneshot};
 use super::clock::Clock;
 use super::dialect::{backend, fail, ids, leased, Dialect, SqlStore, StopOnDrop, Write};
 use super::record::LeasedRow;
-use super::statements::{self as sql, StoreForm, Tables};
+use super::statements::{self as sql, FifoSearch, StoreForm, Tables};
 use crate::error::TransportError;
 use crate::transport::sql::machine::{Row, RowId};
 
@@ -132,10 +132,10 @@ const LEASE_PICKED: &str = "token AS (SELECT nextval('messaging_seq') AS value) 
         lease_expires = $3, attempts = m.attempts + 1 \
      FROM picked, token WHERE m.id = picked.picked_id RETURNING ";
 
-/// Leases rows picked by id, each with its own token.
-const LEASE_IDS: &str = "UPDATE messaging_messages SET status = 'processing', \
-        lease_token = (SELECT nextval('messaging_seq')), lease_expires = $2, attempts = attempts + 1 \
-     WHERE id = ANY($1) AND status = 'pending' RETURNING ";
+/// Leases a FIFO queue's heads ([`sql::PICK_FIFO`]), with one token.
+const LEASE_HEADS: &str = "UPDATE messaging_messages SET status = 'processing', \
+        lease_token = (SELECT nextval('messaging_seq')), lease_expires = $3, attempts = attempts + 1 \
+     WHERE status = 'pending' AND id IN (";
 
 /// The completion of plain rows (`$1` ids in increasing order, `$2` their
 /// tokens, `$3` the queue, `$4` now): deleted, or kept as processed; returns
@@ -335,11 +335,11 @@ impl Dialect for Postgres {
         now: i64,
         n: usize,
         lease_ms: i64,
-        fifo: bool,
+        fifo: Option<FifoSearch>,
         partition: Option<(u32, u32)>,
     ) -> Result<Vec<LeasedRow>, TransportError> {
         let limit = i64::try_from(n).unwrap_or(i64::MAX);
-        if !fifo {
+        let Some(search) = fifo else {
             let pick = if partition.is_some() { LEASE_PART } else { LEASE_WHOLE };
             let sql = store.tables.sql(&[pick, LEASE_PICKED, sql::LEASED]);
             let mut query = sqlx::query(&sql).bind(queue).bind(limit).bind(now + lease_ms);
@@ -347,8 +347,8 @@ impl Dialect for Postgres {
                 query = query.bind(i64::from(part)).bind(i64::from(of));
             }
             let rows = query.fetch_all(&store.pool).await.map_err(fail::<Self>("lease"))?;
-            return leased::<Self>(&rows, false);
-        }
+            return leased::<Self>(&rows);
+        };
         // FIFO: leases of one queue take turns under an advisory lock, so
         // that two never pick the same group's head.
         let mut w = Write::begin(store).await?;
@@ -358,23 +358,19 @@ impl Dialect for Postgres {
                 .execute(&mut *w.conn())
                 .await
                 .map_err(fail::<Self>("lease lock"))?;
-            let pick = store.tables.sql(&[sql::PICK_FIFO]);
-            let heads: Vec<i64> = sqlx::query_scalar(&pick)
+            let update = store.tables.sql(&[LEASE_HEADS, sql::PICK_FIFO, ") RETURNING ", sql::LEASED]);
+            sqlx::query(&update)
                 .bind(queue)
                 .bind(limit)
-                .fetch_all(&mut *w.conn())
-                .await
-                .map_err(fail::<Self>("lease"))?;
-            let update = store.tables.sql(&[LEASE_IDS, sql::LEASED]);
-            sqlx::query(&update)
-                .bind(&heads)
                 .bind(now + lease_ms)
+                .bind(search.walk)
+                .bind(search.groups)
                 .fetch_all(&mut *w.conn())
                 .await
                 .map_err(fail::<Self>("lease"))
         }
         .await;
-        leased::<Self>(&w.finish(result).await?, true)
+        leased::<Self>(&w.finish(result).await?)
     }
 
     async fn enqueue_plain<'a>(

@@ -10,7 +10,7 @@ mod write;
 use super::dialect::{fail, flag, int, rows, Dialect, SqlStore, Write};
 use super::driver::Value;
 use super::record::LeasedRow;
-use super::statements as sql;
+use super::statements::{self as sql, FifoSearch};
 use super::store::{Enqueued, RowOp};
 use crate::error::TransportError;
 use crate::transport::sql::machine::{Enqueue, QueueRules, Row, RowId};
@@ -210,10 +210,24 @@ impl<D: Dialect> SqlStore<D> {
         lease_ms: i64,
         fifo: bool,
     ) -> Result<Vec<LeasedRow>, TransportError> {
+        let search = fifo.then(|| FifoSearch::for_lease(n));
+        self.lease_searching(queue, now, n, lease_ms, search).await
+    }
+
+    /// [`SqlStore::lease`], a FIFO queue's heads looked for as far as
+    /// `search` says (the model test tries every way of [`sql::PICK_FIFO`]).
+    pub(crate) async fn lease_searching(
+        &self,
+        queue: &str,
+        now: i64,
+        n: usize,
+        lease_ms: i64,
+        search: Option<FifoSearch>,
+    ) -> Result<Vec<LeasedRow>, TransportError> {
         if n == 0 {
             return Ok(Vec::new());
         }
-        D::lease(self, queue, now, n, lease_ms, fifo, None).await
+        D::lease(self, queue, now, n, lease_ms, search, None).await
     }
     /// Completes leased rows; one result per item (`StaleReceipt` for a lost lease).
     pub(crate) async fn complete(

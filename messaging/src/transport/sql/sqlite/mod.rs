@@ -27,7 +27,7 @@ use tokio::sync::Mutex;
 
 use super::dialect::{fail, in_input_order, Dialect, SqlStore, StopOnDrop};
 use super::record::LeasedRow;
-use super::statements::{self as sql, StoreForm, Tables};
+use super::statements::{self as sql, FifoSearch, StoreForm, Tables};
 use crate::error::TransportError;
 use crate::transport::sql::machine::{Row, RowId};
 
@@ -352,11 +352,10 @@ impl Dialect for Sqlite {
         now: i64,
         n: usize,
         lease_ms: i64,
-        fifo: bool,
+        fifo: Option<FifoSearch>,
         _partition: Option<(u32, u32)>,
     ) -> Result<Vec<LeasedRow>, TransportError> {
-        let pick = if fifo { sql::PICK_FIFO } else { sql::PICK_STANDARD };
-        one_call::lease(store, queue, n, now + lease_ms, pick, fifo).await
+        one_call::lease(store, queue, n, now + lease_ms, fifo).await
     }
 
     async fn enqueue_plain<'a>(

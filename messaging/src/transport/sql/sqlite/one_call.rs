@@ -17,7 +17,7 @@ use crate::error::TransportError;
 use crate::transport::sql::dialect::{fail, leased, SqlStore};
 use crate::transport::sql::machine::{Row, RowId};
 use crate::transport::sql::record::LeasedRow;
-use crate::transport::sql::statements as sql;
+use crate::transport::sql::statements::{self as sql, FifoSearch};
 
 /// Rows per insert statement: 8 values each, under SQLite's 32,766 bound
 /// parameters, and as many as `send_batch` gives at once (`max_send_batch`).
@@ -107,15 +107,16 @@ pub(super) async fn enqueue_plain(
     Ok(())
 }
 
-/// Leases up to `n` rows of `queue` picked by `pick` until `expires`.
+/// Leases up to `n` rows of `queue` until `expires`: the first pending ones,
+/// or a FIFO queue's heads looked for as far as `fifo` says.
 pub(super) async fn lease(
     store: &SqlStore<Sqlite>,
     queue: &str,
     n: usize,
     expires: i64,
-    pick: &str,
-    fifo: bool,
+    fifo: Option<FifoSearch>,
 ) -> Result<Vec<LeasedRow>, TransportError> {
+    let pick = if fifo.is_some() { sql::PICK_FIFO } else { sql::PICK_STANDARD };
     // The picked rows take the counter's next value as their token, and the
     // counter moves only if some row was leased (`changes()`: the rows the
     // statement before changed): a FIFO queue whose groups are all leased
@@ -143,7 +144,10 @@ pub(super) async fn lease(
         .concat(),
     );
     let text = store.tables.sql(&[&whole]);
-    let query = sqlx::query(&text).bind(queue).bind(int(n)).bind(expires);
+    let mut query = sqlx::query(&text).bind(queue).bind(int(n)).bind(expires);
+    if let Some(search) = fifo {
+        query = query.bind(search.walk).bind(search.groups);
+    }
     let mut turn = Turn::take(&store.state.writer).await;
     // Most idle polls find nothing: look before taking the write lock (which
     // an application sharing the file may hold), on the turn's connection.
@@ -156,7 +160,7 @@ pub(super) async fn lease(
     if counter_missing(&found) {
         return Err(missing_counter());
     }
-    leased::<Sqlite>(&found, fifo)
+    leased::<Sqlite>(&found)
 }
 
 /// Completes the plain rows whose lease the items hold (deleted, or kept as

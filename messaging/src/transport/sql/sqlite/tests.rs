@@ -555,8 +555,8 @@ async fn fifo_leases_group_heads_in_enqueue_order() {
         grouped(Some("g1"), "a1"),
         grouped(Some("g1"), "a2"),
         grouped(Some("g2"), "b1"),
-        grouped(None, "n1"),
-        grouped(None, "n2"),
+        grouped(Some("g4"), "n1"),
+        grouped(Some("g4"), "n2"),
         Enqueue { process_at: Some(NOW + 100), ..grouped(Some("g3"), "c1") },
         grouped(Some("g3"), "c2"),
     ] {

@@ -7,6 +7,7 @@
 #![allow(clippy::unwrap_used)] // tests: a failed step is a failed test
 
 mod claims;
+mod fifo;
 mod model;
 mod notify;
 mod plans;

@@ -10,6 +10,7 @@
 use std::collections::HashMap;
 
 use crate::transport::sql::machine::{Enqueue, EnqueueOutcome, IdentityQueue, QueueRules, Row, RowId, Status};
+use crate::transport::sql::statements::FifoSearch;
 use crate::transport::sql::{Dialect, RowOp, SqlStore};
 use crate::transport::FailedAttempt;
 use proptest::prelude::*;
@@ -34,6 +35,9 @@ enum Cmd {
     },
     Lease {
         n: usize,
+        /// How far a FIFO lease looks (rows walked, groups enumerated):
+        /// small bounds make it take each of its three ways.
+        search: (i64, i64),
     },
     Complete {
         pick: usize,
@@ -122,7 +126,7 @@ fn cmd() -> impl Strategy<Value = Cmd> {
             .prop_map(|(identity, payload, priority, delay, group, via)| Cmd::Enqueue { identity, payload, priority, delay, group, via }),
         1 => (prop::collection::vec((proptest::option::of(0u8..4), 0u8..3), 1..5), via())
             .prop_map(|(items, via)| Cmd::EnqueueBatch { items, via }),
-        3 => (1usize..4).prop_map(|n| Cmd::Lease { n }),
+        3 => (1usize..4, search()).prop_map(|(n, search)| Cmd::Lease { n, search }),
         2 => any::<usize>().prop_map(|pick| Cmd::Complete { pick }),
         1 => (any::<usize>(), 0i64..800).prop_map(|(pick, backoff)| Cmd::Fail { pick, backoff }),
         1 => any::<usize>().prop_map(|pick| Cmd::Release { pick }),
@@ -134,6 +138,12 @@ fn cmd() -> impl Strategy<Value = Cmd> {
         1 => (any::<usize>(), prop_oneof![Just(ConsoleOp::RetryNow), Just(ConsoleOp::Delete), Just(ConsoleOp::RedriveById)])
             .prop_map(|(pick, op)| Cmd::Console { pick, op }),
     ]
+}
+
+/// Bounds of a FIFO lease's search ([`FifoSearch`]): none, tight, and wide.
+fn search() -> impl Strategy<Value = (i64, i64)> {
+    let bound = || prop_oneof![Just(0i64), Just(1), Just(2), Just(1_000)];
+    (bound(), bound())
 }
 
 fn rules() -> impl Strategy<Value = QueueRules> {
@@ -181,9 +191,9 @@ async fn run_case<D: Dialect>(store: &SqlStore<D>, queue: &str, rules: QueueRule
                     priority: *priority,
                     process_at: delay.map(|d| now + d),
                     status: None,
-                    // On a FIFO queue group 0 stands for "no group": such rows form one
-                    // group of their own (the rule the state machine decides).
-                    group: (rules.fifo && *group > 0).then(|| format!("g{group}")),
+                    // Every message of a FIFO queue has a group (the transport
+                    // refuses one without).
+                    group: rules.fifo.then(|| format!("g{group}")),
                     attributes: String::new(),
                 };
                 let got = enqueue_via(store, queue, now, vec![e.clone()], rules.idempotent, *via)
@@ -254,11 +264,13 @@ async fn run_case<D: Dialect>(store: &SqlStore<D>, queue: &str, rules: QueueRule
                     }
                 }
             }
-            Cmd::Lease { n } => {
+            Cmd::Lease { n, search } => {
                 model.purge(now);
                 store.maintain(queue, now, rules).await.map_err(|e| at(e.to_string()))?;
                 let expected = model.lease(now, *n, LEASE_MS);
-                let got = store.lease(queue, now, *n, LEASE_MS, rules.fifo).await.map_err(|e| at(e.to_string()))?;
+                let search = rules.fifo.then_some(FifoSearch { walk: search.0, groups: search.1 });
+                let got =
+                    store.lease_searching(queue, now, *n, LEASE_MS, search).await.map_err(|e| at(e.to_string()))?;
                 let expected_ids: Vec<RowId> = expected.iter().map(|l| ids.get(&l.id).copied().unwrap_or(0)).collect();
                 let got_ids: Vec<RowId> = got.iter().map(|l| l.id).collect();
                 if expected_ids != got_ids {
@@ -512,8 +524,8 @@ fn postgres_partition_leases_split_the_queue_in_order() {
             result.expect("enqueued");
         }
         let (even, odd) = tokio::join!(
-            sqlx::Postgres::lease(&store, "parts", START, 100, 30_000, false, Some((0, 2))),
-            sqlx::Postgres::lease(&store, "parts", START, 100, 30_000, false, Some((1, 2))),
+            sqlx::Postgres::lease(&store, "parts", START, 100, 30_000, None, Some((0, 2))),
+            sqlx::Postgres::lease(&store, "parts", START, 100, 30_000, None, Some((1, 2))),
         );
         let (even, odd) = (even.expect("lease"), odd.expect("lease"));
         assert_eq!(even.len() + odd.len(), 40, "together the partitions are the whole queue");
