@@ -266,11 +266,14 @@ pub(crate) const PICK_STANDARD: &str = "SELECT id FROM messaging_messages WHERE 
 /// now tries two ways that read little, each of which is exact when it
 /// answers, and reads everything only when neither does (`tier`):
 /// 1. the walk: the first `$4` pending rows in lease order (the ready
-///    index), each kept if no earlier row of its group waits or is leased
-///    (one probe of the groups index) and its group is not locked. Exact
-///    when it finds `$2`: a row it did not reach comes later in lease order.
-///    This is the answer when most waiting rows are heads (a group per
-///    customer).
+///    index); of each group's rows among them the earliest, kept if no
+///    earlier row of its group waits or is leased (one probe of the groups
+///    index) and its group is not locked. Exact when it finds `$2`: a row it
+///    did not reach comes later in lease order. This is the answer when most
+///    waiting rows are heads (a group per customer). Probing only each
+///    group's earliest row keeps a walk over a few long groups to a probe
+///    per group: probing every row, a FIFO worker's lease of 300 over 10
+///    groups walked 1,264 rows for 8.4 ms, which bounded the drain.
 /// 2. the groups: each group with waiting or leased rows, found by a skip
 ///    scan of the groups index (one probe per group, at most `$5` groups),
 ///    and its first row. Exact when the scan reached the last group. This is
@@ -289,9 +292,10 @@ pub(crate) const PICK_FIFO: &str = "WITH RECURSIVE \
         WHERE queue = $1 AND status IN ('processing', 'awaiting_release') AND group_id IS NOT NULL), \
     walk AS MATERIALIZED ( \
         SELECT w.id, w.priority, w.seq FROM ( \
-            SELECT id, group_id, priority, seq FROM messaging_messages WHERE queue = $1 AND status = 'pending' \
-            ORDER BY priority DESC, seq LIMIT $4) w \
-        WHERE w.group_id NOT IN (SELECT group_id FROM locked) \
+            SELECT id, group_id, priority, seq, row_number() OVER (PARTITION BY group_id ORDER BY seq) AS place \
+            FROM (SELECT id, group_id, priority, seq FROM messaging_messages WHERE queue = $1 \
+                AND status = 'pending' ORDER BY priority DESC, seq LIMIT $4) window_rows) w \
+        WHERE w.place = 1 AND w.group_id NOT IN (SELECT group_id FROM locked) \
             AND (SELECT 1 FROM messaging_messages e WHERE e.queue = $1 AND e.group_id = w.group_id \
                 AND e.seq < w.seq AND e.group_id IS NOT NULL \
                 AND e.status IN ('pending', 'sleeping', 'processing', 'awaiting_release') LIMIT 1) IS NULL \

@@ -108,11 +108,30 @@ fn postgres_finds_fifo_heads_each_way() {
                 .await
                 .unwrap();
             let plan = rows.into_iter().map(|(line,)| line).collect::<Vec<_>>().join("\n");
-            let window = plan.lines().position(|l| l.contains("WindowAgg")).unwrap_or_else(|| panic!("{plan}"));
-            let scans: Vec<&str> = plan.lines().skip(window).filter(|l| l.contains(" on messaging_messages")).collect();
+            // (The walk has a window function too; the third way's is the last.)
+            let lines: Vec<&str> = plan.lines().collect();
+            let window = lines.iter().rposition(|l| l.contains("WindowAgg")).unwrap_or_else(|| panic!("{plan}"));
+            let scans: Vec<&&str> = lines[window..].iter().filter(|l| l.contains(" on messaging_messages")).collect();
             assert!(!scans.is_empty(), "{plan}");
             assert!(scans.iter().all(|l| l.contains("never executed")), "{queue}:\n{plan}");
         }
+        // A worker's lease of 300 over 10 long groups walks 1,264 rows and
+        // probes each group's earliest only: one probe per group.
+        let items = (0..3_000).map(|i| message("probes", &format!("g{}", i % 10), &format!("p{i}"), 0)).collect();
+        send(&store, "probes", items).await;
+        let search = FifoSearch::for_lease(300);
+        let rows: Vec<(String,)> = sqlx::query_as(&format!("EXPLAIN (ANALYZE, COSTS OFF) {}", sql::PICK_FIFO))
+            .bind("probes")
+            .bind(300i64)
+            .bind(0i64)
+            .bind(search.walk)
+            .bind(search.groups)
+            .fetch_all(&store.pool)
+            .await
+            .unwrap();
+        let plan = rows.into_iter().map(|(line,)| line).collect::<Vec<_>>().join("\n");
+        let probe = plan.lines().find(|l| l.contains(" on messaging_messages e ")).unwrap_or_else(|| panic!("{plan}"));
+        assert!(probe.contains("loops=10)"), "{plan}");
     });
 }
 
