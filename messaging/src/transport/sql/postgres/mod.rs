@@ -132,10 +132,13 @@ const LEASE_PICKED: &str = "token AS (SELECT nextval('messaging_seq') AS value) 
         lease_expires = $3, attempts = m.attempts + 1 \
      FROM picked, token WHERE m.id = picked.picked_id RETURNING ";
 
-/// Leases a FIFO queue's heads ([`sql::PICK_FIFO`]), with one token.
+/// Leases a FIFO queue's heads ([`sql::PICK_FIFO`]), with one token. The
+/// picked ids become an array first, so that the rows are updated by
+/// primary key whatever the planner thinks of the pick (a semi-join could
+/// be planned as a hash of every pending row).
 const LEASE_HEADS: &str = "UPDATE messaging_messages SET status = 'processing', \
         lease_token = (SELECT nextval('messaging_seq')), lease_expires = $3, attempts = attempts + 1 \
-     WHERE status = 'pending' AND id IN (";
+     WHERE status = 'pending' AND id = ANY(ARRAY(";
 
 /// The completion of plain rows (`$1` ids in increasing order, `$2` their
 /// tokens, `$3` the queue, `$4` now): deleted, or kept as processed; returns
@@ -358,7 +361,7 @@ impl Dialect for Postgres {
                 .execute(&mut *w.conn())
                 .await
                 .map_err(fail::<Self>("lease lock"))?;
-            let update = store.tables.sql(&[LEASE_HEADS, sql::PICK_FIFO, ") RETURNING ", sql::LEASED]);
+            let update = store.tables.sql(&[LEASE_HEADS, sql::PICK_FIFO, ")) RETURNING ", sql::LEASED]);
             sqlx::query(&update)
                 .bind(queue)
                 .bind(limit)

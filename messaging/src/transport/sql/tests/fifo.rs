@@ -86,6 +86,22 @@ async fn each_shape_takes_its_way<D: Dialect>(store: &SqlStore<D>) {
     assert_eq!(lease(store, "blocked").await, names("s", 31..63));
 }
 
+/// PostgreSQL's plan of [`sql::PICK_FIFO`] for a lease of `n`, as executed.
+#[cfg(feature = "postgres")]
+async fn executed_plan(store: &crate::transport::sql::postgres::PostgresStore, queue: &str, n: usize) -> String {
+    let search = FifoSearch::for_lease(n);
+    let rows: Vec<(String,)> = sqlx::query_as(&format!("EXPLAIN (ANALYZE, COSTS OFF) {}", sql::PICK_FIFO))
+        .bind(queue)
+        .bind(n as i64)
+        .bind(0i64)
+        .bind(search.walk)
+        .bind(search.groups)
+        .fetch_all(&store.pool)
+        .await
+        .unwrap();
+    rows.into_iter().map(|(line,)| line).collect::<Vec<_>>().join("\n")
+}
+
 #[cfg(feature = "postgres")]
 #[test]
 fn postgres_finds_fifo_heads_each_way() {
@@ -96,18 +112,8 @@ fn postgres_finds_fifo_heads_each_way() {
         each_shape_takes_its_way(&store).await;
         // The way that reads every waiting row does not start when another
         // answers: no scan under its window function is executed.
-        let search = FifoSearch::for_lease(N);
         for queue in ["few", "customers"] {
-            let rows: Vec<(String,)> = sqlx::query_as(&format!("EXPLAIN (ANALYZE, COSTS OFF) {}", sql::PICK_FIFO))
-                .bind(queue)
-                .bind(N as i64)
-                .bind(0i64)
-                .bind(search.walk)
-                .bind(search.groups)
-                .fetch_all(&store.pool)
-                .await
-                .unwrap();
-            let plan = rows.into_iter().map(|(line,)| line).collect::<Vec<_>>().join("\n");
+            let plan = executed_plan(&store, queue, N).await;
             // (The walk has a window function too; the third way's is the last.)
             let lines: Vec<&str> = plan.lines().collect();
             let window = lines.iter().rposition(|l| l.contains("WindowAgg")).unwrap_or_else(|| panic!("{plan}"));
@@ -119,17 +125,7 @@ fn postgres_finds_fifo_heads_each_way() {
         // probes each group's earliest only: one probe per group.
         let items = (0..3_000).map(|i| message("probes", &format!("g{}", i % 10), &format!("p{i}"), 0)).collect();
         send(&store, "probes", items).await;
-        let search = FifoSearch::for_lease(300);
-        let rows: Vec<(String,)> = sqlx::query_as(&format!("EXPLAIN (ANALYZE, COSTS OFF) {}", sql::PICK_FIFO))
-            .bind("probes")
-            .bind(300i64)
-            .bind(0i64)
-            .bind(search.walk)
-            .bind(search.groups)
-            .fetch_all(&store.pool)
-            .await
-            .unwrap();
-        let plan = rows.into_iter().map(|(line,)| line).collect::<Vec<_>>().join("\n");
+        let plan = executed_plan(&store, "probes", 300).await;
         let probe = plan.lines().find(|l| l.contains(" on messaging_messages e ")).unwrap_or_else(|| panic!("{plan}"));
         assert!(probe.contains("loops=10)"), "{plan}");
     });
