@@ -132,13 +132,20 @@ const LEASE_PICKED: &str = "token AS (SELECT nextval('messaging_seq') AS value) 
         lease_expires = $3, attempts = m.attempts + 1 \
      FROM picked, token WHERE m.id = picked.picked_id RETURNING ";
 
-/// Leases a FIFO queue's heads ([`sql::PICK_FIFO`]), with one token. The
-/// picked ids become an array first, so that the rows are updated by
-/// primary key whatever the planner thinks of the pick (a semi-join could
-/// be planned as a hash of every pending row).
-const LEASE_HEADS: &str = "UPDATE messaging_messages SET status = 'processing', \
+/// Leases a FIFO queue's heads ([`sql::PICK_FIFO`], between the two
+/// parts), with one token. Each picked row is looked up by primary key and
+/// updated by tuple id, as the completion does: updated by `id IN (pick)`
+/// or `id = ANY(ARRAY(pick))`, on a table never analyzed the rows were
+/// found through the ready index (every queue's pending rows, the ids a
+/// filter: `auto_explain` from outside).
+pub(crate) const LEASE_HEADS: [&str; 2] = [
+    "WITH picked AS MATERIALIZED (SELECT r.tuple FROM (",
+    ") AS p, LATERAL (SELECT ctid AS tuple, status FROM messaging_messages WHERE id = p.id LIMIT 1) r \
+        WHERE r.status = 'pending') \
+     UPDATE messaging_messages SET status = 'processing', \
         lease_token = (SELECT nextval('messaging_seq')), lease_expires = $3, attempts = attempts + 1 \
-     WHERE status = 'pending' AND id = ANY(ARRAY(";
+     WHERE ctid = ANY(ARRAY(SELECT tuple FROM picked)) AND status = 'pending' RETURNING ",
+];
 
 /// The completion of plain rows (`$1` ids in increasing order, `$2` their
 /// tokens, `$3` the queue, `$4` now): deleted, or kept as processed; returns
@@ -361,7 +368,7 @@ impl Dialect for Postgres {
                 .execute(&mut *w.conn())
                 .await
                 .map_err(fail::<Self>("lease lock"))?;
-            let update = store.tables.sql(&[LEASE_HEADS, sql::PICK_FIFO, ")) RETURNING ", sql::LEASED]);
+            let update = store.tables.sql(&[LEASE_HEADS[0], sql::PICK_FIFO, LEASE_HEADS[1], sql::LEASED]);
             sqlx::query(&update)
                 .bind(queue)
                 .bind(limit)
