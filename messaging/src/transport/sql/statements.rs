@@ -327,7 +327,7 @@ pub(crate) const PICK_FIFO: &str = "WITH RECURSIVE \
             SELECT id, group_id, status, seq, priority, \
                 row_number() OVER (PARTITION BY group_id ORDER BY seq) AS place \
             FROM tier CROSS JOIN messaging_messages WHERE tier.way = 3 AND (SELECT way FROM tier) = 3 \
-                AND queue = $1 AND group_id IS NOT NULL AND status IN ('pending', 'sleeping')) heads \
+                AND queue = $1 AND group_id IS NOT NULL AND status IN ('pending', 'sleeping')) first_rows \
         WHERE place = 1 AND status = 'pending' AND group_id NOT IN (SELECT group_id FROM locked) \
     ) picked ORDER BY priority DESC, seq LIMIT $2";
 
