@@ -134,10 +134,14 @@ const LEASE_PICKED: &str = "token AS (SELECT nextval('messaging_seq') AS value) 
 
 /// Leases a FIFO queue's heads ([`sql::PICK_FIFO`], between the two
 /// parts), with one token. Each picked row is looked up by primary key and
-/// updated by tuple id, as the completion does: updated by `id IN (pick)`
-/// or `id = ANY(ARRAY(pick))`, on a table never analyzed the rows were
-/// found through the ready index (every queue's pending rows, the ids a
-/// filter: `auto_explain` from outside).
+/// updated by tuple id, as the completion does, so that no estimate decides
+/// how the rows are found: updated by `id = ANY(ARRAY(pick))`, on a table
+/// never analyzed they were found through the ready index (every queue's
+/// pending rows, the ids a filter: `auto_explain` from outside); `id IN
+/// (pick)` happened to be planned by primary key there, a choice of the
+/// planner's. No row lock in the `LATERAL`: leases of the queue take turns
+/// under the advisory lock, and a row another writer changed meanwhile has
+/// a new tuple id, so the update skips it.
 pub(crate) const LEASE_HEADS: [&str; 2] = [
     "WITH picked AS MATERIALIZED (SELECT r.tuple FROM (",
     ") AS p, LATERAL (SELECT ctid AS tuple, status FROM messaging_messages WHERE id = p.id LIMIT 1) r \
