@@ -175,7 +175,8 @@ fn sqlite_finds_fifo_heads_each_way() {
         let rows: Vec<(i64, i64, i64, String)> =
             sqlx::query_as(&format!("EXPLAIN QUERY PLAN {}", sql::PICK_FIFO)).fetch_all(&store.pool).await.unwrap();
         let details: Vec<&str> = rows.iter().map(|r| r.3.as_str()).collect();
-        let third = details.iter().position(|d| *d == "CO-ROUTINE first_rows").unwrap_or_else(|| panic!("{details:#?}"));
+        let third =
+            details.iter().position(|d| *d == "CO-ROUTINE first_rows").unwrap_or_else(|| panic!("{details:#?}"));
         let tier = details[third..].iter().position(|d| *d == "SCAN tier");
         let table = details[third..].iter().position(|d| d.contains("messaging_messages"));
         assert!(tier.is_some() && tier < table, "{details:#?}");
