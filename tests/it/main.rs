@@ -38,6 +38,7 @@ mod sql_errors;
 mod sql_migrations;
 mod sql_processes;
 mod sql_schema;
+mod sql_shutdown;
 mod sqs;
 mod sqs_crash;
 mod worker;

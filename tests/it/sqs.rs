@@ -642,3 +642,46 @@ async fn dlq_redrive_with_a_type_goes_through_every_letter_and_says_what_a_fifo_
     assert!(!text.contains("FIFO"), "{text}");
     assert!(orders_cli(&moto, &["queues"]).contains("15 in emails-dlq"));
 }
+
+/// Messages held by hand, with a visibility no test waits out.
+#[messaging::queue("sqs-held", visibility = "5m")]
+struct Held;
+
+#[tokio::test]
+async fn messages_given_back_are_visible_again_at_once_ten_per_request() {
+    let moto = fixtures::SqsServer::start();
+    let t = connect(&moto).await;
+    t.declare(&<Held as Queue>::SPEC).await.expect("declare (creating the queue)");
+    let mails: Vec<Mailing> = (0..25).map(|i| Mailing { to: format!("u{i}"), fail: false }).collect();
+    for result in Publisher::new(t.clone()).send_batch::<Held, _>(&mails).await {
+        result.expect("sent");
+    }
+    let mut held = Vec::new();
+    while held.len() < 25 {
+        let got = t.receive("sqs-held", 10, Duration::from_secs(1)).await.expect("receive");
+        assert!(!got.is_empty(), "only {} of 25 received", held.len());
+        held.extend(got);
+    }
+    // One of them settled meanwhile: its receipt is stale, the rest go back.
+    let acked = held.pop().expect("one");
+    t.ack("sqs-held", vec![acked.receipt.clone()]).await.remove(0).expect("acked");
+    let mut receipts: Vec<_> = held.iter().map(|d| d.receipt.clone()).collect();
+    receipts.push(acked.receipt);
+    let sqs = messaging::transport::sqs::connect(&moto.url(false)).await.expect("connect");
+    sqs.declare(&<Held as Queue>::SPEC).await.expect("declare");
+    let before = sqs.requests();
+    let results = sqs.release("sqs-held", receipts).await;
+    assert_eq!(sqs.requests() - before, 3, "25 receipts in requests of ten");
+    assert!(results[..24].iter().all(Result::is_ok), "{results:?}");
+    // moto accepts a deleted message's handle; SQS answers ReceiptHandleIsInvalid.
+    assert!(matches!(results[24], Ok(()) | Err(messaging::TransportError::StaleReceipt)), "{:?}", results[24]);
+    // Visible again at once, not after the queue's visibility timeout.
+    let mut back = std::collections::HashSet::new();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while back.len() < 24 && Instant::now() < deadline {
+        for d in t.receive("sqs-held", 10, Duration::from_millis(100)).await.expect("receive") {
+            back.insert(d.message_id);
+        }
+    }
+    assert_eq!(back.len(), 24, "given back, not left for the 5-minute visibility");
+}

@@ -759,3 +759,128 @@ async fn acknowledgements_are_batched() {
     assert_eq!(transport.receipts.load(Ordering::SeqCst), 2_000, "every message acknowledged once");
     assert!(calls < 2_000 / 4, "{calls} ack calls for 2,000 messages: acknowledgements should be batched");
 }
+
+// --- a forced stop while a receive is answering ---------------------------------------------
+
+/// The memory transport, whose receives keep going ahead of the lanes (as on
+/// a database) and, once `slow` is set, answer 200 ms after they took their
+/// messages: a lease whose statement is slow to come back.
+#[derive(Default)]
+struct LateAnswers {
+    inner: messaging::transport::memory::MemoryTransport,
+    slow: std::sync::atomic::AtomicBool,
+    taken: tokio::sync::Notify,
+}
+
+impl messaging::transport::Transport for LateAnswers {
+    fn system(&self) -> &'static str {
+        "memory"
+    }
+    fn declare<'a>(
+        &'a self,
+        spec: &'a messaging::QueueSpec,
+    ) -> messaging::BoxFuture<'a, Result<(), messaging::TransportError>> {
+        self.inner.declare(spec)
+    }
+    fn send<'a>(
+        &'a self,
+        queue: &'a str,
+        message: messaging::transport::Outgoing,
+    ) -> messaging::BoxFuture<'a, Result<MessageId, messaging::TransportError>> {
+        self.inner.send(queue, message)
+    }
+    fn send_batch<'a>(
+        &'a self,
+        queue: &'a str,
+        messages: Vec<messaging::transport::Outgoing>,
+    ) -> messaging::BoxFuture<'a, Vec<Result<MessageId, messaging::TransportError>>> {
+        self.inner.send_batch(queue, messages)
+    }
+    fn receive<'a>(
+        &'a self,
+        queue: &'a str,
+        max: usize,
+        wait: Duration,
+    ) -> messaging::BoxFuture<'a, Result<Vec<messaging::transport::Delivery>, messaging::TransportError>> {
+        Box::pin(async move {
+            let got = self.inner.receive(queue, max, wait).await?;
+            if !got.is_empty() && self.slow.load(Ordering::SeqCst) {
+                self.taken.notify_one();
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Ok(got)
+        })
+    }
+    fn ack<'a>(
+        &'a self,
+        queue: &'a str,
+        receipts: Vec<messaging::transport::Receipt>,
+    ) -> messaging::BoxFuture<'a, Vec<Result<(), messaging::TransportError>>> {
+        self.inner.ack(queue, receipts)
+    }
+    fn nack<'a>(
+        &'a self,
+        queue: &'a str,
+        receipt: messaging::transport::Receipt,
+        delay: Duration,
+    ) -> messaging::BoxFuture<'a, Result<(), messaging::TransportError>> {
+        self.inner.nack(queue, receipt, delay)
+    }
+    fn extend<'a>(
+        &'a self,
+        queue: &'a str,
+        receipt: &'a messaging::transport::Receipt,
+        visibility: Duration,
+    ) -> messaging::BoxFuture<'a, Result<(), messaging::TransportError>> {
+        self.inner.extend(queue, receipt, visibility)
+    }
+    fn interrupt_receives(&self, queue: &str) {
+        self.inner.interrupt_receives(queue)
+    }
+    fn concurrent_receives(&self) -> usize {
+        1
+    }
+    fn depth<'a>(&'a self, queue: &'a str) -> messaging::BoxFuture<'a, Result<u64, messaging::TransportError>> {
+        self.inner.depth(queue)
+    }
+}
+
+#[messaging::queue("late-answers", visibility = "10m")]
+struct LateQueue;
+
+#[messaging::handler(queue = LateQueue)]
+async fn stuck_on(job: Job, rec: State<Arc<Recorder>>) {
+    rec.run(job.n.to_string(), Duration::from_secs(600)).await;
+}
+
+#[tokio::test]
+async fn a_forced_stop_gives_back_what_a_receive_in_flight_returns() {
+    let transport = Arc::new(LateAnswers::default());
+    let rec = Arc::new(Recorder::default());
+    let mut app = messaging::App::new(transport.clone()).await.unwrap();
+    app.only_queues(&["late-answers"]);
+    app.setup().provide(rec.clone());
+    let publisher = app.setup().publisher();
+    let running = app.start().unwrap();
+    publisher.send::<LateQueue, _>(&Job { n: 0 }).await.unwrap();
+    let started = || rec.running.load(Ordering::SeqCst) == 1;
+    fixtures::eventually(Duration::from_secs(10), started, || "the handler did not start in 10 s".into()).await;
+    // The worker's receive ahead of the lane takes the next three and is
+    // slow to answer; the stop is forced meanwhile.
+    transport.slow.store(true, Ordering::SeqCst);
+    let taken = transport.taken.notified();
+    let jobs: Vec<Job> = (1..4).map(|n| Job { n }).collect();
+    for result in publisher.send_batch::<LateQueue, _>(&jobs).await {
+        result.unwrap();
+    }
+    tokio::time::timeout(Duration::from_secs(10), taken).await.expect("the receive ahead took the three");
+    let shutdown = running.shutdown_handle();
+    shutdown.force();
+    let stopped = running.wait().await;
+    assert_eq!(stopped.handlers_stopped, 1, "{stopped:?}");
+    // All four are visible again at once, not after the 10-minute visibility.
+    transport.slow.store(false, Ordering::SeqCst);
+    let inner: &dyn messaging::transport::Transport = &transport.inner;
+    let back = inner.receive("late-answers", 10, Duration::from_millis(100)).await.unwrap();
+    assert_eq!(back.len(), 4, "given back: {:?}", back.iter().map(|d| &d.body).collect::<Vec<_>>());
+}

@@ -322,6 +322,21 @@ pub trait Transport: Send + Sync + 'static {
         delay: Duration,
     ) -> BoxFuture<'a, Result<(), TransportError>>;
 
+    /// Makes deliveries that were received and not handled visible again at
+    /// once, without charging the attempt where the backend counts attempts
+    /// (what [`Transport::nack`] with a zero delay does), in as few calls as
+    /// the backend takes: what a worker gives back when it stops. One result
+    /// per receipt, in order. The default calls `nack` for each.
+    fn release<'a>(&'a self, queue: &'a str, receipts: Vec<Receipt>) -> BoxFuture<'a, Vec<Result<(), TransportError>>> {
+        Box::pin(async move {
+            let mut results = Vec::with_capacity(receipts.len());
+            for receipt in receipts {
+                results.push(self.nack(queue, receipt, Duration::ZERO).await);
+            }
+            results
+        })
+    }
+
     /// Like [`Transport::nack`] after a failed attempt: also records
     /// `failure` in the message's error history, where the backend keeps one
     /// (the default only calls `nack`).

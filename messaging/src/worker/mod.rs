@@ -31,7 +31,7 @@ use crate::pipeline::Pipeline;
 use crate::registry::Routes;
 use crate::shutdown::Shutdown;
 use crate::telemetry::Telemetry;
-use crate::transport::{Delivery, Transport};
+use crate::transport::{Delivery, Receipt, Transport};
 
 /// Timing of a worker.
 #[derive(Debug, Clone, Copy)]
@@ -221,14 +221,11 @@ impl WorkerHandle {
                         match received {
                             Some(received) => worker.accept(received, &mut failures, &mut lanes, &shutdown),
                             None => {
-                                tokio::select! {
-                                    r = tokio::time::timeout(drain_limit, worker.interrupting(receive)) => {
-                                        if let Ok(received) = r {
-                                            worker.give_back(received).await;
-                                        }
-                                    }
-                                    _ = shutdown.forced() => {}
-                                }
+                                let give_back = async {
+                                    let received = worker.interrupting(receive).await;
+                                    worker.give_back(received).await;
+                                };
+                                until_stopped(&shutdown, drain_limit, give_back).await;
                                 break;
                             }
                         }
@@ -241,7 +238,7 @@ impl WorkerHandle {
         parked.abort_all();
         // Receives in flight finish (their wait fits in the grace period) and
         // give their messages back at once, rather than leaving them
-        // invisible until their timeout. A forced shutdown waits for none.
+        // invisible until their timeout.
         let drained = async {
             while !receiving.is_empty() {
                 let next = worker.interrupting(receiving.join_next()).await;
@@ -250,10 +247,7 @@ impl WorkerHandle {
                 }
             }
         };
-        tokio::select! {
-            _ = tokio::time::timeout(drain_limit, drained) => {}
-            _ = shutdown.forced() => {}
-        }
+        until_stopped(&shutdown, drain_limit, drained).await;
         receiving.abort_all();
         // Graceful end: let running handlers finish within the grace period
         // (or until the shutdown is forced).
@@ -285,14 +279,14 @@ impl WorkerHandle {
                 "releasing messages that were received but not handled"
             );
         }
-        // Released one by one; a forced shutdown gives it a budget, and what
-        // is left becomes visible again when its visibility runs out.
+        // Released a receive's worth per call; a forced shutdown gives it a
+        // budget, and what is left becomes visible again when its visibility
+        // runs out.
         let total = held.len();
         let release = async {
-            for receipt in held {
-                if worker.transport.nack(spec.name, receipt, Duration::ZERO).await.is_ok() {
-                    report.released += 1;
-                }
+            for chunk in held.chunks(max) {
+                let results = worker.transport.release(spec.name, chunk.to_vec()).await;
+                report.released += results.iter().filter(|r| r.is_ok()).count();
             }
         };
         if shutdown.is_forced() {
@@ -311,9 +305,30 @@ impl WorkerHandle {
 }
 
 /// How long each of a forced shutdown's last steps (releasing what is held,
-/// flushing acknowledgements) may take: together they fit the two seconds an
-/// operator's second Ctrl-C is promised.
+/// flushing acknowledgements) may take: together with
+/// [`RECEIVES_BUDGET`] they fit the two seconds an operator's second Ctrl-C
+/// is promised.
 const FORCED_BUDGET: Duration = Duration::from_millis(800);
+
+/// How long a forced shutdown still waits for the receives in flight, to
+/// give back what they return. An interrupted database or `memory://`
+/// receive returns within a statement; one cut off instead leaves what its
+/// lease took invisible until the visibility timeout (an SQS long poll,
+/// which cannot be interrupted, is left to run out).
+const RECEIVES_BUDGET: Duration = Duration::from_millis(300);
+
+/// Runs `work` (receives in flight, ended and given back) for at most
+/// `limit`, and once the shutdown is forced for at most [`RECEIVES_BUDGET`]
+/// more.
+async fn until_stopped(shutdown: &Shutdown, limit: Duration, work: impl std::future::Future<Output = ()>) {
+    let mut work = std::pin::pin!(tokio::time::timeout(limit, work));
+    tokio::select! {
+        _ = &mut work => {}
+        _ = shutdown.forced() => {
+            let _ = tokio::time::timeout(RECEIVES_BUDGET, work).await;
+        }
+    }
+}
 
 /// What one worker's shutdown left behind.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -441,8 +456,9 @@ impl Worker {
         if !deliveries.is_empty() {
             tracing::debug!(queue = name, count = deliveries.len(), "giving back what a receive returned at shutdown");
         }
-        for delivery in deliveries {
-            let _ = self.transport.nack(name, delivery.receipt, Duration::ZERO).await;
+        let receipts: Vec<Receipt> = deliveries.into_iter().map(|d| d.receipt).collect();
+        for chunk in receipts.chunks(self.transport.max_batch().max(1)) {
+            let _ = self.transport.release(name, chunk.to_vec()).await;
         }
     }
 

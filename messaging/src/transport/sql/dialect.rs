@@ -120,6 +120,10 @@ pub trait Dialect: Driver + sealed::Sealed + Sized {
     /// of any length. Each database's own form, so that its planner looks
     /// each identity up in the unique index whatever its statistics say.
     const BY_IDENTITIES: &'static str;
+    /// The rows (every column, locked, in id order) of queue `$1` whose id
+    /// is in `$2`, a JSON array of integers: the rows a batch of receipts
+    /// names, looked up by primary key in one statement.
+    const BY_IDS: &'static str;
     /// The most rows (a power of two) one call that stores whole rows
     /// writes, and how (`statements::store_rows`).
     const STORE_ROWS: (usize, StoreForm);

@@ -59,7 +59,7 @@ use crate::boxed::BoxFuture;
 use crate::error::TransportError;
 use crate::queue::QueueSpec;
 use crate::transport::schedules::ScheduleLedger;
-use crate::transport::sql::machine::{Enqueue, EnqueueOutcome, QueueRules, Row, Status};
+use crate::transport::sql::machine::{Enqueue, EnqueueOutcome, QueueRules, Row, RowId, Status};
 use crate::transport::{
     Attributes, Browse, DeadLetter, DeadLetters, Delivery, FailedAttempt, Listing, MessageId, MessagePage,
     MessageReport, MessageStatus, Outgoing, PurgeOutcome, QueueCounts, Receipt, RedriveOptions, RedriveOutcome,
@@ -667,6 +667,26 @@ impl<D: Dialect> Transport for SqlTransport<D> {
         delay: Duration,
     ) -> BoxFuture<'a, Result<(), TransportError>> {
         Box::pin(self.give_back(queue, receipt, delay, None))
+    }
+
+    fn release<'a>(&'a self, queue: &'a str, receipts: Vec<Receipt>) -> BoxFuture<'a, Vec<Result<(), TransportError>>> {
+        Box::pin(async move {
+            let q = match self.queue(queue) {
+                Ok(q) => q,
+                Err(e) => return vec![Err(e); receipts.len()],
+            };
+            // One transaction for the lot: at 3 ms a row on PostgreSQL, a
+            // FIFO worker's prefetched batch of 300 took about a second to
+            // give back one row at a time.
+            let items: Vec<(RowId, u64)> = receipts.iter().map(|r| (r.key, r.token)).collect();
+            let results = self
+                .store
+                .apply_all(queue, self.store.now(), &items, &RowOp::Release)
+                .await
+                .unwrap_or_else(|e| vec![Err(e); items.len()]);
+            q.local.notify_waiters();
+            results
+        })
     }
 
     fn fail<'a>(

@@ -8,6 +8,7 @@
 //! from the receive count. Queues are never created unless the URL asks for
 //! it (`?create_queues=true`, for development and tests).
 
+mod batch;
 mod dead_letters;
 mod declare;
 mod options;
@@ -20,7 +21,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use aws_sdk_sqs::error::{DisplayErrorContext, SdkError};
 use aws_sdk_sqs::types::{
-    DeleteMessageBatchRequestEntry, MessageAttributeValue, MessageSystemAttributeName, SendMessageBatchRequestEntry,
+    ChangeMessageVisibilityBatchRequestEntry, DeleteMessageBatchRequestEntry, MessageAttributeValue,
+    MessageSystemAttributeName, SendMessageBatchRequestEntry,
 };
 use aws_sdk_sqs::Client;
 
@@ -289,56 +291,59 @@ impl Transport for SqsTransport {
                 Ok(q) => q,
                 Err(_) => return crate::transport::unknown_queue(queue, &receipts),
             };
-            let mut results: Vec<Result<(), TransportError>> = Vec::with_capacity(receipts.len());
-            for chunk in receipts.chunks(MAX_BATCH) {
-                let mut entries = Vec::new();
-                let mut local: Vec<Option<Result<(), TransportError>>> = (0..chunk.len()).map(|_| None).collect();
-                for (i, r) in chunk.iter().enumerate() {
-                    match handle(r).and_then(|h| {
-                        DeleteMessageBatchRequestEntry::builder()
-                            .id(i.to_string())
+            let what = "DeleteMessageBatch";
+            batch::settle(&receipts, what, |entries| async {
+                let entries = entries
+                    .into_iter()
+                    .map(|(id, h)| DeleteMessageBatchRequestEntry::builder().id(id).receipt_handle(h).build())
+                    .collect::<Result<Vec<_>, _>>()
+                    .map_err(|e| TransportError::Backend(format!("sqs: {e}")))?;
+                self.count();
+                let out = self
+                    .client
+                    .delete_message_batch()
+                    .queue_url(&q.url)
+                    .set_entries(Some(entries))
+                    .send()
+                    .await
+                    .map_err(|e| sdk(what, e))?;
+                Ok(batch::Answer::of(out.successful().iter().map(|s| s.id()), out.failed()))
+            })
+            .await
+        })
+    }
+
+    fn release<'a>(&'a self, queue: &'a str, receipts: Vec<Receipt>) -> BoxFuture<'a, Vec<Result<(), TransportError>>> {
+        Box::pin(async move {
+            let q = match self.queue(queue) {
+                Ok(q) => q,
+                Err(_) => return crate::transport::unknown_queue(queue, &receipts),
+            };
+            let what = "ChangeMessageVisibilityBatch";
+            batch::settle(&receipts, what, |entries| async {
+                let entries = entries
+                    .into_iter()
+                    .map(|(id, h)| {
+                        ChangeMessageVisibilityBatchRequestEntry::builder()
+                            .id(id)
                             .receipt_handle(h)
+                            .visibility_timeout(0)
                             .build()
-                            .map_err(|e| TransportError::Backend(format!("sqs: {e}")))
-                    }) {
-                        Ok(entry) => entries.push(entry),
-                        Err(e) => local[i] = Some(Err(e)),
-                    }
-                }
-                if !entries.is_empty() {
-                    self.count();
-                    match self.client.delete_message_batch().queue_url(&q.url).set_entries(Some(entries)).send().await {
-                        Err(e) => {
-                            let err = sdk("DeleteMessageBatch", e).to_string();
-                            for slot in local.iter_mut().filter(|s| s.is_none()) {
-                                *slot = Some(Err(TransportError::Backend(err.clone())));
-                            }
-                        }
-                        Ok(out) => {
-                            for ok in out.successful() {
-                                if let Some(slot) = ok.id().parse::<usize>().ok().and_then(|i| local.get_mut(i)) {
-                                    *slot = Some(Ok(()));
-                                }
-                            }
-                            for failed in out.failed() {
-                                if let Some(slot) = failed.id().parse::<usize>().ok().and_then(|i| local.get_mut(i)) {
-                                    *slot = Some(Err(if failed.code() == "ReceiptHandleIsInvalid" {
-                                        TransportError::StaleReceipt
-                                    } else {
-                                        TransportError::Backend(format!("sqs: delete failed ({})", failed.code()))
-                                    }));
-                                }
-                            }
-                        }
-                    }
-                }
-                results.extend(
-                    local
-                        .into_iter()
-                        .map(|r| r.unwrap_or(Err(TransportError::Backend("sqs: no delete result".into())))),
-                );
-            }
-            results
+                    })
+                    .collect::<Result<Vec<_>, _>>()
+                    .map_err(|e| TransportError::Backend(format!("sqs: {e}")))?;
+                self.count();
+                let out = self
+                    .client
+                    .change_message_visibility_batch()
+                    .queue_url(&q.url)
+                    .set_entries(Some(entries))
+                    .send()
+                    .await
+                    .map_err(|e| sdk(what, e))?;
+                Ok(batch::Answer::of(out.successful().iter().map(|s| s.id()), out.failed()))
+            })
+            .await
         })
     }
 

@@ -252,14 +252,54 @@ impl<D: Dialect> SqlStore<D> {
         token: u64,
         op: RowOp,
     ) -> Result<(), TransportError> {
+        self.apply_all(queue, now, &[(id, token)], &op).await?.pop().unwrap_or(Err(TransportError::StaleReceipt))
+    }
+
+    /// Applies one transition to many leased rows in one transaction: the
+    /// rows read in one statement, the changed ones written back in a few
+    /// (`StaleReceipt` for a row gone or leased again; the same receipt
+    /// twice finds its lease already given up). One result per item, in
+    /// order; the outer error fails them all.
+    pub(crate) async fn apply_all(
+        &self,
+        queue: &str,
+        now: i64,
+        items: &[(RowId, u64)],
+        op: &RowOp,
+    ) -> Result<Vec<Result<(), TransportError>>, TransportError> {
+        if items.is_empty() {
+            return Ok(Vec::new());
+        }
         let mut w = Write::begin(self).await?;
-        let done = self
-            .transition(&mut w, queue, id, |row| {
-                op.apply(row, now, token).map_err(|_| TransportError::StaleReceipt)?;
-                Ok(((), false))
-            })
-            .await;
+        let done = self.transition_all(&mut w, queue, now, items, op).await;
         w.finish(done).await
+    }
+
+    async fn transition_all(
+        &self,
+        w: &mut Write<'_, D>,
+        queue: &str,
+        now: i64,
+        items: &[(RowId, u64)],
+        op: &RowOp,
+    ) -> Result<Vec<Result<(), TransportError>>, TransportError> {
+        let list = format!("[{}]", items.iter().map(|(id, _)| id.to_string()).collect::<Vec<_>>().join(","));
+        let found = self.query_in(w, "loading messages", &[D::BY_IDS], &[queue.into(), list.as_str().into()]).await?;
+        // Kept in id order, the order the rows were locked in.
+        let mut loaded: std::collections::BTreeMap<RowId, (Row, bool)> =
+            rows::<D>(&found)?.into_iter().map(|row| (row.id, (row, false))).collect();
+        let results = items
+            .iter()
+            .map(|&(id, token)| {
+                let (row, changed) = loaded.get_mut(&id).ok_or(TransportError::StaleReceipt)?;
+                op.apply(row, now, token).map_err(|_| TransportError::StaleReceipt)?;
+                *changed = true;
+                Ok(())
+            })
+            .collect();
+        let changed: Vec<&Row> = loaded.values().filter(|(_, changed)| *changed).map(|(row, _)| row).collect();
+        self.store_rows(w, &changed).await?;
+        Ok(results)
     }
 
     /// Up to `max` dead letters (rows in `Error`), oldest first.

@@ -49,6 +49,11 @@ enum Cmd {
     Release {
         pick: usize,
     },
+    /// Several leases given back in one call (what a worker does when it
+    /// stops), maybe naming one twice.
+    ReleaseAll {
+        picks: Vec<usize>,
+    },
     DeadLetter {
         pick: usize,
     },
@@ -130,6 +135,7 @@ fn cmd() -> impl Strategy<Value = Cmd> {
         2 => any::<usize>().prop_map(|pick| Cmd::Complete { pick }),
         1 => (any::<usize>(), 0i64..800).prop_map(|(pick, backoff)| Cmd::Fail { pick, backoff }),
         1 => any::<usize>().prop_map(|pick| Cmd::Release { pick }),
+        1 => proptest::collection::vec(any::<usize>(), 1..6).prop_map(|picks| Cmd::ReleaseAll { picks }),
         1 => any::<usize>().prop_map(|pick| Cmd::DeadLetter { pick }),
         1 => any::<usize>().prop_map(|pick| Cmd::Extend { pick }),
         1 => any::<usize>().prop_map(|pick| Cmd::Note { pick }),
@@ -328,6 +334,27 @@ async fn run_case<D: Dialect>(store: &SqlStore<D>, queue: &str, rules: QueueRule
                     (true, Ok(())) => {}
                     (false, Err(crate::error::TransportError::StaleReceipt)) => {}
                     (e, g) => return Err(at(format!("model ok={e}, store {g:?}"))),
+                }
+            }
+            Cmd::ReleaseAll { picks } => {
+                if held.is_empty() {
+                    continue;
+                }
+                let picked: Vec<_> = picks.iter().map(|p| held[p % held.len()]).collect();
+                let expected: Vec<bool> =
+                    picked.iter().map(|&(mid, mtok, _, _)| model.release(now, mid, mtok).is_ok()).collect();
+                let items: Vec<(RowId, u64)> = picked.iter().map(|&(_, _, sid, stok)| (sid, stok)).collect();
+                let got = store.apply_all(queue, now, &items, &RowOp::Release).await.map_err(|e| at(e.to_string()))?;
+                let got: Vec<Option<bool>> = got
+                    .iter()
+                    .map(|r| match r {
+                        Ok(()) => Some(true),
+                        Err(crate::error::TransportError::StaleReceipt) => Some(false),
+                        Err(_) => None,
+                    })
+                    .collect();
+                if got != expected.iter().map(|&e| Some(e)).collect::<Vec<_>>() {
+                    return Err(at(format!("release of {items:?}: model {expected:?}, store {got:?}")));
                 }
             }
             Cmd::Advance { ms } => now += ms,
