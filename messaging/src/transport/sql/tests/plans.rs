@@ -158,3 +158,51 @@ fn postgres_appends_in_input_order_straight_from_the_unnest() {
         store.close().await;
     });
 }
+
+/// A standard queue's lease updates the rows it locked by tuple id, with
+/// statistics or without: joined back by `id`, it was planned as a hash join
+/// over a scan of the whole table once the table was analyzed.
+#[test]
+fn postgres_leases_by_tuple_id_whatever_the_statistics() {
+    use crate::transport::sql::postgres::{LEASE_PART, LEASE_PICKED, LEASE_WHOLE};
+    use crate::transport::sql::statements::LEASED;
+    let db = super::Postgres::new();
+    super::runtime().block_on(async {
+        let store = PostgresStore::connect(&db.url).await.unwrap();
+        store.migrate().await.unwrap();
+        sqlx::query("ALTER TABLE messaging_messages SET (autovacuum_enabled = false)")
+            .execute(&store.pool)
+            .await
+            .unwrap();
+        store.declare("leased", false, START).await.unwrap();
+        for batch in 0..20 {
+            let items = (0..1_000).map(|i| Enqueue::test(&format!("m{batch}.{i}"), None, "x")).collect();
+            for result in store.enqueue("leased", START, items, false).await {
+                result.unwrap();
+            }
+        }
+        for analyzed in [false, true] {
+            if analyzed {
+                sqlx::query("ANALYZE messaging_messages").execute(&store.pool).await.unwrap();
+            }
+            for (pick, binds) in [(LEASE_WHOLE, 3), (LEASE_PART, 5)] {
+                let sql = format!("EXPLAIN {pick}{LEASE_PICKED}{LEASED}");
+                let mut query = sqlx::query_as::<_, (String,)>(&sql).bind("leased").bind(300i64).bind(START + 60_000);
+                if binds == 5 {
+                    query = query.bind(0i64).bind(2i64);
+                }
+                let plan: Vec<String> = query.fetch_all(&store.pool).await.unwrap().into_iter().map(|(l,)| l).collect();
+                let plan = plan.join("\n");
+                assert!(plan.contains("Tid Scan on messaging_messages"), "analyzed {analyzed}:\n{plan}");
+                for node in ["Seq Scan", "Hash", "Join", "Nested Loop"] {
+                    assert!(!plan.contains(node), "no {node} (analyzed {analyzed}):\n{plan}");
+                }
+            }
+            // And the lease leases: 300 rows in order, one token.
+            let leased = store.lease("leased", START, 300, 60_000, false).await.unwrap();
+            assert_eq!(leased.len(), 300);
+            assert!(leased.windows(2).all(|w| w[0].id < w[1].id && w[0].token == w[1].token));
+        }
+        store.close().await;
+    });
+}
