@@ -685,3 +685,31 @@ async fn messages_given_back_are_visible_again_at_once_ten_per_request() {
     }
     assert_eq!(back.len(), 24, "given back, not left for the 5-minute visibility");
 }
+
+#[tokio::test]
+async fn a_heartbeat_extends_ten_visibilities_per_request() {
+    let moto = fixtures::SqsServer::start();
+    let t = connect(&moto).await;
+    t.declare(&<Slow as Queue>::SPEC).await.expect("declare (creating the queue)");
+    let mails: Vec<Mailing> = (0..25).map(|i| Mailing { to: format!("u{i}"), fail: false }).collect();
+    for result in Publisher::new(t.clone()).send_batch::<Slow, _>(&mails).await {
+        result.expect("sent");
+    }
+    let mut held = Vec::new();
+    while held.len() < 25 {
+        let got = t.receive("sqs-slow", 10, Duration::from_millis(200)).await.expect("receive");
+        assert!(!got.is_empty(), "only {} of 25 received", held.len());
+        held.extend(got);
+    }
+    let sqs = messaging::transport::sqs::connect(&moto.url(false)).await.expect("connect");
+    sqs.declare(&<Slow as Queue>::SPEC).await.expect("declare");
+    let before = sqs.requests();
+    let receipts = held.iter().map(|d| d.receipt.clone()).collect();
+    let results = sqs.extend_all("sqs-slow", receipts, Duration::from_secs(30)).await;
+    assert_eq!(sqs.requests() - before, 3, "25 receipts in requests of ten");
+    assert!(results.iter().all(Result::is_ok), "{results:?}");
+    // Past the queue's 1 s visibility, none is back.
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    let back = t.receive("sqs-slow", 10, Duration::from_millis(300)).await.expect("receive");
+    assert!(back.is_empty(), "{} came back", back.len());
+}

@@ -376,6 +376,25 @@ pub trait Transport: Send + Sync + 'static {
         visibility: Duration,
     ) -> BoxFuture<'a, Result<(), TransportError>>;
 
+    /// [`Transport::extend`] for many in-flight deliveries, in as few calls
+    /// as the backend takes: what the worker's heartbeat does for a batch's
+    /// unsettled messages. One result per receipt, in order. The default
+    /// calls `extend` for each.
+    fn extend_all<'a>(
+        &'a self,
+        queue: &'a str,
+        receipts: Vec<Receipt>,
+        visibility: Duration,
+    ) -> BoxFuture<'a, Vec<Result<(), TransportError>>> {
+        Box::pin(async move {
+            let mut results = Vec::with_capacity(receipts.len());
+            for receipt in &receipts {
+                results.push(self.extend(queue, receipt, visibility).await);
+            }
+            results
+        })
+    }
+
     /// Ends the receives of `queue` that are waiting for messages now: they
     /// return at once with what they have (maybe nothing). The worker calls it
     /// at shutdown, then waits for its receives and gives back what they

@@ -214,16 +214,27 @@ impl InFlight {
                         Err(e) => tracing::warn!(queue, "could not extend an idempotency claim: {e}"),
                     }
                 }
+                // One call for the batch's unsettled messages: one at a time,
+                // a batch of 300 on PostgreSQL took longer than a short
+                // visibility, and its last messages came back while held.
+                let unsettled: Vec<Receipt> = batch
+                    .deliveries
+                    .iter()
+                    .zip(&batch.settled)
+                    .filter(|(_, settled)| !settled.load(Ordering::Acquire))
+                    .map(|(delivery, _)| delivery.receipt.clone())
+                    .collect();
                 let mut extended = true;
-                for (delivery, settled) in batch.deliveries.iter().zip(&batch.settled) {
-                    if settled.load(Ordering::Acquire) {
-                        continue;
-                    }
-                    match transport.extend(queue, &delivery.receipt, visibility).await {
-                        Ok(()) | Err(crate::error::TransportError::StaleReceipt) => {}
-                        Err(e) => {
-                            extended = false;
-                            tracing::warn!(queue, "could not extend a message's visibility: {e}");
+                if !unsettled.is_empty() {
+                    for result in transport.extend_all(queue, unsettled, visibility).await {
+                        match result {
+                            Ok(()) | Err(crate::error::TransportError::StaleReceipt) => {}
+                            Err(e) => {
+                                if extended {
+                                    tracing::warn!(queue, "could not extend a message's visibility: {e}");
+                                }
+                                extended = false;
+                            }
                         }
                     }
                 }

@@ -422,11 +422,8 @@ impl Worker {
         // take (`Batch::visible_for`) is not cut short by a long poll.
         let now = Instant::now();
         if !deliveries.is_empty() && now.duration_since(sent) >= spec.visibility / 4 {
-            let mut all = true;
-            for delivery in &deliveries {
-                all &= self.transport.extend(spec.name, &delivery.receipt, spec.visibility).await.is_ok();
-            }
-            if all {
+            let receipts = deliveries.iter().map(|d| d.receipt.clone()).collect();
+            if self.transport.extend_all(spec.name, receipts, spec.visibility).await.iter().all(Result::is_ok) {
                 sent = now;
             }
         }

@@ -314,37 +314,16 @@ impl Transport for SqsTransport {
     }
 
     fn release<'a>(&'a self, queue: &'a str, receipts: Vec<Receipt>) -> BoxFuture<'a, Vec<Result<(), TransportError>>> {
-        Box::pin(async move {
-            let q = match self.queue(queue) {
-                Ok(q) => q,
-                Err(_) => return crate::transport::unknown_queue(queue, &receipts),
-            };
-            let what = "ChangeMessageVisibilityBatch";
-            batch::settle(&receipts, what, |entries| async {
-                let entries = entries
-                    .into_iter()
-                    .map(|(id, h)| {
-                        ChangeMessageVisibilityBatchRequestEntry::builder()
-                            .id(id)
-                            .receipt_handle(h)
-                            .visibility_timeout(0)
-                            .build()
-                    })
-                    .collect::<Result<Vec<_>, _>>()
-                    .map_err(|e| TransportError::Backend(format!("sqs: {e}")))?;
-                self.count();
-                let out = self
-                    .client
-                    .change_message_visibility_batch()
-                    .queue_url(&q.url)
-                    .set_entries(Some(entries))
-                    .send()
-                    .await
-                    .map_err(|e| sdk(what, e))?;
-                Ok(batch::Answer::of(out.successful().iter().map(|s| s.id()), out.failed()))
-            })
-            .await
-        })
+        Box::pin(self.change_visibility_all(queue, receipts, Duration::ZERO))
+    }
+
+    fn extend_all<'a>(
+        &'a self,
+        queue: &'a str,
+        receipts: Vec<Receipt>,
+        visibility: Duration,
+    ) -> BoxFuture<'a, Vec<Result<(), TransportError>>> {
+        Box::pin(self.change_visibility_all(queue, receipts, visibility))
     }
 
     fn nack<'a>(
@@ -416,6 +395,46 @@ impl Transport for SqsTransport {
 }
 
 impl SqsTransport {
+    /// Sets the visibility of many deliveries to `after` from now, ten per
+    /// `ChangeMessageVisibilityBatch`.
+    async fn change_visibility_all(
+        &self,
+        queue: &str,
+        receipts: Vec<Receipt>,
+        after: Duration,
+    ) -> Vec<Result<(), TransportError>> {
+        let q = match self.queue(queue) {
+            Ok(q) => q,
+            Err(_) => return crate::transport::unknown_queue(queue, &receipts),
+        };
+        let what = "ChangeMessageVisibilityBatch";
+        let timeout = seconds(after.min(MAX_VISIBILITY));
+        batch::settle(&receipts, what, |entries| async {
+            let entries = entries
+                .into_iter()
+                .map(|(id, h)| {
+                    ChangeMessageVisibilityBatchRequestEntry::builder()
+                        .id(id)
+                        .receipt_handle(h)
+                        .visibility_timeout(timeout)
+                        .build()
+                })
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|e| TransportError::Backend(format!("sqs: {e}")))?;
+            self.count();
+            let out = self
+                .client
+                .change_message_visibility_batch()
+                .queue_url(&q.url)
+                .set_entries(Some(entries))
+                .send()
+                .await
+                .map_err(|e| sdk(what, e))?;
+            Ok(batch::Answer::of(out.successful().iter().map(|s| s.id()), out.failed()))
+        })
+        .await
+    }
+
     async fn change_visibility(&self, queue: &str, receipt: &Receipt, after: Duration) -> Result<(), TransportError> {
         let q = self.queue(queue)?;
         self.count();
