@@ -545,10 +545,28 @@ impl Worker {
                         match self.process(batch, i, tries, &mut clock).await {
                             Step::Handled | Step::DeadLettered => (at, tries) = (at + 1, 0),
                             Step::Released => {
-                                // Its successors must not overtake it.
-                                for &i in &chain[at + 1..] {
-                                    self.settle(batch, i);
-                                    self.release(&batch.deliveries[i], Duration::ZERO).await;
+                                // Its successors must not overtake it: given
+                                // back with it, in one call.
+                                let rest: Vec<Receipt> = chain[at + 1..]
+                                    .iter()
+                                    .map(|&i| {
+                                        self.settle(batch, i);
+                                        batch.deliveries[i].receipt.clone()
+                                    })
+                                    .collect();
+                                if !rest.is_empty() {
+                                    let name = self.routes.spec().name;
+                                    let failed = self
+                                        .transport
+                                        .release(name, rest)
+                                        .await
+                                        .into_iter()
+                                        .filter(Result::is_err)
+                                        .count();
+                                    if failed > 0 {
+                                        tracing::warn!(queue = name, failed,
+                                            "could not give back the rest of a FIFO group's batch; it comes back when its visibility times out");
+                                    }
                                 }
                                 break;
                             }
