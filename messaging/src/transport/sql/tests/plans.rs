@@ -206,3 +206,58 @@ fn postgres_leases_by_tuple_id_whatever_the_statistics() {
         store.close().await;
     });
 }
+
+/// A completion that waited for rows another transaction was changing (the
+/// heartbeat's extension) reports only the rows it completed: what it
+/// reported and did not delete stayed leased until the lease ran out, and
+/// the message was handled again.
+#[test]
+fn postgres_a_completion_that_waited_for_a_lock_completes_what_it_reports() {
+    let db = super::Postgres::new();
+    super::runtime().block_on(async {
+        let store = PostgresStore::connect(&db.url).await.unwrap();
+        store.migrate().await.unwrap();
+        store.declare("raced", false, START).await.unwrap();
+        let items = (0..10).map(|i| Enqueue::test(&format!("r{i}"), None, "x")).collect();
+        for result in store.enqueue("raced", START, items, false).await {
+            result.unwrap();
+        }
+        let leased = store.lease("raced", START, 10, 60_000, false).await.unwrap();
+        assert_eq!(leased.len(), 10);
+        // Another transaction changes the rows, as an extension does, and
+        // keeps them locked while the completion starts.
+        let mut other = store.pool.begin().await.unwrap();
+        sqlx::query("UPDATE messaging_messages SET lease_expires = lease_expires + 1000 WHERE queue = 'raced'")
+            .execute(&mut *other)
+            .await
+            .unwrap();
+        let receipts: Vec<_> = leased.iter().map(|l| (l.id, l.token)).collect();
+        let completing = tokio::spawn({
+            let store = store.clone();
+            async move { store.complete("raced", START, receipts, 0).await }
+        });
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        loop {
+            let waiting: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE 'WITH held%'",
+            )
+            .fetch_one(&store.pool)
+            .await
+            .unwrap();
+            if waiting > 0 {
+                break;
+            }
+            assert!(std::time::Instant::now() < deadline, "the completion never waited for the locks");
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        other.commit().await.unwrap();
+        let results = completing.await.unwrap();
+        assert!(results.iter().all(Result::is_ok), "{results:?}");
+        let left: i64 = sqlx::query_scalar("SELECT count(*) FROM messaging_messages WHERE queue = 'raced'")
+            .fetch_one(&store.pool)
+            .await
+            .unwrap();
+        assert_eq!(left, 0, "every message reported completed is gone");
+        store.close().await;
+    });
+}
