@@ -643,6 +643,22 @@ async fn dlq_redrive_with_a_type_goes_through_every_letter_and_says_what_a_fifo_
     assert!(orders_cli(&moto, &["queues"]).contains("15 in emails-dlq"));
 }
 
+/// Sends 25 messages to `Q` and receives them all: held, as a worker holds
+/// them.
+async fn hold_25<Q: Queue<Kind = messaging::Standard>>(t: &Arc<dyn Transport>) -> Vec<messaging::transport::Delivery> {
+    let mails: Vec<Mailing> = (0..25).map(|i| Mailing { to: format!("u{i}"), fail: false }).collect();
+    for result in Publisher::new(t.clone()).send_batch::<Q, _>(&mails).await {
+        result.expect("sent");
+    }
+    let mut held = Vec::new();
+    while held.len() < 25 {
+        let got = t.receive(Q::SPEC.name, 10, Duration::from_millis(500)).await.expect("receive");
+        assert!(!got.is_empty(), "only {} of 25 received", held.len());
+        held.extend(got);
+    }
+    held
+}
+
 /// Messages held by hand, with a visibility no test waits out.
 #[messaging::queue("sqs-held", visibility = "5m")]
 struct Held;
@@ -652,16 +668,7 @@ async fn messages_given_back_are_visible_again_at_once_ten_per_request() {
     let moto = fixtures::SqsServer::start();
     let t = connect(&moto).await;
     t.declare(&<Held as Queue>::SPEC).await.expect("declare (creating the queue)");
-    let mails: Vec<Mailing> = (0..25).map(|i| Mailing { to: format!("u{i}"), fail: false }).collect();
-    for result in Publisher::new(t.clone()).send_batch::<Held, _>(&mails).await {
-        result.expect("sent");
-    }
-    let mut held = Vec::new();
-    while held.len() < 25 {
-        let got = t.receive("sqs-held", 10, Duration::from_secs(1)).await.expect("receive");
-        assert!(!got.is_empty(), "only {} of 25 received", held.len());
-        held.extend(got);
-    }
+    let mut held = hold_25::<Held>(&t).await;
     // One of them settled meanwhile: its receipt is stale, the rest go back.
     let acked = held.pop().expect("one");
     t.ack("sqs-held", vec![acked.receipt.clone()]).await.remove(0).expect("acked");
@@ -691,16 +698,7 @@ async fn a_heartbeat_extends_ten_visibilities_per_request() {
     let moto = fixtures::SqsServer::start();
     let t = connect(&moto).await;
     t.declare(&<Slow as Queue>::SPEC).await.expect("declare (creating the queue)");
-    let mails: Vec<Mailing> = (0..25).map(|i| Mailing { to: format!("u{i}"), fail: false }).collect();
-    for result in Publisher::new(t.clone()).send_batch::<Slow, _>(&mails).await {
-        result.expect("sent");
-    }
-    let mut held = Vec::new();
-    while held.len() < 25 {
-        let got = t.receive("sqs-slow", 10, Duration::from_millis(200)).await.expect("receive");
-        assert!(!got.is_empty(), "only {} of 25 received", held.len());
-        held.extend(got);
-    }
+    let held = hold_25::<Slow>(&t).await;
     let sqs = messaging::transport::sqs::connect(&moto.url(false)).await.expect("connect");
     sqs.declare(&<Slow as Queue>::SPEC).await.expect("declare");
     let before = sqs.requests();

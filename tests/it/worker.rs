@@ -661,118 +661,20 @@ async fn shutdown_finishes_the_running_handler_and_releases_the_rest() {
 
 // --- batched acknowledgements --------------------------------------------------------------
 
-/// Delegates to the memory transport and counts `ack` calls.
-struct CountingAcks {
+/// The memory transport, with receives kept going ahead of the lanes (as on
+/// a database): counts `ack` calls, and once `slow` is set answers each
+/// receive that took messages 200 ms late (a lease whose statement is slow
+/// to come back), saying so through `taken`.
+#[derive(Default)]
+struct Observed {
     inner: messaging::transport::memory::MemoryTransport,
     calls: AtomicUsize,
     receipts: AtomicUsize,
-}
-
-impl messaging::transport::Transport for CountingAcks {
-    fn system(&self) -> &'static str {
-        "memory"
-    }
-    fn declare<'a>(
-        &'a self,
-        spec: &'a messaging::QueueSpec,
-    ) -> messaging::BoxFuture<'a, Result<(), messaging::TransportError>> {
-        self.inner.declare(spec)
-    }
-    fn send<'a>(
-        &'a self,
-        queue: &'a str,
-        message: messaging::transport::Outgoing,
-    ) -> messaging::BoxFuture<'a, Result<MessageId, messaging::TransportError>> {
-        self.inner.send(queue, message)
-    }
-    fn send_batch<'a>(
-        &'a self,
-        queue: &'a str,
-        messages: Vec<messaging::transport::Outgoing>,
-    ) -> messaging::BoxFuture<'a, Vec<Result<MessageId, messaging::TransportError>>> {
-        self.inner.send_batch(queue, messages)
-    }
-    fn receive<'a>(
-        &'a self,
-        queue: &'a str,
-        max: usize,
-        wait: Duration,
-    ) -> messaging::BoxFuture<'a, Result<Vec<messaging::transport::Delivery>, messaging::TransportError>> {
-        self.inner.receive(queue, max, wait)
-    }
-    fn ack<'a>(
-        &'a self,
-        queue: &'a str,
-        receipts: Vec<messaging::transport::Receipt>,
-    ) -> messaging::BoxFuture<'a, Vec<Result<(), messaging::TransportError>>> {
-        self.calls.fetch_add(1, Ordering::SeqCst);
-        self.receipts.fetch_add(receipts.len(), Ordering::SeqCst);
-        self.inner.ack(queue, receipts)
-    }
-    fn nack<'a>(
-        &'a self,
-        queue: &'a str,
-        receipt: messaging::transport::Receipt,
-        delay: Duration,
-    ) -> messaging::BoxFuture<'a, Result<(), messaging::TransportError>> {
-        self.inner.nack(queue, receipt, delay)
-    }
-    fn extend<'a>(
-        &'a self,
-        queue: &'a str,
-        receipt: &'a messaging::transport::Receipt,
-        visibility: Duration,
-    ) -> messaging::BoxFuture<'a, Result<(), messaging::TransportError>> {
-        self.inner.extend(queue, receipt, visibility)
-    }
-    fn depth<'a>(&'a self, queue: &'a str) -> messaging::BoxFuture<'a, Result<u64, messaging::TransportError>> {
-        self.inner.depth(queue)
-    }
-}
-
-#[messaging::queue("acked", concurrency = 8)]
-struct Acked;
-
-#[messaging::handler(queue = Acked)]
-async fn acked(_job: Job) {}
-
-#[tokio::test]
-async fn acknowledgements_are_batched() {
-    let transport =
-        Arc::new(CountingAcks { inner: Default::default(), calls: AtomicUsize::new(0), receipts: AtomicUsize::new(0) });
-    let mut app = messaging::App::new(transport.clone()).await.unwrap();
-    app.only_queues(&["acked"]);
-    let publisher = app.setup().publisher();
-    let running = app.start().unwrap();
-    let jobs: Vec<Job> = (0..2_000).map(|n| Job { n }).collect();
-    for result in publisher.send_batch::<Acked, _>(&jobs).await {
-        result.unwrap();
-    }
-    let receipts = || transport.receipts.load(Ordering::SeqCst);
-    let all = || receipts() >= 2_000;
-    fixtures::eventually(Duration::from_secs(30), all, || {
-        format!("only {} of 2,000 messages acknowledged in 30 s", receipts())
-    })
-    .await;
-    running.stop().await;
-    let calls = transport.calls.load(Ordering::SeqCst);
-    assert_eq!(transport.receipts.load(Ordering::SeqCst), 2_000, "every message acknowledged once");
-    assert!(calls < 2_000 / 4, "{calls} ack calls for 2,000 messages: acknowledgements should be batched");
-}
-
-// --- a forced stop while a receive is answering ---------------------------------------------
-
-/// The memory transport, whose receives keep going ahead of the lanes (as on
-/// a database) and, once `slow` is set, answer 200 ms after they took their
-/// messages: a lease whose statement is slow to come back.
-#[derive(Default)]
-struct LateAnswers {
-    inner: messaging::transport::memory::MemoryTransport,
     slow: std::sync::atomic::AtomicBool,
     taken: tokio::sync::Notify,
 }
 
-impl messaging::transport::Transport for LateAnswers {
+impl messaging::transport::Transport for Observed {
     fn system(&self) -> &'static str {
         "memory"
     }
@@ -816,6 +718,8 @@ impl messaging::transport::Transport for LateAnswers {
         queue: &'a str,
         receipts: Vec<messaging::transport::Receipt>,
     ) -> messaging::BoxFuture<'a, Vec<Result<(), messaging::TransportError>>> {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        self.receipts.fetch_add(receipts.len(), Ordering::SeqCst);
         self.inner.ack(queue, receipts)
     }
     fn nack<'a>(
@@ -837,13 +741,41 @@ impl messaging::transport::Transport for LateAnswers {
     fn interrupt_receives(&self, queue: &str) {
         self.inner.interrupt_receives(queue)
     }
-    fn concurrent_receives(&self) -> usize {
-        1
-    }
     fn depth<'a>(&'a self, queue: &'a str) -> messaging::BoxFuture<'a, Result<u64, messaging::TransportError>> {
         self.inner.depth(queue)
     }
 }
+
+#[messaging::queue("acked", concurrency = 8)]
+struct Acked;
+
+#[messaging::handler(queue = Acked)]
+async fn acked(_job: Job) {}
+
+#[tokio::test]
+async fn acknowledgements_are_batched() {
+    let transport = Arc::new(Observed::default());
+    let mut app = messaging::App::new(transport.clone()).await.unwrap();
+    app.only_queues(&["acked"]);
+    let publisher = app.setup().publisher();
+    let running = app.start().unwrap();
+    let jobs: Vec<Job> = (0..2_000).map(|n| Job { n }).collect();
+    for result in publisher.send_batch::<Acked, _>(&jobs).await {
+        result.unwrap();
+    }
+    let receipts = || transport.receipts.load(Ordering::SeqCst);
+    let all = || receipts() >= 2_000;
+    fixtures::eventually(Duration::from_secs(30), all, || {
+        format!("only {} of 2,000 messages acknowledged in 30 s", receipts())
+    })
+    .await;
+    running.stop().await;
+    let calls = transport.calls.load(Ordering::SeqCst);
+    assert_eq!(transport.receipts.load(Ordering::SeqCst), 2_000, "every message acknowledged once");
+    assert!(calls < 2_000 / 4, "{calls} ack calls for 2,000 messages: acknowledgements should be batched");
+}
+
+// --- a forced stop while a receive is answering ---------------------------------------------
 
 #[messaging::queue("late-answers", visibility = "10m")]
 struct LateQueue;
@@ -855,7 +787,7 @@ async fn stuck_on(job: Job, rec: State<Arc<Recorder>>) {
 
 #[tokio::test]
 async fn a_forced_stop_gives_back_what_a_receive_in_flight_returns() {
-    let transport = Arc::new(LateAnswers::default());
+    let transport = Arc::new(Observed::default());
     let rec = Arc::new(Recorder::default());
     let mut app = messaging::App::new(transport.clone()).await.unwrap();
     app.only_queues(&["late-answers"]);
