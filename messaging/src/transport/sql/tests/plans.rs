@@ -20,25 +20,29 @@ async fn plan(store: &PostgresStore, sql: &str, ids: &[i64], tokens: &[i64]) -> 
     rows.into_iter().map(|(line,)| line).collect::<Vec<_>>().join("\n")
 }
 
+/// A store on `db` whose table autovacuum never analyzes, with `thousands`
+/// × 1,000 plain messages enqueued on standard queue `queue`.
+async fn unanalyzed(db: &super::Postgres, queue: &str, thousands: usize) -> PostgresStore {
+    let store = PostgresStore::connect(&db.url).await.unwrap();
+    store.migrate().await.unwrap();
+    sqlx::query("ALTER TABLE messaging_messages SET (autovacuum_enabled = false)").execute(&store.pool).await.unwrap();
+    store.declare(queue, false, START).await.unwrap();
+    for batch in 0..thousands {
+        let items = (0..1_000).map(|i| Enqueue::test(&format!("m{batch}.{i}"), None, "x")).collect();
+        for result in store.enqueue(queue, START, items, false).await {
+            result.unwrap();
+        }
+    }
+    store
+}
+
 #[test]
 fn postgres_completes_by_primary_key_on_a_table_never_analyzed() {
     let db = super::Postgres::new();
     super::runtime().block_on(async {
-        let store = PostgresStore::connect(&db.url).await.unwrap();
-        store.migrate().await.unwrap();
         // No statistics at all, as with autovacuum off: the state in which
         // the join was planned from the leased index.
-        sqlx::query("ALTER TABLE messaging_messages SET (autovacuum_enabled = false)")
-            .execute(&store.pool)
-            .await
-            .unwrap();
-        store.declare("planned", false, START).await.unwrap();
-        for batch in 0..10 {
-            let items = (0..1_000).map(|i| Enqueue::test(&format!("m{batch}.{i}"), None, "x")).collect();
-            for result in store.enqueue("planned", START, items, false).await {
-                result.unwrap();
-            }
-        }
+        let store = unanalyzed(&db, "planned", 10).await;
         let mut receipts = Vec::new();
         while receipts.len() < 9_000 {
             let leased = store.lease("planned", START, 300, 60_000, false).await.unwrap();
@@ -168,19 +172,7 @@ fn postgres_leases_by_tuple_id_whatever_the_statistics() {
     use crate::transport::sql::statements::LEASED;
     let db = super::Postgres::new();
     super::runtime().block_on(async {
-        let store = PostgresStore::connect(&db.url).await.unwrap();
-        store.migrate().await.unwrap();
-        sqlx::query("ALTER TABLE messaging_messages SET (autovacuum_enabled = false)")
-            .execute(&store.pool)
-            .await
-            .unwrap();
-        store.declare("leased", false, START).await.unwrap();
-        for batch in 0..20 {
-            let items = (0..1_000).map(|i| Enqueue::test(&format!("m{batch}.{i}"), None, "x")).collect();
-            for result in store.enqueue("leased", START, items, false).await {
-                result.unwrap();
-            }
-        }
+        let store = unanalyzed(&db, "leased", 20).await;
         for analyzed in [false, true] {
             if analyzed {
                 sqlx::query("ANALYZE messaging_messages").execute(&store.pool).await.unwrap();
