@@ -711,3 +711,50 @@ async fn a_heartbeat_extends_ten_visibilities_per_request() {
     let back = t.receive("sqs-slow", 10, Duration::from_millis(300)).await.expect("receive");
     assert!(back.is_empty(), "{} came back", back.len());
 }
+
+#[messaging::queue("sqs-many-slow", visibility = "2s", concurrency = 300)]
+struct ManySlow;
+
+#[messaging::message(name = "sqs.slow_job", v = 1)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct SlowJob {
+    n: usize,
+}
+
+/// How many times each message of `sqs-many-slow` was handled.
+static SLOW_RUNS: Mutex<Vec<u32>> = Mutex::new(Vec::new());
+
+#[messaging::handler(queue = ManySlow)]
+async fn many_slow(job: SlowJob) {
+    tokio::time::sleep(Duration::from_millis(3_000)).await;
+    if let Some(count) = SLOW_RUNS.lock().unwrap().get_mut(job.n) {
+        *count += 1;
+    }
+}
+
+/// 300 handlers slower than the visibility, in batches of ten: the heartbeat
+/// extends 30 batches a round, a request each, several at once. One after the
+/// other on moto, a round took longer than the 2 s visibility, and from
+/// outside 335 of 600 such messages ran twice (536 one message at a time).
+#[tokio::test]
+async fn three_hundred_handlers_slower_than_the_visibility_each_run_once() {
+    const JOBS: usize = 300;
+    *SLOW_RUNS.lock().unwrap() = vec![0; JOBS];
+    let moto = fixtures::SqsServer::start();
+    let t = connect(&moto).await;
+    let mut app = messaging::App::new(t.clone()).await.expect("app");
+    app.only_queues(&["sqs-many-slow"]);
+    let jobs: Vec<SlowJob> = (0..JOBS).map(|n| SlowJob { n }).collect();
+    for result in Publisher::new(t.clone()).send_batch::<ManySlow, _>(&jobs).await {
+        result.expect("sent");
+    }
+    let running = app.start().expect("start");
+    let handled = || SLOW_RUNS.lock().unwrap().iter().filter(|&&c| c > 0).count();
+    wait_until("every job handled", || handled() == JOBS).await;
+    // Long enough for a visibility that ran out to bring a message back.
+    tokio::time::sleep(Duration::from_millis(3_000)).await;
+    running.stop().await;
+    let runs = SLOW_RUNS.lock().unwrap().clone();
+    let again = runs.iter().filter(|&&c| c != 1).count();
+    assert_eq!(again, 0, "{again} of {JOBS} ran more than once");
+}
