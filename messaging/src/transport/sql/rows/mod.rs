@@ -295,7 +295,8 @@ impl<D: Dialect> SqlStore<D> {
         items: &[(RowId, u64)],
         op: &RowOp,
     ) -> Result<Vec<Result<(), TransportError>>, TransportError> {
-        let list = format!("[{}]", items.iter().map(|(id, _)| id.to_string()).collect::<Vec<_>>().join(","));
+        let ids: Vec<RowId> = items.iter().map(|&(id, _)| id).collect();
+        let list = serde_json::to_string(&ids).unwrap_or_else(|_| "[]".to_owned());
         let found = self.query_in(w, "loading messages", &[D::BY_IDS], &[queue.into(), list.as_str().into()]).await?;
         // Kept in id order, the order the rows were locked in.
         let mut loaded: std::collections::BTreeMap<RowId, (Row, bool)> =
