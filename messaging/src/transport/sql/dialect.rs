@@ -23,7 +23,7 @@ use super::record::LeasedRow;
 use super::statements::{FifoSearch, StoreForm};
 use super::Tables;
 use crate::error::TransportError;
-use crate::transport::sql::machine::{Row, RowId};
+use crate::transport::sql::machine::{Enqueue, Row, RowId};
 
 mod sealed {
     pub trait Sealed {}
@@ -131,16 +131,18 @@ pub trait Dialect: Driver + sealed::Sealed + Sized {
     /// identities of queue `$1` in `$2`, written as [`Dialect::BY_IDENTITIES`].
     const PREVIOUS_OF: &'static str;
 
-    /// Inserts `rows` (no identity) in one statement per chunk, the
-    /// sequence assigned in input order, without reading their ids back.
-    /// Other processes are told of `queue` when the rows commit, as by
-    /// [`Dialect::notify_in`] (PostgreSQL, in the insert's own statement).
+    /// Inserts `items` (no identity) as new rows in one statement per
+    /// chunk, the sequence assigned in input order, without reading their
+    /// ids back. The payloads may be taken (bound without a copy): the
+    /// caller reads only the message ids afterwards. Other processes are
+    /// told of `queue` when the rows commit, as by [`Dialect::notify_in`]
+    /// (PostgreSQL, in the insert's own statement).
     fn append<'a>(
         conn: &'a mut Self::Connection,
         tables: &'a Tables,
         queue: &'a str,
         now: i64,
-        rows: &'a [Row],
+        items: &'a mut [Enqueue],
     ) -> impl Future<Output = Result<(), TransportError>> + Send + 'a;
 
     /// Inserts `rows` (each with its identity and its own sequence) in one
@@ -172,7 +174,7 @@ pub trait Dialect: Driver + sealed::Sealed + Sized {
         store: &'a SqlStore<Self>,
         queue: &'a str,
         now: i64,
-        rows: &'a [Row],
+        items: &'a mut [Enqueue],
     ) -> impl Future<Output = Result<(), TransportError>> + Send + 'a;
 
     /// Completes, as one transaction of its own, rows without identity whose

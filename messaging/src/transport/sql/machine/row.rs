@@ -136,6 +136,44 @@ pub struct Row {
     pub sent_at: i64,
 }
 
+impl Enqueue {
+    /// The status a new row of this message lands in at `now`.
+    pub(crate) fn landing(&self, now: i64) -> Status {
+        self.status.unwrap_or_else(|| landing(self.process_at, now))
+    }
+
+    /// What an insert of this message as a new row at `now` writes
+    /// ([`Row::new`]'s values), without building the [`Row`]: an append of
+    /// plain messages needs nothing else, and a thousand rows built for it
+    /// were 430 KB written, moved and freed per `send_batch`.
+    pub(crate) fn written(&self, now: i64) -> Written<'_> {
+        Written {
+            identity: self.identity.as_deref(),
+            group: self.group.as_deref(),
+            message_id: &self.message_id,
+            payload: &self.payload,
+            attributes: &self.attributes,
+            priority: self.priority,
+            process_at: self.process_at,
+            status: self.landing(now),
+        }
+    }
+}
+
+/// The values an insert writes of one new row (the rest start at their
+/// defaults: no attempts, no lease, no history).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Written<'a> {
+    pub identity: Option<&'a str>,
+    pub group: Option<&'a str>,
+    pub message_id: &'a str,
+    pub payload: &'a [u8],
+    pub attributes: &'a str,
+    pub priority: i32,
+    pub process_at: Option<i64>,
+    pub status: Status,
+}
+
 /// What an enqueue did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum EnqueueOutcome {
@@ -229,7 +267,7 @@ fn landing(process_at: Option<i64>, now: i64) -> Status {
 impl Row {
     /// A new row for an enqueue.
     pub fn new(id: RowId, seq: u64, now: i64, e: Enqueue) -> Row {
-        let status = e.status.unwrap_or_else(|| landing(e.process_at, now));
+        let status = e.landing(now);
         Row {
             id,
             identity: e.identity,
@@ -249,6 +287,20 @@ impl Row {
             history: Vec::new(),
             attributes: e.attributes,
             sent_at: now,
+        }
+    }
+
+    /// What an insert of this (new) row writes.
+    pub(crate) fn written(&self) -> Written<'_> {
+        Written {
+            identity: self.identity.as_deref(),
+            group: self.group.as_deref(),
+            message_id: &self.message_id,
+            payload: &self.payload,
+            attributes: &self.attributes,
+            priority: self.priority,
+            process_at: self.process_at,
+            status: self.status,
         }
     }
 

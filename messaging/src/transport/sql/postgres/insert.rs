@@ -27,7 +27,7 @@ use sqlx::{Encode, Postgres, Type};
 use super::CHANNEL;
 use crate::error::TransportError;
 use crate::transport::sql::dialect::{fail, in_input_order};
-use crate::transport::sql::machine::{Row, RowId};
+use crate::transport::sql::machine::{Enqueue, Row, RowId, Written};
 use crate::transport::sql::statements::Tables;
 
 /// A query of the insert, returning `O`.
@@ -143,32 +143,39 @@ struct Values<'a> {
 }
 
 impl<'a> Values<'a> {
-    fn of(rows: &'a [Row]) -> Self {
-        let identity: Vec<Option<&str>> = rows.iter().map(|r| r.identity.as_deref()).collect();
-        let group: Vec<Option<&str>> = rows.iter().map(|r| r.group.as_deref()).collect();
-        let attributes: Vec<&str> = rows.iter().map(|r| r.attributes.as_str()).collect();
-        let priority: Vec<i32> = rows.iter().map(|r| r.priority).collect();
-        let process_at: Vec<Option<i64>> = rows.iter().map(|r| r.process_at).collect();
-        let status: Vec<&str> = rows.iter().map(|r| r.status.as_str()).collect();
-        let uniform = [
-            same_optional_text(&identity),
-            same_optional_text(&group),
-            same_text(&attributes),
-            same(&priority),
-            same(&process_at),
-            same_text(&status),
-        ];
-        Values {
-            identity,
-            group,
-            message_id: rows.iter().map(|r| r.message_id.as_str()).collect(),
-            payload: rows.iter().map(|r| r.payload.as_slice()).collect(),
-            attributes,
-            priority,
-            process_at,
-            status,
-            uniform,
+    /// The columns of `rows`, in one pass.
+    fn of(rows: impl ExactSizeIterator<Item = Written<'a>>) -> Self {
+        let n = rows.len();
+        let mut values = Values {
+            identity: Vec::with_capacity(n),
+            group: Vec::with_capacity(n),
+            message_id: Vec::with_capacity(n),
+            payload: Vec::with_capacity(n),
+            attributes: Vec::with_capacity(n),
+            priority: Vec::with_capacity(n),
+            process_at: Vec::with_capacity(n),
+            status: Vec::with_capacity(n),
+            uniform: [true; 6],
+        };
+        for row in rows {
+            values.identity.push(row.identity);
+            values.group.push(row.group);
+            values.message_id.push(row.message_id);
+            values.payload.push(row.payload);
+            values.attributes.push(row.attributes);
+            values.priority.push(row.priority);
+            values.process_at.push(row.process_at);
+            values.status.push(row.status.as_str());
         }
+        values.uniform = [
+            same_optional_text(&values.identity),
+            same_optional_text(&values.group),
+            same_text(&values.attributes),
+            same(&values.priority),
+            same(&values.process_at),
+            same_text(&values.status),
+        ];
+        values
     }
 }
 
@@ -223,14 +230,14 @@ fn statement(tables: &Tables, values: &Values<'_>, form: Form) -> String {
     tables.sql(&[&sql]).into_owned()
 }
 
-/// Binds the parameters of [`statement`]'s insert of `rows` (whose
-/// `values` they are) into `queue`.
+/// Binds the parameters of [`statement`]'s insert of `values` into
+/// `queue`: with each row's sequence value (`seqs`) for [`Form::Insert`].
 fn bind_rows<'q, O>(
     query: Insert<'q, O>,
     queue: &'q str,
     now: i64,
-    (rows, values): (&'q [Row], Values<'q>),
-    form: Form,
+    values: Values<'q>,
+    seqs: Option<Vec<i64>>,
 ) -> Insert<'q, O> {
     let uniform = values.uniform;
     let mut query = query.bind(queue).bind(now);
@@ -242,13 +249,13 @@ fn bind_rows<'q, O>(
     query = bind(query, uniform[3], values.priority);
     query = bind(query, uniform[4], values.process_at);
     query = bind(query, uniform[5], values.status);
-    if form == Form::Insert {
-        query = bind(query, false, rows.iter().map(|r| r.seq as i64).collect());
+    if let Some(seqs) = seqs {
+        query = bind(query, false, seqs);
     }
     query.bind(CHANNEL)
 }
 
-/// Appends `rows` (not empty, no identity) to `queue` in one statement, the
+/// Appends `items` (not empty, no identity) to `queue` in one statement, the
 /// enqueue order drawn in input order; other processes are told of `queue`
 /// when it commits.
 pub(super) async fn append(
@@ -256,21 +263,27 @@ pub(super) async fn append(
     tables: &Tables,
     queue: &str,
     now: i64,
-    rows: &[Row],
+    items: &[Enqueue],
 ) -> Result<(), TransportError> {
-    let values = Values::of(rows);
+    let values = Values::of(items.iter().map(|e| e.written(now)));
     let sql = statement(tables, &values, Form::Append);
-    let query: Insert<'_, (i32,)> = bind_rows(sqlx::query_as(&sql), queue, now, (rows, values), Form::Append);
+    let query: Insert<'_, (i32,)> = bind_rows(sqlx::query_as(&sql), queue, now, values, None);
     query.fetch_one(&mut *conn).await.map_err(fail::<sqlx::Postgres>("enqueue"))?;
     Ok(())
 }
 
-/// The plan PostgreSQL picks for the append of `rows` to `queue`, as text.
+/// The plan PostgreSQL picks for the append of `items` to `queue`, as text.
 #[cfg(test)]
-pub(crate) async fn append_plan(conn: &mut PgConnection, tables: &Tables, queue: &str, rows: &[Row]) -> String {
-    let values = Values::of(rows);
+pub(crate) async fn append_plan(
+    conn: &mut PgConnection,
+    tables: &Tables,
+    queue: &str,
+    now: i64,
+    items: &[Enqueue],
+) -> String {
+    let values = Values::of(items.iter().map(|e| e.written(now)));
     let explain = format!("EXPLAIN {}", statement(tables, &values, Form::Append));
-    let query: Insert<'_, (String,)> = bind_rows(sqlx::query_as(&explain), queue, 0, (rows, values), Form::Append);
+    let query: Insert<'_, (String,)> = bind_rows(sqlx::query_as(&explain), queue, now, values, None);
     let lines = query.fetch_all(&mut *conn).await.expect("explain the append");
     lines.into_iter().map(|(line,)| line).collect::<Vec<_>>().join("\n")
 }
@@ -286,9 +299,10 @@ pub(super) async fn insert(
     now: i64,
     rows: &[Row],
 ) -> Result<Vec<Option<RowId>>, TransportError> {
-    let values = Values::of(rows);
+    let values = Values::of(rows.iter().map(Row::written));
     let sql = statement(tables, &values, Form::Insert);
-    let query: Insert<'_, Returned> = bind_rows(sqlx::query_as(&sql), queue, now, (rows, values), Form::Insert);
+    let seqs = rows.iter().map(|r| r.seq as i64).collect();
+    let query: Insert<'_, Returned> = bind_rows(sqlx::query_as(&sql), queue, now, values, Some(seqs));
     let (ids, seqs) = query.fetch_one(&mut *conn).await.map_err(fail::<sqlx::Postgres>("enqueue"))?;
     let inserted = ids.unwrap_or_default().into_iter().zip(seqs.unwrap_or_default()).collect();
     Ok(in_input_order(rows, inserted))

@@ -19,7 +19,7 @@ use super::dialect::{backend, fail, ids, leased, Dialect, SqlStore, StopOnDrop, 
 use super::record::LeasedRow;
 use super::statements::{self as sql, FifoSearch, StoreForm, Tables};
 use crate::error::TransportError;
-use crate::transport::sql::machine::{Row, RowId};
+use crate::transport::sql::machine::{Enqueue, Row, RowId};
 
 mod insert;
 #[cfg(test)]
@@ -357,12 +357,12 @@ impl Dialect for Postgres {
         tables: &'a Tables,
         queue: &'a str,
         now: i64,
-        rows: &'a [Row],
+        items: &'a mut [Enqueue],
     ) -> Result<(), TransportError> {
-        if rows.is_empty() {
+        if items.is_empty() {
             return Ok(());
         }
-        insert::append(conn, tables, queue, now, rows).await
+        insert::append(conn, tables, queue, now, items).await
     }
 
     async fn insert<'a>(
@@ -426,11 +426,11 @@ impl Dialect for Postgres {
         store: &'a SqlStore<Self>,
         queue: &'a str,
         now: i64,
-        rows: &'a [Row],
+        items: &'a mut [Enqueue],
     ) -> Result<(), TransportError> {
         // One statement, which also notifies.
         let mut w = Write::single(store).await?;
-        let appended = Self::append(w.conn(), &store.tables, queue, now, rows).await;
+        let appended = Self::append(w.conn(), &store.tables, queue, now, items).await;
         w.finish(appended).await
     }
 

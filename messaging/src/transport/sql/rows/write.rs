@@ -36,9 +36,9 @@ impl Slot {
     }
 }
 
-/// What an append of `rows` stored: a new row each, its id not read back.
-fn appended(rows: Vec<Row>) -> Vec<Enqueued> {
-    rows.into_iter().map(|row| Enqueued { outcome: EnqueueOutcome::Appended, message_id: row.message_id }).collect()
+/// What an append of `items` stored: a new row each, its id not read back.
+fn appended(items: Vec<Enqueue>) -> Vec<Enqueued> {
+    items.into_iter().map(|e| Enqueued { outcome: EnqueueOutcome::Appended, message_id: e.message_id }).collect()
 }
 
 impl<D: Dialect> SqlStore<D> {
@@ -85,9 +85,9 @@ impl<D: Dialect> SqlStore<D> {
         now: i64,
         items: Vec<Enqueue>,
     ) -> Result<Vec<Enqueued>, TransportError> {
-        let rows: Vec<Row> = items.into_iter().map(|e| Row::new(0, 0, now, e)).collect();
-        D::enqueue_plain(self, queue, now, &rows).await?;
-        Ok(appended(rows))
+        let mut items = items;
+        D::enqueue_plain(self, queue, now, &mut items).await?;
+        Ok(appended(items))
     }
 
     async fn insert_plain(
@@ -98,8 +98,8 @@ impl<D: Dialect> SqlStore<D> {
         run: Vec<Enqueue>,
         out: &mut Vec<Enqueued>,
     ) -> Result<(), TransportError> {
-        let run: Vec<Row> = run.into_iter().map(|e| Row::new(0, 0, now, e)).collect();
-        D::append(w.conn(), &self.tables, queue, now, &run).await?;
+        let mut run = run;
+        D::append(w.conn(), &self.tables, queue, now, &mut run).await?;
         out.extend(appended(run));
         Ok(())
     }

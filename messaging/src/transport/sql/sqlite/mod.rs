@@ -29,8 +29,9 @@ use super::dialect::{fail, in_input_order, Dialect, SqlStore, StopOnDrop};
 use super::record::LeasedRow;
 use super::statements::{self as sql, FifoSearch, StoreForm, Tables};
 use crate::error::TransportError;
-use crate::transport::sql::machine::{Row, RowId};
+use crate::transport::sql::machine::{Enqueue, Row, RowId, Written};
 
+mod append;
 mod checkpoint;
 mod one_call;
 #[cfg(test)]
@@ -130,20 +131,20 @@ fn insert_values<'a>(
     tables: &Tables,
     queue: &'a str,
     now: i64,
-    rows: &'a [Row],
+    rows: impl Iterator<Item = Written<'a>>,
     seqs: impl Iterator<Item = i64>,
 ) -> sqlx::QueryBuilder<'a, Sqlite> {
     let head = tables.sql(&["INSERT INTO messaging_messages (queue, identity, group_id, message_id, payload, \
          attributes, priority, process_at, status, attempts, seq, sent_at) "]);
     let mut insert = sqlx::QueryBuilder::<Sqlite>::new(head.as_ref());
-    insert.push_values(rows.iter().zip(seqs), |mut values, (row, seq)| {
+    insert.push_values(rows.zip(seqs), |mut values, (row, seq)| {
         values
             .push_bind(queue)
-            .push_bind(row.identity.as_deref())
-            .push_bind(row.group.as_deref())
-            .push_bind(row.message_id.as_str())
-            .push_bind(row.payload.as_slice())
-            .push_bind(row.attributes.as_str())
+            .push_bind(row.identity)
+            .push_bind(row.group)
+            .push_bind(row.message_id)
+            .push_bind(row.payload)
+            .push_bind(row.attributes)
             .push_bind(row.priority)
             .push_bind(row.process_at)
             .push_bind(row.status.as_str())
@@ -304,20 +305,20 @@ impl Dialect for Sqlite {
         tables: &'a Tables,
         queue: &'a str,
         now: i64,
-        rows: &'a [Row],
+        items: &'a mut [Enqueue],
     ) -> Result<(), TransportError> {
-        if rows.is_empty() {
+        if items.is_empty() {
             return Ok(());
         }
-        let first = reserve(conn, tables, rows.len()).await?;
-        for (n, chunk) in rows.chunks(INSERT_ROWS).enumerate() {
+        let first = reserve(conn, tables, items.len()).await?;
+        for (n, chunk) in items.chunks(INSERT_ROWS).enumerate() {
             let base = first + (n * INSERT_ROWS) as u64;
             let seqs = (base..).map(|seq| seq as i64);
             // Nothing returned: rows cannot conflict without an identity, and
             // returned they crossed sqlx's channel from the connection's
             // thread row by row (13.8 us per row against 5.7 for the
             // benchmark's insert of the same shape).
-            let done = insert_values(tables, queue, now, chunk, seqs)
+            let done = insert_values(tables, queue, now, chunk.iter().map(|e| e.written(now)), seqs)
                 .build()
                 .execute(&mut *conn)
                 .await
@@ -342,7 +343,8 @@ impl Dialect for Sqlite {
     ) -> Result<Vec<Option<RowId>>, TransportError> {
         let mut inserted = Vec::with_capacity(rows.len());
         for chunk in rows.chunks(INSERT_ROWS) {
-            let mut insert = insert_values(tables, queue, now, chunk, chunk.iter().map(|r| r.seq as i64));
+            let seqs = chunk.iter().map(|r| r.seq as i64);
+            let mut insert = insert_values(tables, queue, now, chunk.iter().map(Row::written), seqs);
             insert.push(" ON CONFLICT (queue, identity) WHERE identity IS NOT NULL DO NOTHING RETURNING id, seq");
             let found: Vec<(i64, i64)> =
                 insert.build_query_as().fetch_all(&mut *conn).await.map_err(fail::<Self>("enqueue"))?;
@@ -367,9 +369,9 @@ impl Dialect for Sqlite {
         store: &'a SqlStore<Self>,
         queue: &'a str,
         now: i64,
-        rows: &'a [Row],
+        items: &'a mut [Enqueue],
     ) -> Result<(), TransportError> {
-        one_call::enqueue_plain(store, queue, now, rows).await
+        one_call::enqueue_plain(store, queue, now, items).await
     }
 
     async fn complete_plain<'a>(

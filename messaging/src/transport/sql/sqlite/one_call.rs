@@ -11,17 +11,14 @@ use std::collections::{BTreeMap, HashSet};
 use sqlx::sqlite::SqliteRow;
 use sqlx::{Row as _, Sqlite};
 
+use super::append::{self, INSERT_ROWS};
 use super::writer::{transaction, Turn};
 use super::{int, missing_counter};
 use crate::error::TransportError;
 use crate::transport::sql::dialect::{fail, leased, SqlStore};
-use crate::transport::sql::machine::{Row, RowId};
+use crate::transport::sql::machine::{Enqueue, RowId};
 use crate::transport::sql::record::LeasedRow;
 use crate::transport::sql::statements::{self as sql, FifoSearch};
-
-/// Rows per insert statement: 8 values each, under SQLite's 32,766 bound
-/// parameters, and as many as `send_batch` gives at once (`max_send_batch`).
-const INSERT_ROWS: usize = 1_000;
 
 /// A statement that returns a row (`missing_counter`) only when the counter
 /// the enqueue order and lease tokens come from is gone.
@@ -36,55 +33,27 @@ fn counter_missing(rows: &[SqliteRow]) -> bool {
     rows.first().is_some_and(|r| r.try_column("missing_counter").is_ok())
 }
 
-/// Inserts plain `rows` (no identity) of `queue` in one transaction, the
-/// enqueue order assigned in input order from the counter.
+/// Inserts plain `items` (no identity) as new rows of `queue` in one
+/// transaction, the enqueue order assigned in input order from the counter.
+/// Their payloads are taken.
 pub(super) async fn enqueue_plain(
     store: &SqlStore<Sqlite>,
     queue: &str,
     now: i64,
-    rows: &[Row],
+    items: &mut [Enqueue],
 ) -> Result<(), TransportError> {
-    let n = int(rows.len());
+    let chunks = items.len().div_ceil(INSERT_ROWS);
     // The counter moves first by the whole batch; each row's sequence is
     // then the counter's new value less the batch plus its place in it
     // (1-based). A subquery in each row of a VALUES list ran once per row
     // (11 us a row); in the select list over the VALUES it runs once.
-    let mut text = String::with_capacity(200 + rows.len() * 30);
-    text.push_str(MISSING_COUNTER);
-    text.push_str("; UPDATE messaging_counters SET value = value + ? WHERE name = 'seq'");
-    for chunk in rows.chunks(INSERT_ROWS) {
-        text.push_str(
-            "; INSERT INTO messaging_messages (queue, identity, group_id, message_id, payload, attributes, \
-             priority, process_at, status, attempts, seq, sent_at) \
-             SELECT ?, NULL, column1, column2, column3, column4, column5, column6, column7, 0, \
-             (SELECT value FROM messaging_counters WHERE name = 'seq') - ? + column8, ? FROM (VALUES ",
-        );
-        for i in 0..chunk.len() {
-            text.push_str(if i == 0 { "(?, ?, ?, ?, ?, ?, ?, ?)" } else { ", (?, ?, ?, ?, ?, ?, ?, ?)" });
-        }
-        // Nothing without the counter (the first statement says so).
-        text.push_str(
-            ") WHERE EXISTS (SELECT 1 FROM messaging_counters WHERE name = 'seq'); \
-             SELECT changes() AS inserted",
-        );
-    }
-    let whole = transaction(&text);
+    let (inserts, args) =
+        append::inserts(queue, now, items).map_err(|e| fail::<Sqlite>("enqueue")(sqlx::Error::Encode(e)))?;
+    let whole = transaction(&format!(
+        "{MISSING_COUNTER}; UPDATE messaging_counters SET value = value + ? WHERE name = 'seq'{inserts}"
+    ));
     let text = store.tables.sql(&[&whole]);
-    let mut query = sqlx::query(&text).bind(n);
-    for (c, chunk) in rows.chunks(INSERT_ROWS).enumerate() {
-        query = query.bind(queue).bind(n).bind(now);
-        for (i, row) in chunk.iter().enumerate() {
-            query = query
-                .bind(row.group.as_deref())
-                .bind(row.message_id.as_str())
-                .bind(row.payload.as_slice())
-                .bind(row.attributes.as_str())
-                .bind(row.priority)
-                .bind(row.process_at)
-                .bind(row.status.as_str())
-                .bind(int(c * INSERT_ROWS + i + 1));
-        }
-    }
+    let query = sqlx::query_with(&text, args);
     let mut turn = Turn::take(&store.state.writer).await;
     let found = turn.transaction(&store.pool, query).await.map_err(fail::<Sqlite>("enqueue"))?;
     if counter_missing(&found) {
@@ -92,7 +61,7 @@ pub(super) async fn enqueue_plain(
     }
     // Rows cannot conflict without an identity: each insert stores all its
     // rows or the call fails.
-    for (chunk, result) in rows.chunks(INSERT_ROWS).zip(&found) {
+    for (chunk, result) in items.chunks(INSERT_ROWS).zip(&found) {
         let inserted = result.try_get::<i64, _>("inserted").map_err(fail::<Sqlite>("enqueue"))?;
         if inserted != int(chunk.len()) {
             return Err(TransportError::Backend(format!(
@@ -101,7 +70,7 @@ pub(super) async fn enqueue_plain(
             )));
         }
     }
-    if found.len() != rows.chunks(INSERT_ROWS).len() {
+    if found.len() != chunks {
         return Err(TransportError::Backend("sqlite: the enqueue reported too few inserts".into()));
     }
     Ok(())

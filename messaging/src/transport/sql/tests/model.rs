@@ -30,7 +30,9 @@ enum Cmd {
         via: Via,
     },
     EnqueueBatch {
-        items: Vec<(Option<u8>, u8)>,
+        /// Identity, payload, priority, delay, group and attributes of each
+        /// message: a batch's rows agree on some columns and not others.
+        items: Vec<BatchItem>,
         via: Via,
     },
     Lease {
@@ -125,11 +127,28 @@ async fn enqueue_via<D: Dialect>(
     }
 }
 
+/// A message of a batch: identity, payload, priority, delay, group and
+/// attributes (numbered).
+type BatchItem = (Option<u8>, u8, i32, Option<i64>, u8, u8);
+
+/// A message of a batch: mostly alike, so that batches both agree and
+/// differ on their columns.
+fn batch_item() -> impl Strategy<Value = BatchItem> {
+    (
+        proptest::option::of(0u8..4),
+        0u8..3,
+        prop_oneof![3 => Just(0i32), 1 => 1i32..3],
+        proptest::option::weighted(0.25, 0i64..600),
+        prop_oneof![3 => Just(0u8), 1 => 1u8..3],
+        prop_oneof![3 => Just(0u8), 1 => 1u8..3],
+    )
+}
+
 fn cmd() -> impl Strategy<Value = Cmd> {
     prop_oneof![
         4 => (proptest::option::weighted(0.7, 0u8..4), 0u8..3, 0i32..3, proptest::option::of(0i64..600), 0u8..3, via())
             .prop_map(|(identity, payload, priority, delay, group, via)| Cmd::Enqueue { identity, payload, priority, delay, group, via }),
-        1 => (prop::collection::vec((proptest::option::of(0u8..4), 0u8..3), 1..5), via())
+        1 => (prop::collection::vec(batch_item(), 1..5), via())
             .prop_map(|(items, via)| Cmd::EnqueueBatch { items, via }),
         3 => (1usize..4, search()).prop_map(|(n, search)| Cmd::Lease { n, search }),
         2 => any::<usize>().prop_map(|pick| Cmd::Complete { pick }),
@@ -233,15 +252,19 @@ async fn run_case<D: Dialect>(store: &SqlStore<D>, queue: &str, rules: QueueRule
                 let batch: Vec<Enqueue> = items
                     .iter()
                     .enumerate()
-                    .map(|(i, (identity, payload))| Enqueue {
+                    .map(|(i, (identity, payload, priority, delay, group, attributes))| Enqueue {
                         identity: identity.map(|k| format!("k{k}")),
                         message_id: format!("m{step}.{i}"),
                         payload: vec![b'b', *payload],
-                        priority: 0,
-                        process_at: None,
+                        priority: *priority,
+                        process_at: delay.map(|d| now + d),
                         status: None,
-                        group: rules.fifo.then(|| "g0".to_owned()),
-                        attributes: String::new(),
+                        group: rules.fifo.then(|| format!("g{group}")),
+                        attributes: if *attributes == 0 {
+                            String::new()
+                        } else {
+                            format!("{{\"a\":\"{attributes}\"}}")
+                        },
                     })
                     .collect();
                 let got = enqueue_via(store, queue, now, batch.clone(), rules.idempotent, *via).await;
@@ -425,6 +448,7 @@ async fn compare<D: Dialect>(
             (
                 r.identity.clone(),
                 seen(r, now),
+                (r.message_id.clone(), r.group.clone(), r.attributes.clone()),
                 r.payload.clone(),
                 r.priority,
                 r.attempts,

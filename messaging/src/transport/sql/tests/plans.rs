@@ -128,10 +128,9 @@ fn postgres_appends_in_input_order_straight_from_the_unnest() {
             })
             .collect();
         for batch in [&agreeing, &differing] {
-            let rows: Vec<_> =
-                batch.iter().cloned().map(|e| crate::transport::sql::machine::Row::new(0, 0, START, e)).collect();
             let mut conn = store.pool.acquire().await.unwrap();
-            let plan = crate::transport::sql::postgres::append_plan(&mut conn, &store.tables, "appended", &rows).await;
+            let plan =
+                crate::transport::sql::postgres::append_plan(&mut conn, &store.tables, "appended", START, batch).await;
             drop(conn);
             // Between the insert and the unnest only nodes that pass rows on
             // as they come.
