@@ -114,30 +114,37 @@ where
         let (system, queue) = (transport.system(), Q::SPEC.name);
         let span = crate::telemetry::producer_span(system, queue, self.messages.len());
         let max_delay = transport.max_delay();
-        let mut results: Vec<Option<Result<MessageId, PublishError>>> = Vec::with_capacity(self.messages.len());
-        let mut pending = Vec::new();
+        let n = self.messages.len();
+        let mut results: Vec<Option<Result<MessageId, PublishError>>> = Vec::with_capacity(n);
+        // The encoded messages and their places in the input, apart: a batch
+        // that fits one transport call goes as it is (pairs unzipped per
+        // chunk were every message moved once more).
+        let (mut indices, mut outgoing) = (Vec::with_capacity(n), Vec::with_capacity(n));
         for (index, message) in self.messages.iter().enumerate() {
             match self.options.outgoing(&Q::SPEC, message, max_delay) {
-                Ok(outgoing) => {
+                Ok(encoded) => {
                     results.push(None);
-                    pending.push((index, outgoing));
+                    indices.push(index);
+                    outgoing.push(encoded);
                 }
                 Err(e) => results.push(Some(Err(e))),
             }
         }
         let producer = span.clone();
         let sending = async move {
-            let mut pending = pending;
-            for (_, outgoing) in pending.iter_mut() {
-                crate::telemetry::inject(&producer, &mut outgoing.attributes);
+            let mut outgoing: Vec<crate::transport::Outgoing> = outgoing;
+            for message in outgoing.iter_mut() {
+                crate::telemetry::inject(&producer, &mut message.attributes);
             }
             let chunk = transport.max_send_batch().max(1);
-            let mut pending = pending.into_iter().peekable();
-            while pending.peek().is_some() {
-                let (indices, outgoing): (Vec<usize>, Vec<_>) = pending.by_ref().take(chunk).unzip();
-                let sent = transport.send_batch(Q::SPEC.name, outgoing).await;
+            let mut indices = indices.into_iter();
+            while !outgoing.is_empty() {
+                let rest = if outgoing.len() > chunk { outgoing.split_off(chunk) } else { Vec::new() };
+                let batch = std::mem::replace(&mut outgoing, rest);
+                let count = batch.len();
+                let sent = transport.send_batch(Q::SPEC.name, batch).await;
                 let mut sent = sent.into_iter();
-                for index in indices {
+                for index in indices.by_ref().take(count) {
                     let result = sent.next().unwrap_or_else(|| {
                         Err(crate::error::TransportError::Backend(
                             "the transport returned too few batch results".into(),

@@ -40,6 +40,16 @@ impl MessageId {
         MessageId(Repr::Inline(buf))
     }
 
+    /// A new random id as text, as a database row stores it ([`random`]'s
+    /// form, written straight into the string).
+    ///
+    /// [`random`]: MessageId::random
+    #[cfg(any(feature = "postgres", feature = "sqlite"))]
+    pub(crate) fn random_text() -> String {
+        let mut buf = [0u8; INLINE];
+        uuid::Uuid::new_v4().hyphenated().encode_lower(&mut buf).to_owned()
+    }
+
     /// The id as a string slice.
     pub fn as_str(&self) -> &str {
         match &self.0 {

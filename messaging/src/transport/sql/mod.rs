@@ -196,7 +196,7 @@ impl<D: Dialect> SqlTransport<D> {
     fn enqueue_of(&self, message: Outgoing, now: i64) -> Enqueue {
         Enqueue {
             identity: message.identity,
-            message_id: MessageId::random().as_str().to_owned(),
+            message_id: MessageId::random_text(),
             // The encoder's vector back without a copy (the body is its
             // only owner).
             payload: Vec::from(message.body),
@@ -595,7 +595,7 @@ impl<D: Dialect> Transport for SqlTransport<D> {
                 Err(_) => return crate::transport::unknown_queue(queue, &messages),
             };
             let now = self.store.now();
-            let (mut refused, mut items) = (Vec::with_capacity(messages.len()), Vec::new());
+            let (mut refused, mut items) = (Vec::with_capacity(messages.len()), Vec::with_capacity(messages.len()));
             for message in messages {
                 let missing = missing_group(&q.spec, &message);
                 if missing.is_none() {
