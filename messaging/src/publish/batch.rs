@@ -132,7 +132,6 @@ where
         }
         let producer = span.clone();
         let sending = async move {
-            let mut outgoing: Vec<crate::transport::Outgoing> = outgoing;
             for message in outgoing.iter_mut() {
                 crate::telemetry::inject(&producer, &mut message.attributes);
             }

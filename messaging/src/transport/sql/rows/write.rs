@@ -83,9 +83,8 @@ impl<D: Dialect> SqlStore<D> {
         &self,
         queue: &str,
         now: i64,
-        items: Vec<Enqueue>,
+        mut items: Vec<Enqueue>,
     ) -> Result<Vec<Enqueued>, TransportError> {
-        let mut items = items;
         D::enqueue_plain(self, queue, now, &mut items).await?;
         Ok(appended(items))
     }
@@ -95,10 +94,9 @@ impl<D: Dialect> SqlStore<D> {
         w: &mut Write<'_, D>,
         queue: &str,
         now: i64,
-        run: Vec<Enqueue>,
+        mut run: Vec<Enqueue>,
         out: &mut Vec<Enqueued>,
     ) -> Result<(), TransportError> {
-        let mut run = run;
         D::append(w.conn(), &self.tables, queue, now, &mut run).await?;
         out.extend(appended(run));
         Ok(())

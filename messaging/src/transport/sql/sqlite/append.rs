@@ -15,7 +15,7 @@ use sqlx::sqlite::SqliteArguments;
 use sqlx::Arguments as _;
 
 use super::int;
-use crate::transport::sql::machine::{Enqueue, Status};
+use crate::transport::sql::machine::Enqueue;
 
 /// Rows per insert statement, and as many as `send_batch` gives at once
 /// (`max_send_batch`): at most eight values each, under SQLite's 32,766
@@ -106,7 +106,7 @@ pub(super) fn inserts<'q>(
         push_insert(&mut text, chunk.len(), agreed);
         let Some(first) = chunk.first() else { continue };
         args.add(queue)?;
-        let status: Status = first.landing(now);
+        let status = first.landing(now);
         if agreed[0] {
             args.add(first.group.clone())?;
         }
