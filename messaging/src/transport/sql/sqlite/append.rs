@@ -11,10 +11,11 @@
 //! was fresh memory on every call (a profile of `send_batch` of 1,000: a
 //! fifth of the caller's time in page faults, a tenth in those copies).
 
-use sqlx::sqlite::SqliteArguments;
-use sqlx::Arguments as _;
+use sqlx::sqlite::{SqliteArguments, SqliteRow};
+use sqlx::{Arguments as _, Row as _};
 
 use super::int;
+use crate::error::TransportError;
 use crate::transport::sql::machine::Enqueue;
 
 /// Rows per insert statement, and as many as `send_batch` gives at once
@@ -47,8 +48,11 @@ fn agreed(chunk: &[Enqueue], now: i64) -> [bool; 5] {
 /// that `agreed` says are one, the batch's size and the time bound first,
 /// then each row's message id, payload, other values and place.
 fn push_insert(text: &mut String, rows: usize, agreed: [bool; 5]) {
+    if !text.is_empty() {
+        text.push_str("; ");
+    }
     text.push_str(
-        "; INSERT INTO messaging_messages (queue, identity, group_id, message_id, payload, attributes, \
+        "INSERT INTO messaging_messages (queue, identity, group_id, message_id, payload, attributes, \
          priority, process_at, status, attempts, seq, sent_at) SELECT ?, NULL, ",
     );
     // VALUES columns: 1 the message id, 2 the payload, then the shared
@@ -88,19 +92,25 @@ fn push_insert(text: &mut String, rows: usize, agreed: [bool; 5]) {
     );
 }
 
-/// The statements after the counter's move, and their arguments, of the
-/// enqueue of `items` (taking their payloads) into `queue` at `now`; the
-/// first argument is the batch's size, for the counter's move.
+/// The statements of the enqueue of `items` (taking their payloads) into
+/// `queue` at `now`, once the counter has moved by their number in the same
+/// transaction, and their arguments after `lead` (the arguments of any
+/// statements before them). Each insert is followed by a `SELECT changes()
+/// AS inserted` (see [`check_inserted`]).
 pub(super) fn inserts<'q>(
+    lead: &[i64],
     queue: &'q str,
     now: i64,
     items: &'q mut [Enqueue],
 ) -> Result<(String, SqliteArguments<'q>), sqlx::error::BoxDynError> {
     let n = int(items.len());
-    let mut text = String::with_capacity(400 * items.len().div_ceil(INSERT_ROWS) + items.len() * 12);
+    let chunks = items.len().div_ceil(INSERT_ROWS);
+    let mut text = String::with_capacity(400 * chunks + items.len() * 12);
     let mut args = SqliteArguments::default();
-    args.reserve(1 + 8 * items.len().div_ceil(INSERT_ROWS) + 3 * items.len(), 0);
-    args.add(n)?;
+    args.reserve(lead.len() + 8 * chunks + 3 * items.len(), 0);
+    for &value in lead {
+        args.add(value)?;
+    }
     for (c, chunk) in items.chunks_mut(INSERT_ROWS).enumerate() {
         let agreed = agreed(chunk, now);
         push_insert(&mut text, chunk.len(), agreed);
@@ -146,4 +156,19 @@ pub(super) fn inserts<'q>(
         }
     }
     Ok((text, args))
+}
+
+/// Checks what [`inserts`]' statements reported (`inserted`, in order) for
+/// `items` rows: rows cannot conflict without an identity, so each insert
+/// stores all its rows or the call fails.
+pub(super) fn check_inserted(items: usize, found: &[SqliteRow]) -> Result<(), TransportError> {
+    let inserted: Vec<i64> = found.iter().filter_map(|row| row.try_get::<i64, _>("inserted").ok()).collect();
+    let expected = (0..items.div_ceil(INSERT_ROWS)).map(|c| int((items - c * INSERT_ROWS).min(INSERT_ROWS)));
+    if inserted.len() != items.div_ceil(INSERT_ROWS) || !expected.clone().eq(inserted.iter().copied()) {
+        return Err(TransportError::Backend(format!(
+            "sqlite: inserts of {:?} messages reported {inserted:?} stored",
+            expected.collect::<Vec<_>>()
+        )));
+    }
+    Ok(())
 }

@@ -310,28 +310,7 @@ impl Dialect for Sqlite {
         if items.is_empty() {
             return Ok(());
         }
-        let first = reserve(conn, tables, items.len()).await?;
-        for (n, chunk) in items.chunks(INSERT_ROWS).enumerate() {
-            let base = first + (n * INSERT_ROWS) as u64;
-            let seqs = (base..).map(|seq| seq as i64);
-            // Nothing returned: rows cannot conflict without an identity, and
-            // returned they crossed sqlx's channel from the connection's
-            // thread row by row (13.8 us per row against 5.7 for the
-            // benchmark's insert of the same shape).
-            let done = insert_values(tables, queue, now, chunk.iter().map(|e| e.written(now)), seqs)
-                .build()
-                .execute(&mut *conn)
-                .await
-                .map_err(fail::<Self>("enqueue"))?;
-            if done.rows_affected() != chunk.len() as u64 {
-                return Err(TransportError::Backend(format!(
-                    "sqlite: an insert of {} messages stored {}",
-                    chunk.len(),
-                    done.rows_affected()
-                )));
-            }
-        }
-        Ok(())
+        one_call::enqueue_plain_in(conn, tables, queue, now, items).await
     }
 
     async fn insert<'a>(

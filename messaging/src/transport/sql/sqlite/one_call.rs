@@ -8,17 +8,17 @@
 
 use std::collections::{BTreeMap, HashSet};
 
-use sqlx::sqlite::SqliteRow;
+use sqlx::sqlite::{SqliteArguments, SqliteConnection, SqliteRow};
 use sqlx::{Row as _, Sqlite};
 
-use super::append::{self, INSERT_ROWS};
+use super::append;
 use super::writer::{transaction, Turn};
 use super::{int, missing_counter};
 use crate::error::TransportError;
 use crate::transport::sql::dialect::{fail, leased, SqlStore};
 use crate::transport::sql::machine::{Enqueue, RowId};
 use crate::transport::sql::record::LeasedRow;
-use crate::transport::sql::statements::{self as sql, FifoSearch};
+use crate::transport::sql::statements::{self as sql, FifoSearch, Tables};
 
 /// A statement that returns a row (`missing_counter`) only when the counter
 /// the enqueue order and lease tokens come from is gone.
@@ -42,38 +42,57 @@ pub(super) async fn enqueue_plain(
     now: i64,
     items: &mut [Enqueue],
 ) -> Result<(), TransportError> {
-    let chunks = items.len().div_ceil(INSERT_ROWS);
-    // The counter moves first by the whole batch; each row's sequence is
-    // then the counter's new value less the batch plus its place in it
-    // (1-based). A subquery in each row of a VALUES list ran once per row
-    // (11 us a row); in the select list over the VALUES it runs once.
-    let (inserts, args) =
-        append::inserts(queue, now, items).map_err(|e| fail::<Sqlite>("enqueue")(sqlx::Error::Encode(e)))?;
-    let whole = transaction(&format!(
-        "{MISSING_COUNTER}; UPDATE messaging_counters SET value = value + ? WHERE name = 'seq'{inserts}"
-    ));
+    let n = items.len();
+    let (statements, args) = plain(queue, now, items)?;
+    let whole = transaction(&statements);
     let text = store.tables.sql(&[&whole]);
-    let query = sqlx::query_with(&text, args);
     let mut turn = Turn::take(&store.state.writer).await;
-    let found = turn.transaction(&store.pool, query).await.map_err(fail::<Sqlite>("enqueue"))?;
-    if counter_missing(&found) {
+    let found =
+        turn.transaction(&store.pool, sqlx::query_with(&text, args)).await.map_err(fail::<Sqlite>("enqueue"))?;
+    plain_stored(n, &found)
+}
+
+/// [`enqueue_plain`] inside the caller's open transaction `conn`, in one
+/// call (the counter moved apart from the inserts was a hop more per
+/// `send_batch(..).in_transaction`).
+pub(super) async fn enqueue_plain_in(
+    conn: &mut SqliteConnection,
+    tables: &Tables,
+    queue: &str,
+    now: i64,
+    items: &mut [Enqueue],
+) -> Result<(), TransportError> {
+    let n = items.len();
+    let (statements, args) = plain(queue, now, items)?;
+    let text = tables.sql(&[&statements]);
+    let found = sqlx::query_with(&text, args).fetch_all(conn).await.map_err(fail::<Sqlite>("enqueue"))?;
+    plain_stored(n, &found)
+}
+
+/// The statements of a plain enqueue and their arguments: the counter
+/// checked and moved first by the whole batch; each row's sequence is then
+/// the counter's new value less the batch plus its place in it (1-based). A
+/// subquery in each row of a VALUES list ran once per row (11 us a row); in
+/// the select list over the VALUES it runs once.
+fn plain<'q>(
+    queue: &'q str,
+    now: i64,
+    items: &'q mut [Enqueue],
+) -> Result<(String, SqliteArguments<'q>), TransportError> {
+    let n = int(items.len());
+    let (inserts, args) =
+        append::inserts(&[n], queue, now, items).map_err(|e| fail::<Sqlite>("enqueue")(sqlx::Error::Encode(e)))?;
+    let statements =
+        format!("{MISSING_COUNTER}; UPDATE messaging_counters SET value = value + ? WHERE name = 'seq'; {inserts}");
+    Ok((statements, args))
+}
+
+/// Checks what [`plain`]'s statements returned for `n` messages.
+fn plain_stored(n: usize, found: &[SqliteRow]) -> Result<(), TransportError> {
+    if counter_missing(found) {
         return Err(missing_counter());
     }
-    // Rows cannot conflict without an identity: each insert stores all its
-    // rows or the call fails.
-    for (chunk, result) in items.chunks(INSERT_ROWS).zip(&found) {
-        let inserted = result.try_get::<i64, _>("inserted").map_err(fail::<Sqlite>("enqueue"))?;
-        if inserted != int(chunk.len()) {
-            return Err(TransportError::Backend(format!(
-                "sqlite: an insert of {} messages stored {inserted}",
-                chunk.len()
-            )));
-        }
-    }
-    if found.len() != chunks {
-        return Err(TransportError::Backend("sqlite: the enqueue reported too few inserts".into()));
-    }
-    Ok(())
+    append::check_inserted(n, found)
 }
 
 /// Leases up to `n` rows of `queue` until `expires`: the first pending ones,

@@ -294,6 +294,12 @@ async fn a_lost_counter_asks_for_the_migrate_command_and_leases_nothing() {
     );
     let error = store.enqueue("jobs", NOW, vec![msg(None, "more")], false).await.remove(0).expect_err("no counter");
     assert!(error.to_string().contains("run the `migrate` command"), "{error}");
+    // Inside the caller's transaction too, and nothing is inserted.
+    let mut tx = store.pool.begin().await.expect("begin");
+    let error = store.enqueue_on(&mut tx, "jobs", NOW, vec![msg(None, "more")], false).await.expect_err("no counter");
+    assert!(error.to_string().contains("run the `migrate` command"), "{error}");
+    tx.commit().await.expect("commit");
+    assert_eq!(store.rows("jobs").await.expect("rows").len(), 1);
     // The failed lease was rolled back: the message still waits.
     assert_eq!(row(&store, "jobs", 1).await.status, Status::Pending);
     close(store, db).await;
