@@ -437,6 +437,13 @@ async fn compare<D: Dialect>(
 ) -> Result<(), String> {
     let rows: HashMap<RowId, Row> =
         store.rows(queue).await.map_err(|e| e.to_string())?.into_iter().map(|r| (r.id, r)).collect();
+    // Every enqueue draws its rows' sequence values from the counter: an
+    // enqueue that forgot to move it would repeat values (ties that the row
+    // id breaks, so the leases alone would not tell).
+    let mut seqs = std::collections::HashSet::new();
+    if let Some(twice) = rows.values().find(|r| !seqs.insert(r.seq)) {
+        return Err(format!("two rows hold sequence value {}", twice.seq));
+    }
     let expected: Vec<&Row> = model.rows().collect();
     if rows.len() != expected.len() {
         return Err(format!("{} rows in the store, {} in the model", rows.len(), expected.len()));
