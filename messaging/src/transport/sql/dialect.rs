@@ -355,6 +355,18 @@ impl Home {
     }
 }
 
+/// Whether two texts are equal, the empty ones by their length alone: how
+/// the inserts decide whether a batch's rows agree on a text column.
+///
+/// An empty `String` points at no memory, and glibc's AVX-512 `memcmp`
+/// loads through the pointer even for a length of zero (a masked load, whose
+/// fault the processor suppresses in microcode): 150 ns per compare against
+/// 2 ns for a short text. A batch of plain messages, whose attributes texts
+/// are all empty, spent a tenth of its publish CPU in those compares.
+pub(crate) fn text_eq(a: &str, b: &str) -> bool {
+    a.len() == b.len() && (a.is_empty() || a == b)
+}
+
 /// The ids of an insert's rows in input order, from what its RETURNING gave
 /// as (id, seq) in no particular order, by each row's own sequence value.
 /// `None`: the row was not inserted.

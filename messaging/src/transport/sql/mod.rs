@@ -747,8 +747,7 @@ impl<D: Dialect> Transport for SqlTransport<D> {
 
     fn max_send_batch(&self) -> usize {
         // An enqueue of 1,000 plain rows is one statement on either database
-        // and one round trip (inside the caller's transaction, two of 500 on
-        // SQLite): split at the lease size
+        // and one round trip: split at the lease size
         // of 300 it took four, and a batch of 1,000 was published at 0.36 of
         // a raw insert into a table of the same shape.
         1_000

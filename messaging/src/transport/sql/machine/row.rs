@@ -145,7 +145,9 @@ impl Enqueue {
     /// What an insert of this message as a new row at `now` writes
     /// ([`Row::new`]'s values), without building the [`Row`]: an append of
     /// plain messages needs nothing else, and a thousand rows built for it
-    /// were 430 KB written, moved and freed per `send_batch`.
+    /// were 430 KB written, moved and freed per `send_batch`. (SQLite's
+    /// append binds from the message itself, moving the payload out.)
+    #[cfg(feature = "postgres")]
     pub(crate) fn written(&self, now: i64) -> Written<'_> {
         Written {
             identity: self.identity.as_deref(),

@@ -16,6 +16,7 @@ use sqlx::{Arguments as _, Row as _};
 
 use super::int;
 use crate::error::TransportError;
+use crate::transport::sql::dialect::text_eq;
 use crate::transport::sql::machine::Enqueue;
 
 /// Rows per insert statement, and as many as `send_batch` gives at once
@@ -32,11 +33,7 @@ fn agreed(chunk: &[Enqueue], now: i64) -> [bool; 5] {
     let mut agreed = [true; 5];
     for e in &chunk[1..] {
         agreed[0] &= e.group == first.group;
-        // Lengths first: an empty text's pointer points at no memory, and
-        // comparing those cost more than any other step (see the PostgreSQL
-        // insert's `text_eq`).
-        agreed[1] &= e.attributes.len() == first.attributes.len()
-            && (e.attributes.is_empty() || e.attributes == first.attributes);
+        agreed[1] &= text_eq(&e.attributes, &first.attributes);
         agreed[2] &= e.priority == first.priority;
         agreed[3] &= e.process_at == first.process_at;
         agreed[4] &= e.landing(now) == status;

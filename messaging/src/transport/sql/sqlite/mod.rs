@@ -46,9 +46,9 @@ const MAX_CONNECTIONS: u32 = 8;
 /// How long a writer waits for the database's write lock.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// Rows per multi-row insert: 12 values each, well under SQLite's 32,766
-/// bound parameters.
-const INSERT_ROWS: usize = 500;
+/// Rows per multi-row insert of identity rows: 12 values each, well under
+/// SQLite's 32,766 bound parameters (plain rows: `append::INSERT_ROWS`).
+const IDENTITY_ROWS: usize = 500;
 
 /// Rows in a SQLite database.
 #[cfg(test)]
@@ -321,7 +321,7 @@ impl Dialect for Sqlite {
         rows: &'a [Row],
     ) -> Result<Vec<Option<RowId>>, TransportError> {
         let mut inserted = Vec::with_capacity(rows.len());
-        for chunk in rows.chunks(INSERT_ROWS) {
+        for chunk in rows.chunks(IDENTITY_ROWS) {
             let seqs = chunk.iter().map(|r| r.seq as i64);
             let mut insert = insert_values(tables, queue, now, chunk.iter().map(Row::written), seqs);
             insert.push(" ON CONFLICT (queue, identity) WHERE identity IS NOT NULL DO NOTHING RETURNING id, seq");
