@@ -42,6 +42,7 @@
 //! BENCH_DB=postgres cargo bench -p messaging-suite --bench sql_throughput   # or sqlite: one database only
 //! TEST_POSTGRES_URL=postgres://user@host/db cargo bench -p messaging-suite --bench sql_throughput
 //! BENCH_ONLY=publish cargo bench -p messaging-suite --bench sql_throughput  # the publish comparison alone (or drain: the drains alone), to profile it
+//! BENCH_ONLY=framework-drain MESSAGES=100000 cargo bench -p messaging-suite --bench sql_throughput  # one drain of the framework's, no baseline
 //! ```
 
 use std::future::Future;
@@ -250,8 +251,9 @@ struct Config {
     latency: Duration,
     /// The PostgreSQL server and database (`TEST_POSTGRES_URL`).
     postgres: String,
-    /// Only the publish comparison or only the drains (`BENCH_ONLY=publish`
-    /// or `drain`), for a profile of one path.
+    /// Only the publish comparison, only the drains, or only one drain of
+    /// the framework's (`BENCH_ONLY=publish`, `drain` or `framework-drain`),
+    /// for a profile of one path.
     only: Option<String>,
 }
 
@@ -812,7 +814,7 @@ async fn measure(
     raw.create().await.context("creating the baseline table")?;
     raw.create_shaped().await.context("creating the baseline table of the framework's shape")?;
     let payloads = payloads(messages)?;
-    let base_publish = if config.only.as_deref() == Some("drain") {
+    let base_publish = if matches!(config.only.as_deref(), Some("drain" | "framework-drain")) {
         None
     } else {
         let published = publish_side_by_side::<Publishing>(&transport, publishing, &payloads)
@@ -828,6 +830,13 @@ async fn measure(
         Some(base_publish)
     };
     if config.only.as_deref() == Some("publish") {
+        return Ok(());
+    }
+    if config.only.as_deref() == Some("framework-drain") {
+        // No baseline and one drain: the framework's work alone, for `perf`
+        // or a statement log (a rate, not a ratio).
+        let drained = framework_drain::<Parallel>(&transport, raw, messages).await.context("the drain")?;
+        println!("  {:<52} {:>10.0} msgs/s", "messaging drain, concurrency 8 (alone)", rate(messages, drained));
         return Ok(());
     }
 
