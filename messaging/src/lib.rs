@@ -34,6 +34,8 @@ pub mod error;
 pub mod extract;
 mod handler;
 mod health;
+// `hint::nearest` serves only the database URLs' options.
+#[cfg_attr(not(any(feature = "sqlite", feature = "postgres")), allow(dead_code))]
 mod hint;
 #[cfg(test)]
 mod layers;
