@@ -71,6 +71,10 @@ pub struct Outgoing {
 pub struct Receipt {
     pub(crate) key: u64,
     pub(crate) token: u64,
+    /// Where the message was when received, for a transport that can go
+    /// there without a lookup (PostgreSQL: the row version's tuple id); 0
+    /// for none.
+    pub(crate) locator: u64,
     /// The broker's receipt handle (Amazon SQS).
     pub(crate) handle: Option<Arc<str>>,
 }

@@ -545,7 +545,7 @@ impl QueueState {
         out.deliveries.push(Delivery {
             message_id: msg.id.clone(),
             body: msg.body.clone(),
-            receipt: Receipt { key, token, handle: None },
+            receipt: Receipt { key, token, locator: 0, handle: None },
             receive_count: msg.receive_count,
             group_id: msg.group.clone(),
             attributes: msg.attributes.clone(),

@@ -19,7 +19,7 @@ use sqlx::pool::PoolConnection;
 use sqlx::{Pool, Transaction};
 
 use super::driver::{Driver, Value};
-use super::record::LeasedRow;
+use super::record::{Held, LeasedRow};
 use super::statements::{FifoSearch, StoreForm};
 use super::Tables;
 use crate::error::TransportError;
@@ -185,7 +185,7 @@ pub trait Dialect: Driver + sealed::Sealed + Sized {
         store: &'a SqlStore<Self>,
         queue: &'a str,
         now: i64,
-        items: &'a [(RowId, u64)],
+        items: &'a [Held],
         retention_ms: i64,
     ) -> impl Future<Output = Result<HashSet<(RowId, u64)>, TransportError>> + Send + 'a;
 

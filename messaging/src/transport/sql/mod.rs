@@ -50,6 +50,7 @@ pub(crate) use dialect::SqlStore;
 pub(crate) use driver::Driver;
 pub(crate) use options::SqlOptions;
 pub(crate) use record::LeasedRow;
+use record::Tuple;
 #[cfg(feature = "sqlite")]
 pub(crate) use sqlite::{directory_problem as sqlite_directory_problem, missing_file as missing_sqlite_file};
 pub(crate) use statements::Tables;
@@ -500,7 +501,7 @@ fn delivery(row: LeasedRow) -> Delivery {
     Delivery {
         message_id: MessageId::from(row.message_id),
         body: row.payload.into(),
-        receipt: Receipt { key: row.id, token: row.token, handle: None },
+        receipt: Receipt { key: row.id, token: row.token, locator: row.tuple.0, handle: None },
         receive_count: row.attempts,
         group_id: row.group,
         attributes: Arc::new(decode_attributes(&row.attributes)),
@@ -668,7 +669,7 @@ impl<D: Dialect> Transport for SqlTransport<D> {
                 Ok(q) => q.rules.retention_ms,
                 Err(_) => return crate::transport::unknown_queue(queue, &receipts),
             };
-            let items = receipts.iter().map(|r| (r.key, r.token)).collect();
+            let items = receipts.iter().map(|r| (r.key, r.token, Tuple(r.locator))).collect();
             let results = self.store.complete(queue, self.store.now(), items, retention).await;
             // A completion can unlock a FIFO group or apply a deferred version,
             // and it frees rows that a receiver may have skipped as locked.

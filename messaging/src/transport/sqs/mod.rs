@@ -166,7 +166,7 @@ fn delivery_of(m: &aws_sdk_sqs::types::Message) -> Option<Delivery> {
             .get(crate::transport::MESSAGE_ID_ATTRIBUTE)
             .map_or_else(|| MessageId::from(m.message_id().unwrap_or_default()), |id| MessageId::from(id.as_str())),
         body: bytes::Bytes::copy_from_slice(m.body().unwrap_or_default().as_bytes()),
-        receipt: Receipt { key: 0, token: 0, handle: Some(Arc::from(handle)) },
+        receipt: Receipt { key: 0, token: 0, locator: 0, handle: Some(Arc::from(handle)) },
         receive_count,
         group_id: get(MessageSystemAttributeName::MessageGroupId),
         attributes: Arc::new(attributes),

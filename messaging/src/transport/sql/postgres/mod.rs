@@ -16,7 +16,7 @@ use tokio::sync::{broadcast, oneshot};
 
 use super::clock::Clock;
 use super::dialect::{backend, fail, ids, leased, Dialect, SqlStore, StopOnDrop, Write};
-use super::record::LeasedRow;
+use super::record::{Held, LeasedRow, Tuple};
 use super::statements::{self as sql, FifoSearch, StoreForm, Tables};
 use crate::error::TransportError;
 use crate::transport::sql::machine::{Enqueue, Row, RowId};
@@ -168,49 +168,56 @@ pub(crate) const LEASE_HEADS: [&str; 2] = [
      WHERE ctid = ANY(ARRAY(SELECT tuple FROM picked)) AND status = 'pending' RETURNING ",
 ];
 
-/// The completion of plain rows (`$1` ids in increasing order, `$2` their
-/// tokens, `$3` the queue, `$4` now): deleted, or kept as processed; returns
-/// the (id, token) of each row it deleted or updated.
+/// The completion of plain rows (`$1` where each receipt's row was leased,
+/// `$2` the ids in increasing order, `$3` their tokens, `$4` the queue, `$5`
+/// now): deleted, or kept as processed; returns the (id, token) of each row
+/// it deleted or updated.
 ///
-/// Each receipt's row is looked up by primary key alone and locked (a
-/// LATERAL with LIMIT is not flattened into a join the planner may reorder,
-/// and the checks outside it cannot be pushed into it), checked, and then
-/// completed by its tuple id: no index but the primary key is there to be
-/// chosen. Measured: the plain join `USING UNNEST(ids, tokens)` on a table
-/// never analyzed (autovacuum off, as on the test machine) was planned from
-/// the leased index, every leased row of the queue hashed or looped against
-/// the receipts: 60 ms for 300 receipts with 126,000 rows leased, and while
-/// draining a 200,000-message backlog the completions took seconds each,
-/// leases expired and the drain stalled. A form that checked queue and expiry
-/// inside the LATERAL was planned from the leased index too, once per
-/// receipt. This way 1.0-1.5 ms for 300, custom plan or generic. Rows are
-/// locked in id order, so two completions cannot deadlock.
-pub(super) fn completion(retain: bool) -> [&'static str; 3] {
-    const HELD: &str = "WITH held AS MATERIALIZED (SELECT r.ctid AS tuple, r.id, t.token \
-        FROM UNNEST($1::bigint[], $2::bigint[]) AS t(id, token), \
-        LATERAL (SELECT ctid, id, lease_token, queue, status, identity, lease_expires FROM messaging_messages \
-            WHERE id = t.id LIMIT 1 FOR UPDATE) r \
-        WHERE r.lease_token = t.token AND r.queue = $3 AND r.status = 'processing' AND r.identity IS NULL \
-            AND r.lease_expires > $4), \
-        done AS (";
-    // What the statement did, not what it meant to: a row that another
-    // transaction changed while this one waited for its lock (the
-    // heartbeat's extension) is locked in its new version, which this
-    // statement's snapshot does not see, so its tuple id matches nothing
-    // here. Reported as done all the same, its lease ran out, and the
-    // message was handled again: 200 of 2,000 from outside, 500 handlers
-    // of 3 s on a 2 s visibility. Left out, the row is completed again by
-    // `Row::complete` in a statement of its own.
-    const HELD_ROWS: &str = " WHERE ctid = ANY (ARRAY(SELECT tuple FROM held)) RETURNING id) \
-        SELECT held.id, held.token FROM held JOIN done ON done.id = held.id";
+/// The rows are fetched by tuple id, and joined to the receipts by it: a
+/// row is completed only if its tuple still holds the receipt's row and
+/// lease. The tuple ids come through `ARRAY(SELECT …)`, which the planner
+/// takes for ten without looking, so that no table is small enough for a
+/// sequential scan to look cheaper: bound as an array, 300 tuple ids were
+/// costed as 300 random pages, and a table of 10,000 rows was scanned
+/// whole. The checks sit inside a `CASE`, where no index's predicate can
+/// match them. Rows are locked in the order of the join's probe side: as
+/// planned here, the receipts in id order (the smaller estimate, the tuple
+/// scan's ten, is the one hashed). Two statements that lock shared rows in
+/// different orders can deadlock; PostgreSQL then cancels one of them after
+/// a second, and the worker retries a cancelled acknowledgement (and the
+/// heartbeat a cancelled extension at its next tick).
+/// Looked up by primary key instead (a `LATERAL … LIMIT 1 FOR UPDATE` per
+/// receipt), 300 receipts took 0.85-1.0 ms of execution against 0.42-0.46
+/// this way (`EXPLAIN ANALYZE`, warm, three each), and the lookups were a
+/// quarter of the server's time in a drain of eight lanes (`perf`). The
+/// plain join by key, `USING UNNEST(ids, tokens)` on a table never
+/// analyzed, had been planned from the leased index: 60 ms for 300 receipts
+/// with 126,000 rows leased.
+///
+/// A row whose lease was extended since it was leased lies elsewhere now
+/// (an update writes a new version): it is left out, and completed by
+/// `Row::complete` in a statement of its own, as is a row another
+/// transaction changed while this one waited for its lock (its tuple
+/// moved), or a receipt whose tuple a vacuum gave to another row (its id or
+/// token differs).
+pub(super) fn completion(retain: bool) -> [&'static str; 2] {
+    const HELD: &str = " UNNEST($1::tid[], $2::bigint[], $3::bigint[]) AS t(tuple, id, token) \
+        WHERE m.ctid = ANY(ARRAY(SELECT unnest($1::tid[]))) AND m.ctid = t.tuple \
+            AND CASE WHEN m.id = t.id AND m.lease_token = t.token AND m.queue = $4 AND m.status = 'processing' \
+            AND m.identity IS NULL AND m.lease_expires > $5 THEN TRUE ELSE FALSE END \
+        RETURNING m.id, t.token";
     let complete = if retain {
-        "UPDATE messaging_messages SET status = 'processed', processed_at = $4, lease_token = NULL, \
-         lease_expires = NULL"
+        "UPDATE messaging_messages m SET status = 'processed', processed_at = $5, lease_token = NULL, \
+         lease_expires = NULL FROM"
     } else {
-        "DELETE FROM messaging_messages"
+        "DELETE FROM messaging_messages m USING"
     };
-    [HELD, complete, HELD_ROWS]
+    [complete, HELD]
 }
+
+/// What a lease returns besides [`sql::LEASED`]: where each leased version
+/// lies, for [`completion`].
+const LEASED_AT: &str = ", ctid AS tuple";
 
 /// Dead letters `$2` (ids) of queue `$1` back to pending, at the back of the
 /// queue in the order given. As [`completion`]: each row looked up by primary
@@ -390,7 +397,7 @@ impl Dialect for Postgres {
         let limit = i64::try_from(n).unwrap_or(i64::MAX);
         let Some(search) = fifo else {
             let pick = if partition.is_some() { LEASE_PART } else { LEASE_WHOLE };
-            let sql = store.tables.sql(&[pick, LEASE_PICKED, sql::LEASED]);
+            let sql = store.tables.sql(&[pick, LEASE_PICKED, sql::LEASED, LEASED_AT]);
             let mut query = sqlx::query(&sql).bind(queue).bind(limit).bind(now + lease_ms);
             if let Some((part, of)) = partition {
                 query = query.bind(i64::from(part)).bind(i64::from(of));
@@ -407,7 +414,7 @@ impl Dialect for Postgres {
                 .execute(&mut *w.conn())
                 .await
                 .map_err(fail::<Self>("lease lock"))?;
-            let update = store.tables.sql(&[LEASE_HEADS[0], sql::PICK_FIFO, LEASE_HEADS[1], sql::LEASED]);
+            let update = store.tables.sql(&[LEASE_HEADS[0], sql::PICK_FIFO, LEASE_HEADS[1], sql::LEASED, LEASED_AT]);
             sqlx::query(&update)
                 .bind(queue)
                 .bind(limit)
@@ -438,7 +445,7 @@ impl Dialect for Postgres {
         store: &'a SqlStore<Self>,
         queue: &'a str,
         now: i64,
-        items: &'a [(RowId, u64)],
+        items: &'a [Held],
         retention_ms: i64,
     ) -> Result<HashSet<(RowId, u64)>, TransportError> {
         let sql = store.tables.sql(&completion(retention_ms > 0));
@@ -446,8 +453,9 @@ impl Dialect for Postgres {
         let mut items = items.to_vec();
         items.sort_unstable();
         let done: Result<Vec<(i64, i64)>, _> = sqlx::query_as(&sql)
-            .bind(items.iter().map(|&(id, _)| id as i64).collect::<Vec<_>>())
-            .bind(items.iter().map(|&(_, token)| token as i64).collect::<Vec<_>>())
+            .bind(items.iter().map(|&(_, _, tuple)| tuple).collect::<Vec<Tuple>>())
+            .bind(items.iter().map(|&(id, _, _)| id as i64).collect::<Vec<_>>())
+            .bind(items.iter().map(|&(_, token, _)| token as i64).collect::<Vec<_>>())
             .bind(queue)
             .bind(now)
             .fetch_all(w.conn())

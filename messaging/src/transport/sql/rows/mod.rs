@@ -9,7 +9,7 @@ mod write;
 
 use super::dialect::{fail, flag, int, rows, Dialect, SqlStore, Write};
 use super::driver::Value;
-use super::record::LeasedRow;
+use super::record::{Held, LeasedRow};
 use super::statements::{self as sql, FifoSearch};
 use super::store::{Enqueued, RowOp};
 use crate::error::TransportError;
@@ -246,7 +246,7 @@ impl<D: Dialect> SqlStore<D> {
         &self,
         queue: &str,
         now: i64,
-        items: Vec<(RowId, u64)>,
+        items: Vec<Held>,
         retention_ms: i64,
     ) -> Vec<Result<(), TransportError>> {
         if items.is_empty() {

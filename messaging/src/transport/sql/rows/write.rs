@@ -341,7 +341,7 @@ impl<D: Dialect> SqlStore<D> {
         &self,
         queue: &str,
         now: i64,
-        items: &[(RowId, u64)],
+        items: &[Held],
         retention_ms: i64,
     ) -> Result<Vec<Result<(), TransportError>>, TransportError> {
         let mut done = D::complete_plain(self, queue, now, items, retention_ms).await?;
@@ -358,12 +358,12 @@ impl<D: Dialect> SqlStore<D> {
         w: &mut Write<'_, D>,
         queue: &str,
         now: i64,
-        items: &[(RowId, u64)],
+        items: &[Held],
         done: &mut std::collections::HashSet<(RowId, u64)>,
         retention_ms: i64,
     ) -> Result<Vec<Result<(), TransportError>>, TransportError> {
         let mut results = Vec::with_capacity(items.len());
-        for &(id, token) in items {
+        for &(id, token, _) in items {
             // Once: the same receipt twice in a batch finds the row gone.
             if done.remove(&(id, token)) {
                 results.push(Ok(()));

@@ -26,7 +26,7 @@ use sqlx::{Pool, Sqlite, Transaction};
 use tokio::sync::Mutex;
 
 use super::dialect::{fail, in_input_order, Dialect, SqlStore, StopOnDrop};
-use super::record::LeasedRow;
+use super::record::{Held, LeasedRow};
 use super::statements::{self as sql, FifoSearch, StoreForm, Tables};
 use crate::error::TransportError;
 use crate::transport::sql::machine::{Enqueue, Row, RowId, Written};
@@ -357,7 +357,7 @@ impl Dialect for Sqlite {
         store: &'a SqlStore<Self>,
         queue: &'a str,
         now: i64,
-        items: &'a [(RowId, u64)],
+        items: &'a [Held],
         retention_ms: i64,
     ) -> Result<HashSet<(RowId, u64)>, TransportError> {
         one_call::complete_plain(store, queue, now, items, retention_ms).await

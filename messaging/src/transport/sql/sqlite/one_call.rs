@@ -17,7 +17,7 @@ use super::{int, missing_counter};
 use crate::error::TransportError;
 use crate::transport::sql::dialect::{fail, leased, SqlStore};
 use crate::transport::sql::machine::{Enqueue, RowId};
-use crate::transport::sql::record::LeasedRow;
+use crate::transport::sql::record::{Held, LeasedRow};
 use crate::transport::sql::statements::{self as sql, FifoSearch, Tables};
 
 /// A statement that returns a row (`missing_counter`) only when the counter
@@ -157,7 +157,7 @@ pub(super) async fn complete_plain(
     store: &SqlStore<Sqlite>,
     queue: &str,
     now: i64,
-    items: &[(RowId, u64)],
+    items: &[Held],
     retention_ms: i64,
 ) -> Result<HashSet<(RowId, u64)>, TransportError> {
     // Per lease token among the items (usually one or two leases), one
@@ -168,7 +168,7 @@ pub(super) async fn complete_plain(
     // the statements again returning their rows when some receipt had lost
     // its row: four calls where one does.)
     let mut by_token: BTreeMap<u64, Vec<i64>> = BTreeMap::new();
-    for &(id, token) in items {
+    for &(id, token, _) in items {
         by_token.entry(token).or_default().push(id as i64);
     }
     let complete = if retention_ms <= 0 {

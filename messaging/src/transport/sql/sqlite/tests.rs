@@ -144,9 +144,9 @@ async fn enqueue_lease_complete() {
     let r = row(&store, "jobs", leased[0].id).await;
     assert_eq!((r.status, r.lease_expires), (Status::Processing, Some(NOW + LEASE)));
 
-    let items = leased.iter().map(|l| (l.id, l.token)).collect::<Vec<_>>();
+    let items = leased.iter().map(|l| l.held()).collect::<Vec<_>>();
     let mut stale = items.clone();
-    stale.push((leased[0].id, leased[0].token));
+    stale.push(leased[0].held());
     let results = store.complete("jobs", NOW + 1, stale, 0).await;
     assert!(results[0].is_ok() && results[1].is_ok(), "{results:?}");
     assert!(matches!(results[2], Err(TransportError::StaleReceipt)), "{results:?}");
@@ -188,7 +188,7 @@ async fn the_identity_rebuild_keeps_every_row_and_never_gives_an_id_twice() {
     let leased = store.lease("jobs", NOW, 10, LEASE, false).await.expect("lease");
     let last = leased.iter().find(|l| l.payload == b"e").expect("the last row");
     assert_eq!(last.id, 5);
-    store.complete("jobs", NOW, vec![(last.id, last.token)], 0).await.remove(0).expect("complete");
+    store.complete("jobs", NOW, vec![last.held()], 0).await.remove(0).expect("complete");
     let before = store.rows("jobs").await.expect("rows");
     assert_eq!(before.len(), 4);
 
@@ -236,7 +236,7 @@ async fn the_status_check_rebuild_keeps_rows_in_every_state() {
     store.apply("jobs", NOW + 1, c.id, c.token, fail).await.expect("fail");
     let dead = RowOp::DeadLetter { failure: FailedAttempt::new(1, "Error", "bad input") };
     store.apply("jobs", NOW + 1, d.id, d.token, dead).await.expect("dead letter");
-    store.complete("jobs", NOW + 1, vec![(e.id, e.token)], 0).await.remove(0).expect("complete");
+    store.complete("jobs", NOW + 1, vec![e.held()], 0).await.remove(0).expect("complete");
     let before = store.rows("jobs").await.expect("rows");
     let statuses: HashSet<Status> = before.iter().map(|r| r.status).collect();
     assert!(statuses.len() >= 4, "rows in several states: {statuses:?}");
@@ -260,7 +260,7 @@ async fn the_status_check_rebuild_keeps_rows_in_every_state() {
     // The rebuilt table leases and completes as before.
     let again = store.lease("jobs", NOW + 1_000, 10, LEASE, false).await.expect("lease");
     assert_eq!(payloads(&again), ["f"]);
-    store.complete("jobs", NOW + 1_001, vec![(again[0].id, again[0].token)], 0).await.remove(0).expect("complete");
+    store.complete("jobs", NOW + 1_001, vec![again[0].held()], 0).await.remove(0).expect("complete");
     close(store, db).await;
 }
 
@@ -350,7 +350,7 @@ async fn identity_enqueue_while_leased_waits_for_the_release() {
     // Nobody else can lease the newer version meanwhile.
     assert!(store.lease("jobs", NOW + 3, 10, LEASE, false).await.expect("lease").is_empty());
     // The lease holder keeps its lease: completing applies the deferred version.
-    store.complete("jobs", NOW + 4, vec![(leased.id, leased.token)], 0).await.remove(0).expect("complete");
+    store.complete("jobs", NOW + 4, vec![leased.held()], 0).await.remove(0).expect("complete");
     let r = row(&store, "jobs", leased.id).await;
     assert_eq!((r.status, r.payload.as_slice(), r.priority, r.attempts), (Status::Pending, &b"v3"[..], 4, 0));
     assert!(r.deferred.is_none() && r.lease_token.is_none());
@@ -359,7 +359,7 @@ async fn identity_enqueue_while_leased_waits_for_the_release() {
     assert_eq!(payloads(&again), ["v3"]);
     assert_eq!(again[0].message_id, "m-v3");
     // An identity enqueue of an unleased row updates it in place.
-    store.complete("jobs", NOW + 6, vec![(again[0].id, again[0].token)], 60_000).await.remove(0).expect("complete");
+    store.complete("jobs", NOW + 6, vec![again[0].held()], 60_000).await.remove(0).expect("complete");
     assert_eq!(row(&store, "jobs", again[0].id).await.status, Status::Processed);
     let updated = enqueue(&store, "jobs", NOW + 7, msg(Some("k"), "v4")).await;
     assert_eq!(updated.outcome, EnqueueOutcome::Updated(again[0].id));
@@ -455,7 +455,7 @@ async fn an_expired_lease_is_abandoned() {
     assert_eq!((r.status, r.payload.as_slice(), r.attempts), (Status::Pending, &b"v2"[..], 0));
     assert_eq!(row(&store, "lost", lost.id).await.status, Status::Error);
     // The late lease holder is fenced off.
-    let late = store.complete("jobs", NOW + LEASE + 1, vec![(leased[0].id, leased[0].token)], 0).await;
+    let late = store.complete("jobs", NOW + LEASE + 1, vec![leased[0].held()], 0).await;
     assert!(matches!(late[0], Err(TransportError::StaleReceipt)));
     let again = store.lease("jobs", NOW + LEASE + 2, 10, LEASE, false).await.expect("lease");
     assert_eq!(payloads(&again), ["retried", "v2"]);
@@ -521,12 +521,7 @@ async fn a_completion_batch_fences_each_receipt() {
     assert_eq!(payloads(&second), ["a", "b", "c"]);
     // One batch: a stale receipt of "a", the current one of "a" twice,
     // the current one of "b"; "c" stays leased.
-    let batch = vec![
-        (first[0].id, first[0].token),
-        (second[0].id, second[0].token),
-        (second[0].id, second[0].token),
-        (second[1].id, second[1].token),
-    ];
+    let batch = vec![first[0].held(), second[0].held(), second[0].held(), second[1].held()];
     let done = store.complete("jobs", NOW + LEASE + 2, batch, 0).await;
     assert!(matches!(done[0], Err(TransportError::StaleReceipt)), "{:?}", done[0]);
     assert!(done[1].is_ok() && done[3].is_ok(), "{done:?}");
@@ -542,7 +537,7 @@ async fn retention_keeps_processed_rows_then_purges_them() {
     let rules = QueueRules { retention_ms: 1_000, ..QueueRules::default() };
     enqueue(&store, "jobs", NOW, msg(None, "x")).await;
     let l = store.lease("jobs", NOW, 1, LEASE, false).await.expect("lease").remove(0);
-    store.complete("jobs", NOW + 10, vec![(l.id, l.token)], rules.retention_ms).await.remove(0).expect("complete");
+    store.complete("jobs", NOW + 10, vec![l.held()], rules.retention_ms).await.remove(0).expect("complete");
     let r = row(&store, "jobs", l.id).await;
     assert_eq!((r.status, r.processed_at, r.lease_token), (Status::Processed, Some(NOW + 10), None));
     assert_eq!(store.depth("jobs").await.expect("depth"), 0);
@@ -579,8 +574,8 @@ async fn fifo_leases_group_heads_in_enqueue_order() {
     assert!(store.lease("ordered", NOW, 10, LEASE, true).await.expect("lease").is_empty());
     assert_eq!(counter().await.expect("counter"), before, "an empty lease spends no token");
     // Completing a1 unlocks g1; n limits the batch.
-    store.complete("ordered", NOW + 1, vec![(first[0].id, first[0].token)], 0).await.remove(0).expect("complete");
-    store.complete("ordered", NOW + 1, vec![(first[2].id, first[2].token)], 0).await.remove(0).expect("complete");
+    store.complete("ordered", NOW + 1, vec![first[0].held()], 0).await.remove(0).expect("complete");
+    store.complete("ordered", NOW + 1, vec![first[2].held()], 0).await.remove(0).expect("complete");
     let next = store.lease("ordered", NOW + 1, 1, LEASE, true).await.expect("lease");
     assert_eq!(payloads(&next), ["a2"]);
     assert_eq!(next[0].token as i64, before + 1);
@@ -820,7 +815,7 @@ async fn a_lease_cut_short_leaves_no_transaction_behind() {
     }
     let leased = store.lease("jobs", NOW, 10, LEASE, false).await.expect("lease");
     assert_eq!(payloads(&leased), ["a"], "the cut lease leased nothing");
-    store.complete("jobs", NOW, vec![(leased[0].id, leased[0].token)], 0).await.remove(0).expect("complete");
+    store.complete("jobs", NOW, vec![leased[0].held()], 0).await.remove(0).expect("complete");
     assert!(write_lock_is_free(&db).await);
     close(store, db).await;
 }

@@ -12,6 +12,7 @@ mod model;
 mod notify;
 mod plans;
 mod schedules;
+mod tuples;
 
 /// The server the tests use (trust auth).
 fn postgres_base() -> String {

@@ -10,6 +10,7 @@
 use std::collections::HashMap;
 
 use crate::transport::sql::machine::{Enqueue, EnqueueOutcome, IdentityQueue, QueueRules, Row, RowId, Status};
+use crate::transport::sql::record::Tuple;
 use crate::transport::sql::statements::FifoSearch;
 use crate::transport::sql::{Dialect, RowOp, SqlStore};
 use crate::transport::FailedAttempt;
@@ -183,8 +184,9 @@ fn rules() -> impl Strategy<Value = QueueRules> {
     )
 }
 
-/// A lease held on both sides: (model id, model token, store id, store token).
-type Held = (RowId, u64, RowId, u64);
+/// A lease held on both sides: (model id, model token, store id, store
+/// token, where the store's row was leased).
+type Held = (RowId, u64, RowId, u64, Tuple);
 
 /// The id of the row of `queue` holding message `message_id`: appended rows
 /// (without identity) come back without theirs.
@@ -309,7 +311,7 @@ async fn run_case<D: Dialect>(store: &SqlStore<D>, queue: &str, rules: QueueRule
                     if (m.payload.as_slice(), m.attempts) != (s.payload.as_slice(), s.attempts) {
                         return Err(at(format!("lease of {} differs: {m:?} vs {s:?}", s.id)));
                     }
-                    held.push((m.id, m.token, s.id, s.token));
+                    held.push((m.id, m.token, s.id, s.token, s.tuple));
                 }
             }
             Cmd::Complete { pick }
@@ -322,11 +324,12 @@ async fn run_case<D: Dialect>(store: &SqlStore<D>, queue: &str, rules: QueueRule
                     continue;
                 }
                 // Settled leases stay in `held`, so stale tokens get exercised too.
-                let (mid, mtok, sid, stok) = held[pick % held.len()];
+                let (mid, mtok, sid, stok, tuple) = held[pick % held.len()];
                 let (expected, got) = match cmd {
                     Cmd::Complete { .. } => {
                         let e = model.complete(now, mid, mtok).is_ok();
-                        let g = store.complete(queue, now, vec![(sid, stok)], rules.retention_ms).await.remove(0);
+                        let g =
+                            store.complete(queue, now, vec![(sid, stok, tuple)], rules.retention_ms).await.remove(0);
                         (e, g)
                     }
                     _ => {
@@ -365,8 +368,8 @@ async fn run_case<D: Dialect>(store: &SqlStore<D>, queue: &str, rules: QueueRule
                 }
                 let picked: Vec<_> = picks.iter().map(|p| held[p % held.len()]).collect();
                 let expected: Vec<bool> =
-                    picked.iter().map(|&(mid, mtok, _, _)| model.release(now, mid, mtok).is_ok()).collect();
-                let items: Vec<(RowId, u64)> = picked.iter().map(|&(_, _, sid, stok)| (sid, stok)).collect();
+                    picked.iter().map(|&(mid, mtok, _, _, _)| model.release(now, mid, mtok).is_ok()).collect();
+                let items: Vec<(RowId, u64)> = picked.iter().map(|&(_, _, sid, stok, _)| (sid, stok)).collect();
                 let got = store.apply_all(queue, now, &items, &RowOp::Release).await.map_err(|e| at(e.to_string()))?;
                 let got: Vec<Option<bool>> = got
                     .iter()
@@ -526,7 +529,7 @@ async fn an_unchanged_version_is_not_handled_again<D: Dialect>(store: &SqlStore<
     let send = |payload: &str| store.enqueue("nightly", START, vec![version(payload)], true);
     assert!(matches!(send("v1").await.remove(0).expect("enqueue").outcome, EnqueueOutcome::Inserted(_)));
     let leased = store.lease("nightly", START, 1, 30_000, false).await.expect("lease").remove(0);
-    store.complete("nightly", START + 1, vec![(leased.id, leased.token)], 0).await.remove(0).expect("complete");
+    store.complete("nightly", START + 1, vec![leased.held()], 0).await.remove(0).expect("complete");
     assert!(store.rows("nightly").await.expect("rows").is_empty(), "processed rows are deleted");
     let again = send("v1").await.remove(0).expect("enqueue");
     assert_eq!(again.outcome, EnqueueOutcome::Unchanged, "the processed version again");
