@@ -24,9 +24,7 @@ struct Item {
 
 #[tokio::test]
 async fn a_receive_takes_up_to_1000_messages_and_300_fifo_heads() {
-    let file = fixtures::SqliteFile::new();
-    let db = fixtures::Postgres::new().await;
-    for url in [format!("{}&migrate=true", file.url), format!("{}&migrate=true", db.url)] {
+    for (url, _guard) in fixtures::both_databases("&migrate=true").await {
         let transport = messaging::transport::connect(&url).await.expect("connect");
         let mut app = messaging::App::new(transport.clone()).await.expect("app");
         let publisher = app.setup().publisher();

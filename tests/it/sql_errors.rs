@@ -23,14 +23,6 @@ struct Job {
 #[messaging::handler(queue = Jobs, retry(base = "50ms", max = "100ms"))]
 async fn handle(_job: Job) {}
 
-/// A fresh SQLite file and a fresh PostgreSQL schema: their URLs with
-/// `options` appended, each with the guard that removes it.
-async fn both_databases(options: &str) -> Vec<(String, Box<dyn std::any::Any>)> {
-    let file = fixtures::SqliteFile::new();
-    let db = fixtures::Postgres::new().await;
-    vec![(format!("{}{options}", file.url), Box::new(file)), (format!("{}{options}", db.url), Box::new(db))]
-}
-
 /// The app's worker on `queue` alone, running.
 async fn consuming(transport: &std::sync::Arc<dyn Transport>, queue: &'static str) -> messaging::Running {
     let mut app = messaging::App::new(transport.clone()).await.expect("app");
@@ -106,7 +98,7 @@ async fn a_dropped_table_is_reported_by_validation() {
 
 #[tokio::test]
 async fn a_payload_that_does_not_fit_ends_in_the_dead_letters_not_lost() {
-    for (url, _guard) in both_databases("&migrate=true&poll=50ms").await {
+    for (url, _guard) in fixtures::both_databases("&migrate=true&poll=50ms").await {
         let transport = messaging::transport::connect(&url).await.expect("connects");
         let mut app = messaging::App::new(transport.clone()).await.expect("app");
         app.only_queues(&["errors-jobs"]);
@@ -174,7 +166,7 @@ async fn always_fails(_m: Attempted, ctx: MessageContext) -> Result<(), HandlerE
 
 #[tokio::test]
 async fn a_dead_letter_keeps_every_failed_attempt_and_the_last_error_as_its_reason() {
-    for (url, _guard) in both_databases("&migrate=true&poll=50ms").await {
+    for (url, _guard) in fixtures::both_databases("&migrate=true&poll=50ms").await {
         let transport = messaging::transport::connect(&url).await.expect("connects");
         let running = consuming(&transport, "errors-history").await;
         let started = std::time::SystemTime::now();
@@ -215,7 +207,7 @@ async fn always_fails_in_order(_m: AttemptedInOrder) -> Result<(), HandlerError>
 /// only the last one.
 #[tokio::test]
 async fn a_fifo_dead_letter_keeps_the_attempts_its_worker_retried_itself() {
-    let mut urls: Vec<(String, Box<dyn std::any::Any>)> = both_databases("&migrate=true&poll=50ms").await;
+    let mut urls: Vec<(String, Box<dyn std::any::Any>)> = fixtures::both_databases("&migrate=true&poll=50ms").await;
     urls.push(("memory://".to_owned(), Box::new(())));
     for (url, _guard) in urls {
         let transport = messaging::transport::connect(&url).await.expect("connects");
@@ -252,7 +244,7 @@ async fn fails_then_waits(_m: Parked) -> Result<(), HandlerError> {
 /// process's attempt is the second, not the first again.
 #[tokio::test]
 async fn a_fifo_head_given_back_at_shutdown_keeps_its_failed_attempt() {
-    for (url, _guard) in both_databases("&migrate=true&poll=50ms").await {
+    for (url, _guard) in fixtures::both_databases("&migrate=true&poll=50ms").await {
         let transport = messaging::transport::connect(&url).await.expect("connects");
         messaging::App::new(transport.clone()).await.expect("declares the queues");
         let id = Publisher::new(transport.clone()).send::<ParkedFifo, _>(&Parked { n: 1 }).await.expect("sent");
@@ -277,7 +269,7 @@ async fn a_fifo_head_given_back_at_shutdown_keeps_its_failed_attempt() {
 #[tokio::test]
 async fn dead_letters_are_paged_through_with_exact_counts() {
     use messaging::transport::{FailedAttempt, RedriveOptions};
-    for (url, _guard) in both_databases("&migrate=true").await {
+    for (url, _guard) in fixtures::both_databases("&migrate=true").await {
         let transport = messaging::transport::connect(&url).await.expect("connects");
         let spec = messaging::QueueSpec::standard("errors-paged");
         transport.declare(&spec).await.expect("declare");
@@ -332,7 +324,7 @@ async fn a_redrive_ends_at_the_letters_it_found_while_they_fail_again() {
     use messaging::transport::{DeadLetterFilter, FailedAttempt, RedriveOptions};
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::sync::Arc;
-    for (url, _guard) in both_databases("&migrate=true").await {
+    for (url, _guard) in fixtures::both_databases("&migrate=true").await {
         let transport = messaging::transport::connect(&url).await.expect("connects");
         transport.declare(&messaging::QueueSpec::standard("errors-again")).await.expect("declare");
         let letters: Vec<Outgoing> =

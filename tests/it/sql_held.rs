@@ -50,9 +50,7 @@ async fn counts(transport: &dyn Transport) -> messaging::transport::QueueCounts 
 
 #[tokio::test]
 async fn a_forced_stop_gives_back_every_held_message_at_once() {
-    let file = fixtures::SqliteFile::new();
-    let db = fixtures::Postgres::new().await;
-    for url in [format!("{}&migrate=true", file.url), format!("{}&migrate=true", db.url)] {
+    for (url, _guard) in fixtures::both_databases("&migrate=true").await {
         let transport = messaging::transport::connect(&url).await.expect("connect");
         transport.declare(&<HeldAtStop as Queue>::SPEC).await.expect("declare");
         let jobs: Vec<Job> = (0..MESSAGES).map(|n| Job { n }).collect();
@@ -124,9 +122,7 @@ async fn slow(job: Slow) {
 
 #[tokio::test]
 async fn a_thousand_handlers_slower_than_the_visibility_each_run_once() {
-    let file = fixtures::SqliteFile::new();
-    let db = fixtures::Postgres::new().await;
-    for url in [format!("{}&migrate=true", file.url), format!("{}&migrate=true", db.url)] {
+    for (url, _guard) in fixtures::both_databases("&migrate=true").await {
         *RUNS.lock().unwrap() = vec![0; LANES];
         let transport = messaging::transport::connect(&url).await.expect("connect");
         transport.declare(&<HeldLong as Queue>::SPEC).await.expect("declare");
