@@ -662,15 +662,15 @@ async fn shutdown_finishes_the_running_handler_and_releases_the_rest() {
 // --- batched acknowledgements --------------------------------------------------------------
 
 /// The memory transport, with receives kept going ahead of the lanes (as on
-/// a database): counts `ack` calls, and once `slow` is set answers each
-/// receive that took messages 200 ms late (a lease whose statement is slow
-/// to come back), saying so through `taken`.
+/// a database): counts `ack` calls, and once `late_ms` is set answers each
+/// receive that took messages that many milliseconds late (a lease whose
+/// statement is slow to come back), saying so through `taken`.
 #[derive(Default)]
 struct Observed {
     inner: messaging::transport::memory::MemoryTransport,
     calls: AtomicUsize,
     receipts: AtomicUsize,
-    slow: std::sync::atomic::AtomicBool,
+    late_ms: std::sync::atomic::AtomicU64,
     taken: tokio::sync::Notify,
 }
 
@@ -706,9 +706,10 @@ impl messaging::transport::Transport for Observed {
     ) -> messaging::BoxFuture<'a, Result<Vec<messaging::transport::Delivery>, messaging::TransportError>> {
         Box::pin(async move {
             let got = self.inner.receive(queue, max, wait).await?;
-            if !got.is_empty() && self.slow.load(Ordering::SeqCst) {
+            let late = self.late_ms.load(Ordering::SeqCst);
+            if !got.is_empty() && late > 0 {
                 self.taken.notify_one();
-                tokio::time::sleep(Duration::from_millis(200)).await;
+                tokio::time::sleep(Duration::from_millis(late)).await;
             }
             Ok(got)
         })
@@ -799,7 +800,7 @@ async fn a_forced_stop_gives_back_what_a_receive_in_flight_returns() {
     fixtures::eventually(Duration::from_secs(10), started, || "the handler did not start in 10 s".into()).await;
     // The worker's receive ahead of the lane takes the next three and is
     // slow to answer; the stop is forced meanwhile.
-    transport.slow.store(true, Ordering::SeqCst);
+    transport.late_ms.store(200, Ordering::SeqCst);
     let taken = transport.taken.notified();
     let jobs: Vec<Job> = (1..4).map(|n| Job { n }).collect();
     for result in publisher.send_batch::<LateQueue, _>(&jobs).await {
@@ -810,9 +811,61 @@ async fn a_forced_stop_gives_back_what_a_receive_in_flight_returns() {
     shutdown.force();
     let stopped = running.wait().await;
     assert_eq!(stopped.handlers_stopped, 1, "{stopped:?}");
+    assert_eq!((stopped.released, stopped.not_released, stopped.receives_cut_off), (4, 0, 0), "{stopped:?}");
     // All four are visible again at once, not after the 10-minute visibility.
-    transport.slow.store(false, Ordering::SeqCst);
+    transport.late_ms.store(0, Ordering::SeqCst);
     let inner: &dyn messaging::transport::Transport = &transport.inner;
     let back = inner.receive("late-answers", 10, Duration::from_millis(100)).await.unwrap();
     assert_eq!(back.len(), 4, "given back: {:?}", back.iter().map(|d| &d.body).collect::<Vec<_>>());
+}
+
+#[messaging::queue("cut-off-answers", visibility = "10m")]
+struct CutOffQueue;
+
+#[messaging::handler(queue = CutOffQueue)]
+async fn stuck_too(job: Job, rec: State<Arc<Recorder>>) {
+    rec.run(job.n.to_string(), Duration::from_secs(600)).await;
+}
+
+/// A receive that answers later than a forced stop waits is cut off: what it
+/// took stays invisible until its visibility runs out, and the stop says so
+/// instead of counting those messages released.
+#[tokio::test]
+async fn a_forced_stop_reports_a_receive_it_cut_off() {
+    let transport = Arc::new(Observed::default());
+    let rec = Arc::new(Recorder::default());
+    let mut app = messaging::App::new(transport.clone()).await.unwrap();
+    app.only_queues(&["cut-off-answers"]);
+    app.setup().provide(rec.clone());
+    let publisher = app.setup().publisher();
+    let running = app.start().unwrap();
+    publisher.send::<CutOffQueue, _>(&Job { n: 0 }).await.unwrap();
+    let started = || rec.running.load(Ordering::SeqCst) == 1;
+    fixtures::eventually(Duration::from_secs(10), started, || "the handler did not start in 10 s".into()).await;
+    // The receive ahead takes the next three and answers after 5 s.
+    transport.late_ms.store(5_000, Ordering::SeqCst);
+    let taken = transport.taken.notified();
+    let jobs: Vec<Job> = (1..4).map(|n| Job { n }).collect();
+    for result in publisher.send_batch::<CutOffQueue, _>(&jobs).await {
+        result.unwrap();
+    }
+    tokio::time::timeout(Duration::from_secs(10), taken).await.expect("the receive ahead took the three");
+    let shutdown = running.shutdown_handle();
+    let forced = std::time::Instant::now();
+    shutdown.force();
+    let stopped = running.wait().await;
+    assert!(forced.elapsed() < Duration::from_secs(2), "a forced stop took {:?}", forced.elapsed());
+    assert_eq!(stopped.handlers_stopped, 1, "{stopped:?}");
+    // The handler's message went back; the receive's three are not counted
+    // as released, and the receive is reported.
+    assert_eq!((stopped.released, stopped.not_released, stopped.receives_cut_off), (1, 0, 1), "{stopped:?}");
+    transport.late_ms.store(0, Ordering::SeqCst);
+    let inner: &dyn messaging::transport::Transport = &transport.inner;
+    let back = inner.receive("cut-off-answers", 10, Duration::from_millis(100)).await.unwrap();
+    assert_eq!(
+        back.len(),
+        1,
+        "only the handler's message is back: {:?}",
+        back.iter().map(|d| &d.body).collect::<Vec<_>>()
+    );
 }

@@ -251,6 +251,11 @@ pub struct Stopped {
     /// Messages received and not handled that could not be given back in
     /// time: they are received again once their visibility timeout runs out.
     pub not_released: usize,
+    /// Receives still in flight when the shutdown stopped waiting for them
+    /// (a forced shutdown waits a moment): what they leased, if anything, is
+    /// in neither count above and comes back once its visibility timeout
+    /// runs out.
+    pub receives_cut_off: usize,
 }
 
 impl Stopped {
@@ -258,6 +263,7 @@ impl Stopped {
         self.handlers_stopped += worker.handlers_stopped;
         self.released += worker.released;
         self.not_released += worker.not_released;
+        self.receives_cut_off += worker.receives_cut_off;
     }
 }
 

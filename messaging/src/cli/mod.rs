@@ -373,9 +373,16 @@ async fn execute(cli: Cli, hook: SetupHook) -> Result<(), Error> {
             });
             let stopped = running.wait().await;
             if stopped.forced {
+                let cut_off = match stopped.receives_cut_off {
+                    0 => String::new(),
+                    n => format!(
+                        "; {n} receive(s) cut off mid-call: what they took, if anything, also comes back after its \
+                         visibility timeout"
+                    ),
+                };
                 eprintln!(
                     "stopped at once (second signal): {} handler(s) stopped, {} message(s) released, {} left to come back \
-                     after their visibility timeout",
+                     after their visibility timeout{cut_off}",
                     stopped.handlers_stopped, stopped.released, stopped.not_released
                 );
                 return Err(Error::Interrupted);

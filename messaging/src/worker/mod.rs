@@ -174,6 +174,10 @@ impl WorkerHandle {
         // be released (acked) before their next messages can come.
         let receivers = if spec.fifo { 0 } else { worker.transport.concurrent_receives() };
         let mut failures = 0u32;
+        // What receives returned after the shutdown began (given back with
+        // the rest, and counted), and the receives cut off unfinished.
+        let mut returned: Vec<Receipt> = Vec::new();
+        let mut cut_off = 0usize;
         loop {
             while lanes.try_join_next().is_some() {}
             // When to receive. Ahead of the lanes: while fewer than two
@@ -221,11 +225,14 @@ impl WorkerHandle {
                         match received {
                             Some(received) => worker.accept(received, &mut failures, &mut lanes, &shutdown),
                             None => {
-                                let give_back = async {
+                                let mut ended = false;
+                                let end = async {
                                     let received = worker.interrupting(receive).await;
-                                    worker.give_back(received).await;
+                                    returned.extend(receipts_of(received));
+                                    ended = true;
                                 };
-                                until_stopped(&shutdown, drain_limit, give_back).await;
+                                until_stopped(&shutdown, drain_limit, end).await;
+                                cut_off += usize::from(!ended);
                                 break;
                             }
                         }
@@ -236,26 +243,61 @@ impl WorkerHandle {
             }
         }
         parked.abort_all();
-        // Receives in flight finish (their wait fits in the grace period) and
-        // give their messages back at once, rather than leaving them
-        // invisible until their timeout.
+        // Receives in flight finish (their wait fits in the grace period), and
+        // what they return is given back with the rest, rather than left
+        // invisible until its timeout. Only the receives count against a
+        // forced stop's budget for them: given back inside it as well, a
+        // receive of 1,000 messages and their release overran it on a busy
+        // machine, and the stop reported them released.
         let drained = async {
             while !receiving.is_empty() {
                 let next = worker.interrupting(receiving.join_next()).await;
                 if let Some(done) = next {
-                    worker.give_back(done.unwrap_or_else(|e| Err(TransportError::Backend(e.to_string())))).await;
+                    let received = done.unwrap_or_else(|e| Err(TransportError::Backend(e.to_string())));
+                    returned.extend(receipts_of(received));
                 }
             }
         };
         until_stopped(&shutdown, drain_limit, drained).await;
+        cut_off += receiving.len();
         receiving.abort_all();
+        if cut_off > 0 {
+            tracing::warn!(
+                queue = spec.name,
+                receives = cut_off,
+                "receives cut off by the shutdown: what they leased, if anything, comes back after its visibility \
+                 timeout of {:?}",
+                spec.visibility
+            );
+        }
+        let mut report = Stopped { receives_cut_off: cut_off, ..Stopped::default() };
+        if !returned.is_empty() {
+            tracing::debug!(
+                queue = spec.name,
+                count = returned.len(),
+                "giving back what receives returned at shutdown"
+            );
+        }
+        if !shutdown.is_forced() {
+            // Back at once, while the running handlers finish (unless the
+            // stop is forced meanwhile: what is left then waits for its
+            // visibility timeout, and is counted so).
+            let total = returned.len();
+            let released = std::sync::atomic::AtomicUsize::new(0);
+            tokio::select! {
+                () = worker.release_counted(std::mem::take(&mut returned), &released) => {}
+                () = shutdown.forced() => {}
+            }
+            let released = released.into_inner();
+            report.released += released;
+            report.not_released += total - released;
+        }
         // Graceful end: let running handlers finish within the grace period
         // (or until the shutdown is forced).
         let finished = tokio::select! {
             done = tokio::time::timeout(settings.grace, async { while lanes.join_next().await.is_some() {} }) => done.is_ok(),
             _ = shutdown.forced() => lanes.is_empty(),
         };
-        let mut report = Stopped::default();
         if !finished {
             report.handlers_stopped = lanes.len();
             if shutdown.is_forced() {
@@ -271,7 +313,7 @@ impl WorkerHandle {
             while lanes.join_next().await.is_some() {}
         }
         heartbeat.abort();
-        let held = worker.inflight.take_unsettled();
+        let mut held = worker.inflight.take_unsettled();
         if !held.is_empty() {
             tracing::info!(
                 queue = spec.name,
@@ -279,22 +321,22 @@ impl WorkerHandle {
                 "releasing messages that were received but not handled"
             );
         }
+        // A forced stop gives back here what its receives returned, too.
+        held.append(&mut returned);
         // Released a receive's worth per call; a forced shutdown gives it a
         // budget, and what is left becomes visible again when its visibility
         // runs out.
         let total = held.len();
-        let release = async {
-            for chunk in held.chunks(max) {
-                let results = worker.transport.release(spec.name, chunk.to_vec()).await;
-                report.released += results.iter().filter(|r| r.is_ok()).count();
-            }
-        };
+        let released = std::sync::atomic::AtomicUsize::new(0);
+        let release = worker.release_counted(held, &released);
         if shutdown.is_forced() {
             let _ = tokio::time::timeout(FORCED_BUDGET, release).await;
         } else {
             release.await;
         }
-        report.not_released = total - report.released;
+        let released = released.into_inner();
+        report.released += released;
+        report.not_released += total - released;
         if shutdown.is_forced() {
             let _ = tokio::time::timeout(FORCED_BUDGET, worker.acker.close()).await;
         } else {
@@ -310,14 +352,16 @@ impl WorkerHandle {
 /// is promised.
 const FORCED_BUDGET: Duration = Duration::from_millis(800);
 
-/// How long a forced shutdown still waits for the receives in flight, to
-/// give back what they return. An interrupted database or `memory://`
-/// receive returns within a statement; one cut off instead leaves what its
-/// lease took invisible until the visibility timeout (an SQS long poll,
-/// which cannot be interrupted, is left to run out).
+/// How long a forced shutdown still waits for the receives in flight to
+/// return (what they return is given back with the rest, in
+/// [`FORCED_BUDGET`]). An interrupted database or `memory://` receive
+/// returns within a statement; one cut off instead leaves what its lease
+/// took invisible until the visibility timeout, and is counted in
+/// `Stopped::receives_cut_off` (an SQS long poll, which cannot be
+/// interrupted, is left to run out).
 const RECEIVES_BUDGET: Duration = Duration::from_millis(300);
 
-/// Runs `work` (receives in flight, ended and given back) for at most
+/// Runs `work` (receives in flight, ended) for at most
 /// `limit`, and once the shutdown is forced for at most [`RECEIVES_BUDGET`]
 /// more.
 async fn until_stopped(shutdown: &Shutdown, limit: Duration, work: impl std::future::Future<Output = ()>) {
@@ -341,10 +385,17 @@ pub(crate) struct Stopped {
     /// Messages held that could not be given back (a failed or unfinished
     /// release): they come back once their visibility runs out.
     pub(crate) not_released: usize,
+    /// Receives still in flight when the shutdown stopped waiting for them.
+    pub(crate) receives_cut_off: usize,
 }
 
 /// A receive's outcome and when it was sent.
 type Received = Result<(Instant, Vec<Delivery>), TransportError>;
+
+/// The receipts of what a receive returned (none if it failed).
+fn receipts_of(received: Received) -> impl Iterator<Item = Receipt> {
+    received.map(|(_, d)| d).unwrap_or_default().into_iter().map(|d| d.receipt)
+}
 
 /// Counts a lane out of [`Ready`] when it ends, unless `next` already did
 /// (it found nothing left): on every return, and if the lane panics (a
@@ -445,17 +496,15 @@ impl Worker {
         }
     }
 
-    /// Gives the messages of a receive that completed during shutdown back
-    /// to the queue at once.
-    async fn give_back(&self, received: Received) {
+    /// Gives `receipts` back to the queue, a receive's worth per call,
+    /// counting into `released` as it goes, so that a caller who stops
+    /// waiting knows how many went back.
+    async fn release_counted(&self, receipts: Vec<Receipt>, released: &std::sync::atomic::AtomicUsize) {
         let name = self.routes.spec().name;
-        let deliveries = received.map(|(_, d)| d).unwrap_or_default();
-        if !deliveries.is_empty() {
-            tracing::debug!(queue = name, count = deliveries.len(), "giving back what a receive returned at shutdown");
-        }
-        let receipts: Vec<Receipt> = deliveries.into_iter().map(|d| d.receipt).collect();
         for chunk in receipts.chunks(self.transport.max_batch().max(1)) {
-            let _ = self.transport.release(name, chunk.to_vec()).await;
+            let results = self.transport.release(name, chunk.to_vec()).await;
+            let ok = results.iter().filter(|r| r.is_ok()).count();
+            released.fetch_add(ok, std::sync::atomic::Ordering::Relaxed);
         }
     }
 
