@@ -248,7 +248,7 @@ impl WorkerHandle {
         // invisible until its timeout. Only the receives count against a
         // forced stop's budget for them: given back inside it as well, a
         // receive of 1,000 messages and their release overran it on a busy
-        // machine, and the stop reported them released.
+        // machine, and the stop's counts left those 1,000 out.
         let drained = async {
             while !receiving.is_empty() {
                 let next = worker.interrupting(receiving.join_next()).await;
