@@ -786,37 +786,55 @@ async fn stuck_on(job: Job, rec: State<Arc<Recorder>>) {
     rec.run(job.n.to_string(), Duration::from_secs(600)).await;
 }
 
-#[tokio::test]
-async fn a_forced_stop_gives_back_what_a_receive_in_flight_returns() {
+/// Starts an app consuming `Q` alone on an [`Observed`] transport, whose
+/// handler is stuck on a first message while the receive ahead takes three
+/// more and answers `late_ms` late; forces the stop meanwhile. Returns the
+/// transport, what the stop reported and how long it took.
+async fn forced_during_a_late_receive<Q>(late_ms: u64) -> (Arc<Observed>, messaging::Stopped, Duration)
+where
+    Q: Queue<Kind = messaging::Standard>,
+{
     let transport = Arc::new(Observed::default());
     let rec = Arc::new(Recorder::default());
     let mut app = messaging::App::new(transport.clone()).await.unwrap();
-    app.only_queues(&["late-answers"]);
+    app.only_queues(&[Q::SPEC.name]);
     app.setup().provide(rec.clone());
     let publisher = app.setup().publisher();
     let running = app.start().unwrap();
-    publisher.send::<LateQueue, _>(&Job { n: 0 }).await.unwrap();
+    publisher.send::<Q, _>(&Job { n: 0 }).await.unwrap();
     let started = || rec.running.load(Ordering::SeqCst) == 1;
     fixtures::eventually(Duration::from_secs(10), started, || "the handler did not start in 10 s".into()).await;
-    // The worker's receive ahead of the lane takes the next three and is
-    // slow to answer; the stop is forced meanwhile.
-    transport.late_ms.store(200, Ordering::SeqCst);
+    transport.late_ms.store(late_ms, Ordering::SeqCst);
     let taken = transport.taken.notified();
     let jobs: Vec<Job> = (1..4).map(|n| Job { n }).collect();
-    for result in publisher.send_batch::<LateQueue, _>(&jobs).await {
+    for result in publisher.send_batch::<Q, _>(&jobs).await {
         result.unwrap();
     }
     tokio::time::timeout(Duration::from_secs(10), taken).await.expect("the receive ahead took the three");
     let shutdown = running.shutdown_handle();
+    let forced = std::time::Instant::now();
     shutdown.force();
     let stopped = running.wait().await;
+    let took = forced.elapsed();
+    transport.late_ms.store(0, Ordering::SeqCst);
+    (transport, stopped, took)
+}
+
+/// The bodies visible on `queue` of `transport`'s own memory queues.
+async fn visible(transport: &Observed, queue: &str) -> Vec<String> {
+    let inner: &dyn messaging::transport::Transport = &transport.inner;
+    let back = inner.receive(queue, 10, Duration::from_millis(100)).await.unwrap();
+    back.into_iter().map(|d| String::from_utf8_lossy(&d.body).into_owned()).collect()
+}
+
+#[tokio::test]
+async fn a_forced_stop_gives_back_what_a_receive_in_flight_returns() {
+    let (transport, stopped, _) = forced_during_a_late_receive::<LateQueue>(200).await;
     assert_eq!(stopped.handlers_stopped, 1, "{stopped:?}");
     assert_eq!((stopped.released, stopped.not_released, stopped.receives_cut_off), (4, 0, 0), "{stopped:?}");
     // All four are visible again at once, not after the 10-minute visibility.
-    transport.late_ms.store(0, Ordering::SeqCst);
-    let inner: &dyn messaging::transport::Transport = &transport.inner;
-    let back = inner.receive("late-answers", 10, Duration::from_millis(100)).await.unwrap();
-    assert_eq!(back.len(), 4, "given back: {:?}", back.iter().map(|d| &d.body).collect::<Vec<_>>());
+    let back = visible(&transport, "late-answers").await;
+    assert_eq!(back.len(), 4, "given back: {back:?}");
 }
 
 #[messaging::queue("cut-off-answers", visibility = "10m")]
@@ -832,40 +850,12 @@ async fn stuck_too(job: Job, rec: State<Arc<Recorder>>) {
 /// instead of counting those messages released.
 #[tokio::test]
 async fn a_forced_stop_reports_a_receive_it_cut_off() {
-    let transport = Arc::new(Observed::default());
-    let rec = Arc::new(Recorder::default());
-    let mut app = messaging::App::new(transport.clone()).await.unwrap();
-    app.only_queues(&["cut-off-answers"]);
-    app.setup().provide(rec.clone());
-    let publisher = app.setup().publisher();
-    let running = app.start().unwrap();
-    publisher.send::<CutOffQueue, _>(&Job { n: 0 }).await.unwrap();
-    let started = || rec.running.load(Ordering::SeqCst) == 1;
-    fixtures::eventually(Duration::from_secs(10), started, || "the handler did not start in 10 s".into()).await;
-    // The receive ahead takes the next three and answers after 5 s.
-    transport.late_ms.store(5_000, Ordering::SeqCst);
-    let taken = transport.taken.notified();
-    let jobs: Vec<Job> = (1..4).map(|n| Job { n }).collect();
-    for result in publisher.send_batch::<CutOffQueue, _>(&jobs).await {
-        result.unwrap();
-    }
-    tokio::time::timeout(Duration::from_secs(10), taken).await.expect("the receive ahead took the three");
-    let shutdown = running.shutdown_handle();
-    let forced = std::time::Instant::now();
-    shutdown.force();
-    let stopped = running.wait().await;
-    assert!(forced.elapsed() < Duration::from_secs(2), "a forced stop took {:?}", forced.elapsed());
+    let (transport, stopped, took) = forced_during_a_late_receive::<CutOffQueue>(5_000).await;
+    assert!(took < Duration::from_secs(2), "a forced stop took {took:?}");
     assert_eq!(stopped.handlers_stopped, 1, "{stopped:?}");
     // The handler's message went back; the receive's three are not counted
     // as released, and the receive is reported.
     assert_eq!((stopped.released, stopped.not_released, stopped.receives_cut_off), (1, 0, 1), "{stopped:?}");
-    transport.late_ms.store(0, Ordering::SeqCst);
-    let inner: &dyn messaging::transport::Transport = &transport.inner;
-    let back = inner.receive("cut-off-answers", 10, Duration::from_millis(100)).await.unwrap();
-    assert_eq!(
-        back.len(),
-        1,
-        "only the handler's message is back: {:?}",
-        back.iter().map(|d| &d.body).collect::<Vec<_>>()
-    );
+    let back = visible(&transport, "cut-off-answers").await;
+    assert_eq!(back.len(), 1, "only the handler's message is back: {back:?}");
 }
