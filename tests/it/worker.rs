@@ -786,28 +786,26 @@ async fn stuck_on(job: Job, rec: State<Arc<Recorder>>) {
     rec.run(job.n.to_string(), Duration::from_secs(600)).await;
 }
 
-/// Starts an app consuming `Q` alone on an [`Observed`] transport, whose
-/// handler is stuck on a first message while the receive ahead takes three
-/// more and answers `late_ms` late; forces the stop meanwhile. Returns the
-/// transport, what the stop reported and how long it took.
-async fn forced_during_a_late_receive<Q>(late_ms: u64) -> (Arc<Observed>, messaging::Stopped, Duration)
-where
-    Q: Queue<Kind = messaging::Standard>,
-{
+/// Starts an app consuming `late-answers` alone on an [`Observed`]
+/// transport of its own, whose handler is stuck on a first message while the
+/// receive ahead takes three more and answers `late_ms` late; forces the stop
+/// meanwhile. Returns the transport, what the stop reported and how long it
+/// took.
+async fn forced_during_a_late_receive(late_ms: u64) -> (Arc<Observed>, messaging::Stopped, Duration) {
     let transport = Arc::new(Observed::default());
     let rec = Arc::new(Recorder::default());
     let mut app = messaging::App::new(transport.clone()).await.unwrap();
-    app.only_queues(&[Q::SPEC.name]);
+    app.only_queues(&["late-answers"]);
     app.setup().provide(rec.clone());
     let publisher = app.setup().publisher();
     let running = app.start().unwrap();
-    publisher.send::<Q, _>(&Job { n: 0 }).await.unwrap();
+    publisher.send::<LateQueue, _>(&Job { n: 0 }).await.unwrap();
     let started = || rec.running.load(Ordering::SeqCst) == 1;
     fixtures::eventually(Duration::from_secs(10), started, || "the handler did not start in 10 s".into()).await;
     transport.late_ms.store(late_ms, Ordering::SeqCst);
     let taken = transport.taken.notified();
     let jobs: Vec<Job> = (1..4).map(|n| Job { n }).collect();
-    for result in publisher.send_batch::<Q, _>(&jobs).await {
+    for result in publisher.send_batch::<LateQueue, _>(&jobs).await {
         result.unwrap();
     }
     tokio::time::timeout(Duration::from_secs(10), taken).await.expect("the receive ahead took the three");
@@ -820,29 +818,21 @@ where
     (transport, stopped, took)
 }
 
-/// The bodies visible on `queue` of `transport`'s own memory queues.
-async fn visible(transport: &Observed, queue: &str) -> Vec<String> {
+/// The bodies visible on `late-answers` of `transport`'s own memory queues.
+async fn visible(transport: &Observed) -> Vec<String> {
     let inner: &dyn messaging::transport::Transport = &transport.inner;
-    let back = inner.receive(queue, 10, Duration::from_millis(100)).await.unwrap();
+    let back = inner.receive("late-answers", 10, Duration::from_millis(100)).await.unwrap();
     back.into_iter().map(|d| String::from_utf8_lossy(&d.body).into_owned()).collect()
 }
 
 #[tokio::test]
 async fn a_forced_stop_gives_back_what_a_receive_in_flight_returns() {
-    let (transport, stopped, _) = forced_during_a_late_receive::<LateQueue>(200).await;
+    let (transport, stopped, _) = forced_during_a_late_receive(200).await;
     assert_eq!(stopped.handlers_stopped, 1, "{stopped:?}");
     assert_eq!((stopped.released, stopped.not_released, stopped.receives_cut_off), (4, 0, 0), "{stopped:?}");
     // All four are visible again at once, not after the 10-minute visibility.
-    let back = visible(&transport, "late-answers").await;
+    let back = visible(&transport).await;
     assert_eq!(back.len(), 4, "given back: {back:?}");
-}
-
-#[messaging::queue("cut-off-answers", visibility = "10m")]
-struct CutOffQueue;
-
-#[messaging::handler(queue = CutOffQueue)]
-async fn stuck_too(job: Job, rec: State<Arc<Recorder>>) {
-    rec.run(job.n.to_string(), Duration::from_secs(600)).await;
 }
 
 /// A receive that answers later than a forced stop waits is cut off: what it
@@ -850,12 +840,12 @@ async fn stuck_too(job: Job, rec: State<Arc<Recorder>>) {
 /// instead of counting those messages released.
 #[tokio::test]
 async fn a_forced_stop_reports_a_receive_it_cut_off() {
-    let (transport, stopped, took) = forced_during_a_late_receive::<CutOffQueue>(5_000).await;
+    let (transport, stopped, took) = forced_during_a_late_receive(5_000).await;
     assert!(took < Duration::from_secs(2), "a forced stop took {took:?}");
     assert_eq!(stopped.handlers_stopped, 1, "{stopped:?}");
     // The handler's message went back; the receive's three are not counted
     // as released, and the receive is reported.
     assert_eq!((stopped.released, stopped.not_released, stopped.receives_cut_off), (1, 0, 1), "{stopped:?}");
-    let back = visible(&transport, "cut-off-answers").await;
+    let back = visible(&transport).await;
     assert_eq!(back.len(), 1, "only the handler's message is back: {back:?}");
 }
