@@ -137,3 +137,41 @@ fn changed<D: Dialect>(m: &Migration) -> TransportError {
         m.description
     ))
 }
+
+/// The migrations of one database (`postgres`, `sqlite`: their directory
+/// under `migrations/`) that came before migration `version`, copied to a
+/// directory of their own, removed on drop: what a version of the framework
+/// before that migration carried, for tests of upgrades.
+#[cfg(test)]
+pub(crate) struct MigrationsBefore(std::path::PathBuf);
+
+#[cfg(test)]
+impl MigrationsBefore {
+    pub(crate) fn new(system: &str, version: i64) -> MigrationsBefore {
+        let dir = std::env::temp_dir().join(format!("messaging-migrations-{:016x}", fastrand::u64(..)));
+        std::fs::create_dir_all(&dir).expect("a directory for the earlier migrations");
+        let source = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("migrations").join(system);
+        for file in std::fs::read_dir(&source).expect("the migrations") {
+            let path = file.expect("a migration").path();
+            let name = path.file_name().and_then(|n| n.to_str()).unwrap_or_default().to_owned();
+            if name.split('_').next().and_then(|v| v.parse::<i64>().ok()).is_some_and(|v| v < version) {
+                std::fs::copy(&path, dir.join(&name)).expect("copy");
+            }
+        }
+        MigrationsBefore(dir)
+    }
+
+    /// sqlx's migrator of these migrations (it records them in
+    /// `_sqlx_migrations`, as the framework's versions before its own
+    /// history table did).
+    pub(crate) async fn migrator(&self) -> sqlx::migrate::Migrator {
+        sqlx::migrate::Migrator::new(self.0.as_path()).await.expect("the earlier migrations")
+    }
+}
+
+#[cfg(test)]
+impl Drop for MigrationsBefore {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}

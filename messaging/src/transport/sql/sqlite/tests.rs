@@ -5,6 +5,7 @@ use std::path::PathBuf;
 
 use super::*;
 use crate::transport::sql::machine::{Enqueue, EnqueueOutcome, QueueRules, Status};
+use crate::transport::sql::migrate::MigrationsBefore;
 use crate::transport::sql::store::{Enqueued, RowOp};
 use crate::transport::FailedAttempt;
 
@@ -159,17 +160,9 @@ async fn enqueue_lease_complete() {
 /// A store on a fresh file migrated as a version before migration `version`
 /// left it (its migrations recorded in sqlx's table, as that version ran them).
 async fn migrated_before(version: i64) -> (SqliteStore, TempDb) {
-    let (db, earlier) = (TempDb::new(), TempDir::new());
-    let source = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("migrations/sqlite");
-    for file in std::fs::read_dir(&source).expect("the migrations") {
-        let path = file.expect("a migration").path();
-        let name = path.file_name().and_then(|n| n.to_str()).unwrap_or_default().to_owned();
-        if name.split('_').next().and_then(|v| v.parse::<i64>().ok()).is_some_and(|v| v < version) {
-            std::fs::copy(&path, earlier.0.join(&name)).expect("copy");
-        }
-    }
+    let db = TempDb::new();
     let store = SqliteStore::connect(&db.url()).await.expect("connect");
-    let old = sqlx::migrate::Migrator::new(earlier.0.as_path()).await.expect("the earlier migrations");
+    let old = MigrationsBefore::new("sqlite", version).migrator().await;
     old.run(&store.pool).await.expect("an earlier version's migrations");
     (store, db)
 }
@@ -262,23 +255,6 @@ async fn the_status_check_rebuild_keeps_rows_in_every_state() {
     assert_eq!(payloads(&again), ["f"]);
     store.complete("jobs", NOW + 1_001, vec![again[0].held()], 0).await.remove(0).expect("complete");
     close(store, db).await;
-}
-
-/// A directory in the temp directory, removed on drop.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new() -> TempDir {
-        let path = std::env::temp_dir().join(format!("messaging-migrations-{:016x}", fastrand::u64(..)));
-        std::fs::create_dir_all(&path).expect("create");
-        TempDir(path)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
 }
 
 #[tokio::test]

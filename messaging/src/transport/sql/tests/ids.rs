@@ -4,6 +4,7 @@
 //! rows, and no id is given twice.
 
 use crate::transport::sql::machine::Enqueue;
+use crate::transport::sql::migrate::MigrationsBefore;
 use crate::transport::sql::postgres::PostgresStore;
 
 const START: i64 = 1_800_000_000_000;
@@ -14,21 +15,9 @@ const IDS_FROM_SEQ: i64 = 20261206000001;
 /// Applies the PostgreSQL migrations before `version` to the schema of
 /// `url`, as the version before it did (recorded in sqlx's table).
 async fn migrated_before(url: &str, version: i64) {
-    let earlier = std::env::temp_dir().join(super::unique("msgtest_migrations"));
-    std::fs::create_dir(&earlier).unwrap();
-    let source = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("migrations/postgres");
-    for file in std::fs::read_dir(&source).unwrap() {
-        let path = file.unwrap().path();
-        let name = path.file_name().and_then(|n| n.to_str()).unwrap_or_default().to_owned();
-        if name.split('_').next().and_then(|v| v.parse::<i64>().ok()).is_some_and(|v| v < version) {
-            std::fs::copy(&path, earlier.join(&name)).unwrap();
-        }
-    }
     let pool = sqlx::PgPool::connect(url).await.unwrap();
-    let old = sqlx::migrate::Migrator::new(earlier.as_path()).await.unwrap();
-    old.run(&pool).await.unwrap();
+    MigrationsBefore::new("postgres", version).migrator().await.run(&pool).await.unwrap();
     pool.close().await;
-    std::fs::remove_dir_all(&earlier).unwrap();
 }
 
 /// (id, seq, message id) of every row of queue `q`, in id order.
