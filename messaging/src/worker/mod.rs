@@ -282,15 +282,7 @@ impl WorkerHandle {
             // Back at once, while the running handlers finish (unless the
             // stop is forced meanwhile: what is left then waits for its
             // visibility timeout, and is counted so).
-            let total = returned.len();
-            let released = std::sync::atomic::AtomicUsize::new(0);
-            tokio::select! {
-                () = worker.release_counted(std::mem::take(&mut returned), &released) => {}
-                () = shutdown.forced() => {}
-            }
-            let released = released.into_inner();
-            report.released += released;
-            report.not_released += total - released;
+            worker.give_back(std::mem::take(&mut returned), shutdown.forced(), &mut report).await;
         }
         // Graceful end: let running handlers finish within the grace period
         // (or until the shutdown is forced).
@@ -323,20 +315,17 @@ impl WorkerHandle {
         }
         // A forced stop gives back here what its receives returned, too.
         held.append(&mut returned);
-        // Released a receive's worth per call; a forced shutdown gives it a
-        // budget, and what is left becomes visible again when its visibility
-        // runs out.
-        let total = held.len();
-        let released = std::sync::atomic::AtomicUsize::new(0);
-        let release = worker.release_counted(held, &released);
-        if shutdown.is_forced() {
-            let _ = tokio::time::timeout(FORCED_BUDGET, release).await;
-        } else {
-            release.await;
-        }
-        let released = released.into_inner();
-        report.released += released;
-        report.not_released += total - released;
+        // A forced shutdown gives the release a budget, and what is left
+        // becomes visible again when its visibility runs out.
+        let forced = shutdown.is_forced();
+        let budget = async move {
+            if forced {
+                tokio::time::sleep(FORCED_BUDGET).await;
+            } else {
+                std::future::pending::<()>().await;
+            }
+        };
+        worker.give_back(held, budget, &mut report).await;
         if shutdown.is_forced() {
             let _ = tokio::time::timeout(FORCED_BUDGET, worker.acker.close()).await;
         } else {
@@ -497,15 +486,29 @@ impl Worker {
     }
 
     /// Gives `receipts` back to the queue, a receive's worth per call,
-    /// counting into `released` as it goes, so that a caller who stops
-    /// waiting knows how many went back.
-    async fn release_counted(&self, receipts: Vec<Receipt>, released: &std::sync::atomic::AtomicUsize) {
+    /// until done or until `until` completes, and counts in `report` how
+    /// many went back and how many did not.
+    async fn give_back(
+        &self,
+        receipts: Vec<Receipt>,
+        until: impl std::future::Future<Output = ()>,
+        report: &mut Stopped,
+    ) {
         let name = self.routes.spec().name;
-        for chunk in receipts.chunks(self.transport.max_batch().max(1)) {
-            let results = self.transport.release(name, chunk.to_vec()).await;
-            let ok = results.iter().filter(|r| r.is_ok()).count();
-            released.fetch_add(ok, std::sync::atomic::Ordering::Relaxed);
+        let total = receipts.len();
+        let mut released = 0;
+        let release = async {
+            for chunk in receipts.chunks(self.transport.max_batch().max(1)) {
+                let results = self.transport.release(name, chunk.to_vec()).await;
+                released += results.iter().filter(|r| r.is_ok()).count();
+            }
+        };
+        tokio::select! {
+            () = release => {}
+            () = until => {}
         }
+        report.released += released;
+        report.not_released += total - released;
     }
 
     /// How often the heartbeat runs: a third of the visibility timeout, or
