@@ -89,28 +89,47 @@ fn push_insert(text: &mut String, rows: usize, agreed: [bool; 5]) {
     );
 }
 
-/// The statements of the enqueue of `items` (taking their payloads) into
-/// `queue` at `now`, once the counter has moved by their number in the same
-/// transaction, and their arguments after `lead` (the arguments of any
-/// statements before them). Each insert is followed by a `SELECT changes()
-/// AS inserted` (see [`check_inserted`]).
-pub(super) fn inserts<'q>(
+/// The shape of one insert statement: its rows, and which of the columns
+/// that [`agreed`] looks at they agree on. A statement's text is a function
+/// of its shape alone.
+pub(super) type Shape = (usize, [bool; 5]);
+
+/// The shapes of the inserts of `items` at `now`, one per chunk of
+/// [`INSERT_ROWS`].
+pub(super) fn shapes(items: &[Enqueue], now: i64) -> Vec<Shape> {
+    items.chunks(INSERT_ROWS).map(|chunk| (chunk.len(), agreed(chunk, now))).collect()
+}
+
+/// The text of the inserts of `shapes`, each followed by a `SELECT
+/// changes() AS inserted` (see [`check_inserted`]). Their arguments come
+/// from [`arguments`].
+pub(super) fn text(shapes: &[Shape]) -> String {
+    let rows: usize = shapes.iter().map(|(rows, _)| rows).sum();
+    let mut text = String::with_capacity(400 * shapes.len() + rows * 12);
+    for &(rows, agreed) in shapes {
+        push_insert(&mut text, rows, agreed);
+    }
+    text
+}
+
+/// The arguments of [`text`]`(shapes)` (the shapes of `items`), after
+/// `lead` (the arguments of any statements before them): the enqueue of
+/// `items` (taking their payloads) into `queue` at `now`, once the counter
+/// has moved by their number in the same transaction.
+pub(super) fn arguments<'q>(
     lead: &[i64],
     queue: &'q str,
     now: i64,
     items: &'q mut [Enqueue],
-) -> Result<(String, SqliteArguments<'q>), sqlx::error::BoxDynError> {
+    shapes: &[Shape],
+) -> Result<SqliteArguments<'q>, sqlx::error::BoxDynError> {
     let n = int(items.len());
-    let chunks = items.len().div_ceil(INSERT_ROWS);
-    let mut text = String::with_capacity(400 * chunks + items.len() * 12);
     let mut args = SqliteArguments::default();
-    args.reserve(lead.len() + 8 * chunks + 3 * items.len(), 0);
+    args.reserve(lead.len() + 8 * shapes.len() + 3 * items.len(), 0);
     for &value in lead {
         args.add(value)?;
     }
-    for (c, chunk) in items.chunks_mut(INSERT_ROWS).enumerate() {
-        let agreed = agreed(chunk, now);
-        push_insert(&mut text, chunk.len(), agreed);
+    for (c, (chunk, &(_, agreed))) in items.chunks_mut(INSERT_ROWS).zip(shapes).enumerate() {
         let Some(first) = chunk.first() else { continue };
         args.add(queue)?;
         let status = first.landing(now);
@@ -152,10 +171,10 @@ pub(super) fn inserts<'q>(
             args.add(int(c * INSERT_ROWS + i + 1))?;
         }
     }
-    Ok((text, args))
+    Ok(args)
 }
 
-/// Checks what [`inserts`]' statements reported (`inserted`, in order) for
+/// Checks what [`text`]'s statements reported (`inserted`, in order) for
 /// `items` rows: rows cannot conflict without an identity, so each insert
 /// stores all its rows or the call fails.
 pub(super) fn check_inserted(items: usize, found: &[SqliteRow]) -> Result<(), TransportError> {

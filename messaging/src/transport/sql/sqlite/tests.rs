@@ -307,6 +307,50 @@ async fn priority_then_enqueue_order_and_batches_in_input_order() {
     close(store, db).await;
 }
 
+/// Plain batches of one length whose rows agree on different columns: each
+/// shape has a statement text of its own (kept between calls), and every
+/// row stores its own values whichever text was kept before.
+#[tokio::test]
+async fn plain_batches_of_one_length_in_turn_store_their_own_values() {
+    let (store, db) = store().await;
+    let shapes: [fn(usize) -> Enqueue; 4] = [
+        |i| msg(None, &format!("same-{i}")),
+        |i| Enqueue { priority: i as i32, ..msg(None, &format!("priority-{i}")) },
+        |i| Enqueue { process_at: Some(NOW + 10 * (i as i64 + 1)), ..msg(None, &format!("later-{i}")) },
+        |i| Enqueue { attributes: format!("k={i}"), ..grouped(Some(&format!("g{i}")), &format!("grouped-{i}")) },
+    ];
+    for round in 0..2 {
+        for (s, shape) in shapes.iter().enumerate() {
+            let items: Vec<Enqueue> = (0..3)
+                .map(|i| {
+                    let mut e = shape(i);
+                    e.message_id = format!("{}-{round}", e.message_id);
+                    e
+                })
+                .collect();
+            let results = store.enqueue("jobs", NOW, items, false).await;
+            assert!(results.iter().all(Result::is_ok), "shape {s}, round {round}: {results:?}");
+        }
+    }
+    for round in 0..2 {
+        for i in 0..3_usize {
+            let row = row_of(&store, "jobs", &format!("m-same-{i}-{round}")).await;
+            assert_eq!(
+                (row.priority, row.process_at, row.group.as_deref(), row.status),
+                (0, None, None, Status::Pending)
+            );
+            let row = row_of(&store, "jobs", &format!("m-priority-{i}-{round}")).await;
+            assert_eq!((row.priority, row.process_at, row.status), (i as i32, None, Status::Pending));
+            let row = row_of(&store, "jobs", &format!("m-later-{i}-{round}")).await;
+            assert_eq!((row.process_at, row.status), (Some(NOW + 10 * (i as i64 + 1)), Status::Sleeping));
+            let row = row_of(&store, "jobs", &format!("m-grouped-{i}-{round}")).await;
+            assert_eq!((row.group, row.attributes), (Some(format!("g{i}")), format!("k={i}")));
+            assert_eq!(row.payload, format!("grouped-{i}").into_bytes());
+        }
+    }
+    close(store, db).await;
+}
+
 #[tokio::test]
 async fn identity_enqueue_while_leased_waits_for_the_release() {
     let (store, db) = store().await;
