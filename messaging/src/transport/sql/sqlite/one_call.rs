@@ -108,13 +108,17 @@ fn plain<'q>(
 /// runs each, in turn).
 struct PlainTexts;
 
+/// What a plain enqueue's text is a function of: whether it is a
+/// transaction of its own, and the shapes of its inserts.
+type PlainKey = (bool, Vec<append::Shape>);
+
 impl PlainTexts {
     /// How many texts are kept.
     const KEPT: usize = 8;
 
     /// The text of `key`, built by `build` unless kept.
-    fn get(key: (bool, Vec<append::Shape>), build: impl FnOnce() -> String) -> Arc<str> {
-        static RECENT: Mutex<Vec<((bool, Vec<append::Shape>), Arc<str>)>> = Mutex::new(Vec::new());
+    fn get(key: PlainKey, build: impl FnOnce() -> String) -> Arc<str> {
+        static RECENT: Mutex<Vec<(PlainKey, Arc<str>)>> = Mutex::new(Vec::new());
         // A panic cannot leave the list half-changed: it is only pushed to
         // and truncated.
         let lock = || RECENT.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
