@@ -99,7 +99,13 @@ async fn a_forced_stop_gives_back_every_held_message_at_once() {
     }
 }
 
-#[messaging::queue("held-long", visibility = "1s", concurrency = 1000)]
+/// A visibility of 2 s: the heartbeat extends every 667 ms, so a stall of
+/// the worker's runtime up to about 1.3 s leaves no lease to run out. At
+/// 1 s (a stall of 0.67 s) 248 of the 1,000 ran twice once, in a CI run
+/// beside two compilers on the 2 cores. Extended one row at a time, as
+/// before the heartbeat's batches, 1,000 leases took about 3 s on
+/// PostgreSQL (3 ms a row): longer than this visibility too.
+#[messaging::queue("held-long", visibility = "2s", concurrency = 1000)]
 struct HeldLong;
 
 #[messaging::message(name = "test.held_long", v = 1)]
@@ -113,7 +119,7 @@ static RUNS: std::sync::Mutex<Vec<u32>> = std::sync::Mutex::new(Vec::new());
 
 #[messaging::handler(queue = HeldLong)]
 async fn slow(job: Slow) {
-    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    tokio::time::sleep(Duration::from_millis(3_000)).await;
     let mut runs = RUNS.lock().unwrap();
     if let Some(count) = runs.get_mut(job.n as usize) {
         *count += 1;
@@ -141,7 +147,7 @@ async fn a_thousand_handlers_slower_than_the_visibility_each_run_once() {
         )
         .await;
         // Long enough for a lease that ran out to be taken and run again.
-        tokio::time::sleep(Duration::from_millis(3_000)).await;
+        tokio::time::sleep(Duration::from_millis(3_500)).await;
         running.stop().await;
         let runs = RUNS.lock().unwrap().clone();
         let again: Vec<usize> = runs.iter().enumerate().filter(|(_, &c)| c != 1).map(|(n, _)| n).collect();
