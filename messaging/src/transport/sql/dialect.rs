@@ -408,7 +408,7 @@ impl<D: Dialect> SqlStore<D> {
     }
 
     /// Closes the pool, with the connection the write turn keeps.
-    #[cfg(test)]
+    #[cfg(all(test, feature = "sqlite"))]
     pub(crate) async fn close(&self) {
         D::release(&self.state).await;
         self.pool.close().await;

@@ -142,10 +142,10 @@ fn changed<D: Dialect>(m: &Migration) -> TransportError {
 /// under `migrations/`) that came before migration `version`, copied to a
 /// directory of their own, removed on drop: what a version of the framework
 /// before that migration carried, for tests of upgrades.
-#[cfg(test)]
+#[cfg(all(test, feature = "sqlite"))]
 pub(crate) struct MigrationsBefore(std::path::PathBuf);
 
-#[cfg(test)]
+#[cfg(all(test, feature = "sqlite"))]
 impl MigrationsBefore {
     pub(crate) fn new(system: &str, version: i64) -> MigrationsBefore {
         let dir = std::env::temp_dir().join(format!("messaging-migrations-{:016x}", fastrand::u64(..)));
@@ -169,7 +169,7 @@ impl MigrationsBefore {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "sqlite"))]
 impl Drop for MigrationsBefore {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.0);

@@ -198,7 +198,7 @@ mod rowid {
 
 impl LeasedRow {
     /// The receipt this lease gives, as the store completes it.
-    #[cfg(test)]
+    #[cfg(all(test, feature = "sqlite"))]
     pub(crate) fn held(&self) -> Held {
         (self.id, self.token, self.tuple)
     }

@@ -244,7 +244,7 @@ pub(crate) const DEAD_BY_MESSAGE_ID: &str =
 pub(crate) const PAUSED: &str = "SELECT paused FROM messaging_queues WHERE name = $1";
 /// Pauses (`$2` true) or resumes queue `$1` for every process.
 pub(crate) const SET_PAUSED: &str = "UPDATE messaging_queues SET paused = $2 WHERE name = $1";
-#[cfg(test)]
+#[cfg(all(test, feature = "sqlite"))]
 pub(crate) const ROWS: &str = concat!("SELECT ", columns!(), " FROM messaging_messages WHERE queue = $1 ORDER BY id");
 
 /// Standard queues: the first pending rows by priority, then enqueue order.

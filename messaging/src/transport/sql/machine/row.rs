@@ -737,11 +737,15 @@ impl IdentityQueue {
     }
 
     /// An operator's "retry now" of row `id` (see [`Row::retry_now`]).
+    /// (Only the model test, which runs on both stores, asks for it.)
+    #[cfg(all(feature = "postgres", feature = "sqlite"))]
     pub(crate) fn retry_now(&mut self, id: RowId) -> bool {
         self.rows.get_mut(&id).is_some_and(Row::retry_now)
     }
 
-    /// An operator's delete of row `id`, when nobody holds it.
+    /// An operator's delete of row `id`, when nobody holds it. (Only the
+    /// model test asks for it.)
+    #[cfg(all(feature = "postgres", feature = "sqlite"))]
     pub(crate) fn delete(&mut self, id: RowId) -> bool {
         let Some(row) = self.rows.get(&id).filter(|r| r.deletable()) else { return false };
         if let Some(k) = row.identity.clone() {

@@ -297,7 +297,7 @@ pub(super) async fn append(
 }
 
 /// The plan PostgreSQL picks for the append of `items` to `queue`, as text.
-#[cfg(test)]
+#[cfg(all(test, feature = "sqlite"))]
 pub(crate) async fn append_plan(
     conn: &mut PgConnection,
     tables: &Tables,

@@ -22,14 +22,15 @@ use crate::error::TransportError;
 use crate::transport::sql::machine::{Enqueue, Row, RowId};
 
 mod insert;
-#[cfg(test)]
+// Test helpers for the tests that run on both stores.
+#[cfg(all(test, feature = "sqlite"))]
 pub(crate) use insert::append_plan;
 
 /// The notification channel enqueues signal on (payload: the queue name).
 const CHANNEL: &str = "messaging_enqueued";
 
 /// Rows in PostgreSQL.
-#[cfg(test)]
+#[cfg(all(test, feature = "sqlite"))]
 pub(crate) type PostgresStore = SqlStore<Postgres>;
 
 /// What a PostgreSQL store keeps beside its pool.

@@ -383,13 +383,13 @@ impl<D: Dialect> SqlStore<D> {
     }
 
     /// Every row of the queue.
-    #[cfg(test)]
+    #[cfg(all(test, feature = "sqlite"))]
     pub(crate) async fn rows(&self, queue: &str) -> Result<Vec<Row>, TransportError> {
         self.records(sql::ROWS, queue, None).await
     }
 
     /// The last processed payload of an identity.
-    #[cfg(test)]
+    #[cfg(all(test, feature = "sqlite"))]
     pub(crate) async fn previous(&self, queue: &str, identity: &str) -> Result<Option<Vec<u8>>, TransportError> {
         let what = "reading the previous message";
         let list = text_list([identity]);
