@@ -79,18 +79,19 @@ where
     Tuple: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
 {
     fn from_row(row: &'r R) -> Result<Self, sqlx::Error> {
-        let unsigned = |index: usize, value: i64| {
-            u64::try_from(value)
-                .map_err(|e| sqlx::Error::ColumnDecode { index: LEASED_COLUMNS[index].into(), source: e.into() })
+        // A negative id, token or attempt count, named by its column.
+        let out_of_range = |index: usize| {
+            move |e: std::num::TryFromIntError| sqlx::Error::ColumnDecode {
+                index: LEASED_COLUMNS[index].into(),
+                source: e.into(),
+            }
         };
-        let attempts: i32 = row.try_get(4)?;
         Ok(LeasedRow {
-            id: unsigned(0, row.try_get(0)?)?,
-            token: unsigned(1, row.try_get(1)?)?,
+            id: u64::try_from(row.try_get::<i64, _>(0)?).map_err(out_of_range(0))?,
+            token: u64::try_from(row.try_get::<i64, _>(1)?).map_err(out_of_range(1))?,
             message_id: row.try_get(2)?,
             payload: row.try_get(3)?,
-            attempts: u32::try_from(attempts)
-                .map_err(|e| sqlx::Error::ColumnDecode { index: LEASED_COLUMNS[4].into(), source: e.into() })?,
+            attempts: u32::try_from(row.try_get::<i32, _>(4)?).map_err(out_of_range(4))?,
             group: row.try_get(5)?,
             attributes: row.try_get(6)?,
             sent_at: row.try_get(7)?,
