@@ -70,9 +70,17 @@ struct Note {
 
 type Log = Arc<Mutex<Vec<String>>>;
 
-/// Everything logged at WARN or above by this test binary.
+/// Everything logged at WARN or above by this test binary (one subscriber
+/// for the process: other modules' tests read it too).
 #[derive(Clone, Default)]
-struct Captured(Arc<Mutex<Vec<u8>>>);
+pub(crate) struct Captured(Arc<Mutex<Vec<u8>>>);
+
+impl Captured {
+    /// What has been logged so far.
+    pub(crate) fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
+    }
+}
 
 impl std::io::Write for Captured {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
@@ -91,7 +99,7 @@ impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Captured {
     }
 }
 
-fn warnings() -> &'static Captured {
+pub(crate) fn warnings() -> &'static Captured {
     static CAPTURED: std::sync::OnceLock<Captured> = std::sync::OnceLock::new();
     CAPTURED.get_or_init(|| {
         let captured = Captured::default();
@@ -236,7 +244,7 @@ async fn what_cannot_be_decoded_is_retried_then_dead_lettered_with_the_reason() 
         );
     }
     assert!(log.lock().unwrap().is_empty(), "no handler ran");
-    let logged = String::from_utf8_lossy(&captured.0.lock().unwrap()).into_owned();
+    let logged = captured.text();
     for id in &ids {
         let line = logged.lines().find(|l| l.contains(id.as_str()) && l.contains("failed attempt 1 of 2"));
         assert!(line.is_some_and(|l| l.contains("WARN")), "no WARN line for {id} in:\n{logged}");

@@ -11,6 +11,11 @@
 //! Handlers slower than the visibility, 1,000 at once, each run once: the
 //! heartbeat extends a batch in one statement. (One row at a time it took
 //! longer than the visibility, and messages came back while still held.)
+//!
+//! A handler whose lease was lost while it ran (run out, taken by another
+//! consumer) fails: its dead letter or retry is refused, the log says why
+//! (not "declare a dead-letter queue", not a second settlement tried), and
+//! the message comes back.
 #![cfg(all(feature = "postgres", feature = "sqlite"))]
 
 use crate::fixtures;
@@ -158,5 +163,100 @@ async fn a_thousand_handlers_slower_than_the_visibility_each_run_once() {
             &again[..again.len().min(5)]
         );
         assert_eq!(transport.depth("held-long").await.expect("depth"), 0, "{url}");
+    }
+}
+
+// --- a lease lost while its handler runs ---------------------------------------------------
+
+#[messaging::queue("lost-lease", dlq = "lost-lease-dlq", visibility = "1s", max_receives = 2)]
+struct LostLease;
+
+#[messaging::message(name = "test.lost_lease", v = 1)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Lost {
+    permanent: bool,
+}
+
+/// The database the handler takes its own message's lease away on.
+static LEASES_ON: std::sync::Mutex<Option<String>> = std::sync::Mutex::new(None);
+/// Messages handled to the end (the transient one, on its second receive).
+static RECOVERED: AtomicUsize = AtomicUsize::new(0);
+
+/// On its first receive, the message's lease goes to someone else (as when
+/// it ran out and another consumer took the message) before the handler
+/// fails: its dead letter or retry is refused as stale.
+#[messaging::handler(queue = LostLease)]
+async fn loses_its_lease(job: Lost, ctx: MessageContext) -> Result<(), HandlerError> {
+    use sqlx::Connection as _;
+    if ctx.receive_count() > 1 {
+        if job.permanent {
+            return Err(HandlerError::permanent("still refused"));
+        }
+        RECOVERED.fetch_add(1, Ordering::SeqCst);
+        return Ok(());
+    }
+    let url = LEASES_ON.lock().unwrap().clone().expect("the database is set");
+    let mut conn = sqlx::SqliteConnection::connect(&url).await?;
+    sqlx::query(
+        "UPDATE messaging_messages SET lease_token = lease_token + 1000 \
+         WHERE queue = 'lost-lease' AND message_id = ?",
+    )
+    .bind(ctx.message_id())
+    .execute(&mut conn)
+    .await?;
+    if job.permanent {
+        Err(HandlerError::permanent("refused"))
+    } else {
+        Err(HandlerError::from("not yet"))
+    }
+}
+
+#[tokio::test]
+async fn a_failure_after_the_lease_was_lost_says_so_and_the_message_comes_back() {
+    let logged = crate::envelope::warnings();
+    let file = fixtures::SqliteFile::new();
+    *LEASES_ON.lock().unwrap() = Some(file.url.clone());
+    let transport = messaging::transport::connect(&format!("{}&migrate=true", file.url)).await.expect("connect");
+    let mut app = messaging::App::new(Arc::clone(&transport)).await.expect("app");
+    app.only_queues(&["lost-lease"]);
+    let publisher = app.setup().publisher();
+    let dead = publisher.send::<LostLease, _>(&Lost { permanent: true }).await.expect("published");
+    let retried = publisher.send::<LostLease, _>(&Lost { permanent: false }).await.expect("published");
+    let running = app.start().expect("start");
+    let letters = transport.dead_letters().expect("dead letters");
+    fixtures::eventually(
+        Duration::from_secs(20),
+        || RECOVERED.load(Ordering::SeqCst) == 1,
+        || "the transient failure was never handled on its second receive".to_owned(),
+    )
+    .await;
+    let mut letter = None;
+    for _ in 0..200 {
+        letter = letters.peek("lost-lease", 10).await.expect("peek").pop();
+        if letter.is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    running.stop().await;
+    let letter = letter.expect("the permanent failure is dead-lettered on its second receive");
+    assert_eq!(letter.message_id, dead);
+    let text = logged.text();
+    let lines = |id: &MessageId| text.lines().filter(|l| l.contains(id.as_str())).collect::<Vec<_>>();
+    let (dead_lines, retried_lines) = (lines(&dead), lines(&retried));
+    assert!(
+        dead_lines
+            .iter()
+            .any(|l| l.contains("could not dead-letter it: its lease was lost before the handler returned")),
+        "{dead_lines:#?}"
+    );
+    assert!(
+        retried_lines.iter().any(|l| l.contains("could not schedule its retry: its lease was lost")),
+        "{retried_lines:#?}"
+    );
+    for line in dead_lines.iter().chain(&retried_lines) {
+        assert!(!line.contains("Declare `dlq"), "the queue has one; the lease was the problem: {line}");
+        assert!(!line.contains("longest backoff"), "nothing else is tried: {line}");
+        assert!(!line.contains("ERROR"), "{line}");
     }
 }

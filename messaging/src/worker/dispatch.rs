@@ -11,7 +11,7 @@ use super::inflight::Batch;
 use super::Worker;
 use crate::claims::MessageInProgress;
 use crate::context::MessageContext;
-use crate::error::HandlerError;
+use crate::error::{HandlerError, TransportError};
 use crate::handler::RetryPolicy;
 use crate::observe::{DispatchEvent, Outcome};
 use crate::telemetry;
@@ -187,17 +187,22 @@ impl Worker {
     /// Makes a settled delivery visible again after `delay`, recording `failure`.
     async fn retry(&self, delivery: &Delivery, delay: Duration, failure: FailedAttempt) {
         let queue = self.routes.spec().name;
-        if let Err(e) = self.transport.fail(queue, delivery.receipt.clone(), delay, failure).await {
-            tracing::warn!(queue, message.id = %delivery.message_id,
-                "could not schedule the retry ({e}); the message comes back when its visibility times out");
+        match self.transport.fail(queue, delivery.receipt.clone(), delay, failure).await {
+            Ok(()) => {}
+            Err(TransportError::StaleReceipt) => lease_lost(queue, delivery, "schedule its retry"),
+            Err(e) => tracing::warn!(queue, message.id = %delivery.message_id,
+                "could not schedule the retry ({e}); the message comes back when its visibility times out"),
         }
     }
 
     /// Makes a settled delivery visible again after `delay`.
     pub(super) async fn release(&self, delivery: &Delivery, delay: Duration) {
-        if let Err(e) = self.transport.nack(self.routes.spec().name, delivery.receipt.clone(), delay).await {
-            tracing::warn!(queue = self.routes.spec().name, message.id = %delivery.message_id,
-                "could not schedule the retry ({e}); the message comes back when its visibility times out");
+        let queue = self.routes.spec().name;
+        match self.transport.nack(queue, delivery.receipt.clone(), delay).await {
+            Ok(()) => {}
+            Err(TransportError::StaleReceipt) => lease_lost(queue, delivery, "schedule its retry"),
+            Err(e) => tracing::warn!(queue, message.id = %delivery.message_id,
+                "could not schedule the retry ({e}); the message comes back when its visibility times out"),
         }
     }
 
@@ -212,6 +217,12 @@ impl Worker {
         };
         match moved {
             Ok(()) => Step::DeadLettered,
+            // Not ours any more: released (given back with a FIFO chain's
+            // rest, which must not overtake it) and nothing else to try.
+            Err(TransportError::StaleReceipt) => {
+                lease_lost(spec.name, delivery, "dead-letter it");
+                Step::Released
+            }
             Err(e) => {
                 let policy = RetryPolicy::default();
                 tracing::error!(queue = spec.name, message.id = %delivery.message_id,
@@ -240,6 +251,20 @@ impl Worker {
             });
         }
     }
+}
+
+/// Says that the outcome of `delivery`'s handler (`what` it was to do) came
+/// after its lease was lost, so the transport refused it. A lease runs out
+/// when its heartbeat cannot extend it in time (a stalled process, or a
+/// database locked by another connection for longer than the visibility),
+/// and the message is then taken back: received again, or dead-lettered by
+/// the queue when out of attempts. Trying another settlement (the longest
+/// backoff instead of a dead letter) would only be refused again.
+fn lease_lost(queue: &str, delivery: &Delivery, what: &str) {
+    tracing::warn!(queue, message.id = %delivery.message_id,
+        "could not {what}: its lease was lost before the handler returned (it ran out and the message was taken \
+         back: it is received again, or dead-lettered if out of attempts); its history lacks this attempt's error, \
+         logged just before");
 }
 
 /// Attempt `attempt` failed with `error`, for the message's history.

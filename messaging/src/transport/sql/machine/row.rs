@@ -8,7 +8,8 @@ use crate::transport::FailedAttempt;
 
 /// The error of an attempt whose lease expired.
 pub(crate) const LEASE_EXPIRED: &str =
-    "the lease expired before the message was settled (the process stopped, or the handler outlived the visibility timeout)";
+    "the lease expired before the message was settled (the process stopped, the handler outlived the visibility \
+     timeout, or the heartbeat could not extend the lease in time)";
 
 /// A row's id (insertion order within the table).
 pub(crate) type RowId = u64;
