@@ -14,8 +14,11 @@
 //!   `INSERT` into the plain table, the same into a table with the columns,
 //!   constraints and indexes of the framework's (`LIKE … INCLUDING ALL` on
 //!   PostgreSQL, the same DDL on SQLite) with every column an enqueue writes
-//!   (what any enqueue into such a table must pay), and `send_batch` of the
-//!   1,000 messages; three passes over the messages, each table emptied
+//!   (what any enqueue into such a table must pay), the same again into a
+//!   table of its own after encoding the chunk's messages and making their
+//!   ids (what an enqueue of typed messages written by hand also does; the
+//!   two before bind payloads and ids made before their clock starts), and
+//!   `send_batch` of the 1,000 messages; three passes over the messages, each table emptied
 //!   between them. Taking turns statement by statement gives the three the
 //!   same server and machine: run one after the other, their ratio moved
 //!   by a factor of two with what the server was doing meanwhile (WAL
@@ -315,13 +318,15 @@ impl Raw {
         Ok(())
     }
 
-    /// Creates `bench_shape`: a table with the columns, constraints and
+    /// Creates `table`: a table with the columns, constraints and
     /// indexes of the framework's `messaging_messages` (which must exist),
     /// for a baseline insert that does what an enqueue must do to the table.
-    async fn create_shaped(&self) -> anyhow::Result<()> {
+    async fn create_shaped(&self, table: &str) -> anyhow::Result<()> {
         match self {
             Raw::Postgres(pool) => {
-                sqlx::query("CREATE TABLE bench_shape (LIKE messaging_messages INCLUDING ALL)").execute(pool).await?;
+                sqlx::query(&format!("CREATE TABLE {table} (LIKE messaging_messages INCLUDING ALL)"))
+                    .execute(pool)
+                    .await?;
             }
             Raw::Sqlite(pool) => {
                 let ddl: Vec<String> = sqlx::query_scalar(
@@ -331,24 +336,31 @@ impl Raw {
                 .fetch_all(pool)
                 .await?;
                 for statement in ddl {
-                    sqlx::query(&statement.replace("messaging_messages", "bench_shape")).execute(pool).await?;
+                    sqlx::query(&statement.replace("messaging_messages", table)).execute(pool).await?;
                 }
             }
         }
         Ok(())
     }
 
-    /// Inserts `chunk` into `bench_shape` as pending messages with every
+    /// Inserts `chunk` into `table` (of [`Raw::create_shaped`]) as pending messages with every
     /// column an enqueue writes, in one statement; `first` numbers them.
-    async fn insert_shaped(&self, chunk: &[Vec<u8>], ids: &[String], first: i64, now: i64) -> anyhow::Result<()> {
+    async fn insert_shaped(
+        &self,
+        table: &str,
+        chunk: &[Vec<u8>],
+        ids: &[String],
+        first: i64,
+        now: i64,
+    ) -> anyhow::Result<()> {
         match self {
             Raw::Postgres(pool) => {
-                sqlx::query(
-                    "INSERT INTO bench_shape (queue, group_id, message_id, payload, attributes, priority, \
+                sqlx::query(&format!(
+                    "INSERT INTO {table} (queue, group_id, message_id, payload, attributes, priority, \
                      process_at, status, attempts, seq, sent_at) \
                      SELECT 'bench-shape', NULL, m, p, '', 0, NULL, 'pending', 0, $3 + o, $4 \
-                     FROM UNNEST($1::text[], $2::bytea[]) WITH ORDINALITY AS t(m, p, o)",
-                )
+                     FROM UNNEST($1::text[], $2::bytea[]) WITH ORDINALITY AS t(m, p, o)"
+                ))
                 .bind(ids)
                 .bind(chunk)
                 .bind(first)
@@ -359,7 +371,7 @@ impl Raw {
             Raw::Sqlite(pool) => {
                 let row = "('bench-shape', NULL, ?, ?, '', 0, NULL, 'pending', 0, ?, ?)";
                 let sql = format!(
-                    "INSERT INTO bench_shape (queue, group_id, message_id, payload, attributes, priority, \
+                    "INSERT INTO {table} (queue, group_id, message_id, payload, attributes, priority, \
                      process_at, status, attempts, seq, sent_at) VALUES {}",
                     vec![row; chunk.len()].join(",")
                 );
@@ -627,6 +639,11 @@ struct PublishTimes {
     plain: Vec<Duration>,
     /// The same into the table of the framework's shape.
     shaped: Vec<Duration>,
+    /// The same, encoding the chunk's messages and making their ids first,
+    /// inside the timed section: what an enqueue of typed messages written
+    /// by hand does (the two baselines above bind payloads and ids prepared
+    /// before the clock starts; `send_batch` is given the messages).
+    encoding: Vec<Duration>,
     /// `send_batch` of the same messages.
     framework: Vec<Duration>,
 }
@@ -673,8 +690,19 @@ async fn publish_side_by_side<Q: Queue<Kind = messaging::Standard>>(
             times.plain.push(started.elapsed());
             let started = Instant::now();
             let first = (n * PUBLISH_CHUNK) as i64;
-            within(PHASE_TIMEOUT, "the shaped insert", raw.insert_shaped(chunk, ids, first, now)).await??;
+            within(PHASE_TIMEOUT, "the shaped insert", raw.insert_shaped("bench_shape", chunk, ids, first, now))
+                .await??;
             times.shaped.push(started.elapsed());
+            let started = Instant::now();
+            let encoded = ticks.iter().map(messaging::envelope::encode).collect::<Result<Vec<_>, _>>()?;
+            let made: Vec<String> = ticks.iter().map(|_| MessageId::random().as_str().to_owned()).collect();
+            within(
+                PHASE_TIMEOUT,
+                "the encoding insert",
+                raw.insert_shaped("bench_encode", &encoded, &made, first, now),
+            )
+            .await??;
+            times.encoding.push(started.elapsed());
             let started = Instant::now();
             for result in within(PHASE_TIMEOUT, "send_batch", publisher.send_batch::<Q, _>(ticks)).await? {
                 result.context("publishing")?;
@@ -687,6 +715,7 @@ async fn publish_side_by_side<Q: Queue<Kind = messaging::Standard>>(
         }
         raw.empty("bench_raw").await?;
         raw.empty("bench_shape").await?;
+        raw.empty("bench_encode").await?;
         raw.empty_queue(Q::SPEC.name).await?;
     }
     Ok(times)
@@ -838,7 +867,9 @@ async fn measure(
         std::thread::available_parallelism().map_or(0, |n| n.get())
     );
     raw.create().await.context("creating the baseline table")?;
-    raw.create_shaped().await.context("creating the baseline table of the framework's shape")?;
+    for table in ["bench_shape", "bench_encode"] {
+        raw.create_shaped(table).await.context("creating a baseline table of the framework's shape")?;
+    }
     let payloads = payloads(messages)?;
     let base_publish = if matches!(config.only.as_deref(), Some("drain" | "framework-drain")) {
         None
@@ -855,7 +886,11 @@ async fn measure(
         print_rate("baseline publish, the framework's columns and indexes", base_shaped, base_shaped);
         print_rate("messaging publish × that baseline", publish, base_shaped);
         // The ratios to quote: see `PublishTimes::chunk_ratio`.
-        for (what, base) in [("the plain insert", &published.plain), ("the shaped insert", &published.shaped)] {
+        for (what, base) in [
+            ("the plain insert", &published.plain),
+            ("the shaped insert", &published.shaped),
+            ("the shaped insert encoding as it goes", &published.encoding),
+        ] {
             let what = format!("messaging publish × {what}, chunk by chunk");
             let chunks = base.len();
             println!("  {what:<52} {:>10.3} x, the median of {chunks} chunks", published.chunk_ratio(base));
