@@ -37,9 +37,10 @@ pub enum Error {
     /// not fit; the message says what is known.
     #[error("{0}")]
     Command(String),
-    /// A second shutdown signal stopped the app before its handlers finished
-    /// (the command line exits with status 130).
-    #[error("stopped by a second shutdown signal")]
+    /// A shutdown signal stopped the command line part way: a second one
+    /// before the app's handlers finished, or one during a `dlq redrive` or
+    /// `purge` (it exits with status 130).
+    #[error("stopped by a shutdown signal")]
     Interrupted,
 }
 

@@ -368,6 +368,106 @@ fn dead_letters_are_counted_deleted_and_purged_from_the_command_line() {
     assert_eq!((depth.get(2), depth.get(5)), (Some(&"1"), Some(&"0")), "the redriven one is back, none dead: {line}");
 }
 
+/// Plants `n` dead letters of `orders.fifo` in the example's SQLite
+/// database, quickly: published, then marked as dead letters in one
+/// statement.
+#[cfg(feature = "sqlite")]
+fn plant_dead_letters(dir: &WorkDir, n: usize) {
+    use sqlx::Connection as _;
+    let url = format!("sqlite://{}?migrate=true", dir.0.join("messaging.db").display());
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    runtime.block_on(async {
+        let t = messaging::transport::connect(&url).await.unwrap();
+        let spec = messaging::QueueSpec {
+            fifo: true,
+            dlq: Some("orders-dlq.fifo"),
+            default_group: Some("orders"),
+            ..messaging::QueueSpec::standard("orders.fifo")
+        };
+        t.declare(&spec).await.unwrap();
+        let body = br#"{"type":"orders.placed","v":2,"data":{"order_id":"Z9","customer_id":"zoe","coupon":null}}"#;
+        for chunk in (0..n).collect::<Vec<_>>().chunks(1_000) {
+            let batch = chunk
+                .iter()
+                .map(|i| messaging::transport::Outgoing {
+                    body: body.to_vec().into(),
+                    group_id: Some(format!("customer-{}", i % 7)),
+                    ..Default::default()
+                })
+                .collect();
+            for result in t.send_batch("orders.fifo", batch).await {
+                result.unwrap();
+            }
+        }
+        let mut conn = sqlx::SqliteConnection::connect(&url.replace("?migrate=true", "")).await.unwrap();
+        sqlx::query("UPDATE messaging_messages SET status = 'error' WHERE queue = 'orders.fifo'")
+            .execute(&mut conn)
+            .await
+            .unwrap();
+    });
+}
+
+/// The dead letters left in the example's database.
+#[cfg(feature = "sqlite")]
+fn dead_letters_left(dir: &WorkDir) -> i64 {
+    use sqlx::Connection as _;
+    let url = format!("sqlite://{}", dir.0.join("messaging.db").display());
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    runtime.block_on(async {
+        let mut conn = sqlx::SqliteConnection::connect(&url).await.unwrap();
+        sqlx::query_scalar("SELECT count(*) FROM messaging_messages WHERE queue = 'orders.fifo' AND status = 'error'")
+            .fetch_one(&mut conn)
+            .await
+            .unwrap()
+    })
+}
+
+/// Ctrl-C during a long redrive: it stops taking letters at once, exits 130
+/// within the two seconds it gives itself, and says how many it moved and
+/// how many are left; run again, it moves the rest. (Before, the signal's
+/// default action ended it silently, the operator left to count.)
+#[cfg(feature = "sqlite")]
+#[test]
+fn a_redrive_stopped_by_a_signal_says_where_it_stands_and_goes_on_when_run_again() {
+    const LETTERS: i64 = 60_000;
+    let dir = WorkDir::new();
+    plant_dead_letters(&dir, LETTERS as usize);
+    let child = orders_in(&dir)
+        .args(["dlq", "redrive", "orders.fifo"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The signal once the first pages have moved.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while dead_letters_left(&dir) == LETTERS {
+        assert!(Instant::now() < deadline, "the redrive never moved a letter");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert!(Command::new("kill").args(["-INT", &child.id().to_string()]).status().unwrap().success());
+    let signalled = Instant::now();
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(130), "{stderr}");
+    assert!(signalled.elapsed() < Duration::from_secs(4), "{:?}", signalled.elapsed());
+    let line = stderr.lines().find(|l| l.starts_with("stopped by a signal: ")).unwrap_or_else(|| panic!("{stderr}"));
+    let numbers: Vec<i64> = line.split_whitespace().filter_map(|w| w.parse().ok()).collect();
+    let [moved, left] = numbers[..] else { panic!("{line}") };
+    assert!(moved > 0 && left > 0, "stopped part way: {line}");
+    assert_eq!(moved + left, LETTERS, "{line}");
+    assert_eq!(left, dead_letters_left(&dir), "{line}");
+    assert!(line.ends_with("run `dlq redrive orders.fifo` again to go on with the rest"), "{line}");
+    let out = run(orders_in(&dir).args(["dlq", "redrive", "orders.fifo"]));
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout(&out).contains(&format!("redrove {left} message(s) of `orders.fifo`")), "{}", stdout(&out));
+    let out = run(orders_in(&dir).arg("queues"));
+    let line = stdout(&out).lines().find(|l| l.starts_with("orders.fifo")).map(str::to_owned).unwrap_or_default();
+    let columns: Vec<&str> = line.split_whitespace().collect();
+    let all = LETTERS.to_string();
+    assert_eq!((columns.get(2), columns.get(5)), (Some(&all.as_str()), Some(&"0")), "each letter back once: {line}");
+}
+
 #[test]
 fn health_has_an_exit_code_for_orchestrators() {
     let dir = WorkDir::new();

@@ -1,10 +1,12 @@
 //! `dlq peek`, `redrive`, `delete` and `purge`: dead letters from the command
 //! line, on any transport with the dead-letter capability.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use clap::Subcommand;
 
+use super::interrupt::{self, Ended};
 use crate::app::App;
 use crate::error::Error;
 use crate::transport::{DeadLetter, DeadLetterFilter, DeadLetters, MessageId, RedriveOptions};
@@ -97,13 +99,52 @@ fn progress(len: u64, message: String) -> indicatif::ProgressBar {
     bar
 }
 
-/// A filter that also moves `bar` by each letter it looks at.
-fn counting(filter: Option<DeadLetterFilter>, bar: &indicatif::ProgressBar) -> DeadLetterFilter {
-    let bar = bar.clone();
+/// A filter that also moves `bar` by each letter it looks at, and refuses
+/// every letter once `stopped` is set (a shutdown signal came).
+fn counting(
+    filter: Option<DeadLetterFilter>,
+    bar: &indicatif::ProgressBar,
+    stopped: &Arc<AtomicBool>,
+) -> DeadLetterFilter {
+    let (bar, stopped) = (bar.clone(), stopped.clone());
     Arc::new(move |l: &DeadLetter| {
         bar.inc(1);
-        filter.as_ref().is_none_or(|f| f(l))
+        !stopped.load(Ordering::SeqCst) && filter.as_ref().is_none_or(|f| f(l))
     })
+}
+
+/// Runs a redrive or purge (`work`, whose filter is [`counting`]'s with
+/// `gate`) until it ends or a shutdown signal (Ctrl-C, SIGTERM) comes.
+async fn until_signal<T>(work: impl std::future::Future<Output = T>, gate: &AtomicBool) -> Ended<T> {
+    interrupt::until_signal(work, super::wait_for_signal, gate, interrupt::AFTER_SIGNAL).await
+}
+
+/// What a redrive or purge stopped by a signal says: how many letters it
+/// `done` (`count`, when it ended with one; else read from the dead
+/// letters' depth against `before`), how many are left, and how to go on;
+/// as JSON on standard output with `json`. The command then exits 130.
+async fn interrupted(
+    dlq: &dyn DeadLetters,
+    queue: &str,
+    before: u64,
+    count: Option<usize>,
+    command: &str,
+    done: &str,
+    json: bool,
+) -> Error {
+    let left = dlq.depth(queue).await.ok();
+    let count = count.map(|n| n as u64).or_else(|| left.map(|left| before.saturating_sub(left)));
+    if json {
+        println!("{}", serde_json::json!({ "queue": queue, done: count, "left": left, "interrupted": true }));
+    } else {
+        let count = count.map_or_else(|| "some".to_owned(), |n| n.to_string());
+        let left = left.map_or_else(|| "?".to_owned(), |n| n.to_string());
+        eprintln!(
+            "stopped by a signal: {count} {done} before it stopped, {left} left in the dead letters of `{queue}`; \
+             run `dlq {command} {queue}` again to go on with the rest"
+        );
+    }
+    Error::Interrupted
 }
 
 /// The error of a redrive or purge that stopped part way (a page of letters
@@ -208,12 +249,17 @@ pub(super) async fn run(app: &App, command: DlqCommand) -> Result<(), Error> {
             let filter = type_filter(type_name.as_deref())?;
             let total = dlq.depth(&queue).await?;
             let bar = progress(total, format!("redriving `{queue}`"));
-            let options = RedriveOptions { max, filter: Some(counting(filter, &bar)), dry_run };
-            let outcome = dlq.redrive(&queue, options).await;
+            let gate = Arc::new(AtomicBool::new(false));
+            let options = RedriveOptions { max, filter: Some(counting(filter, &bar, &gate)), dry_run };
+            let ended = until_signal(dlq.redrive(&queue, options), &gate).await;
             bar.finish_and_clear();
-            let outcome = match outcome {
-                Ok(outcome) => outcome,
-                Err(e) => return Err(stopped(dlq, &queue, total, e, "redrive", "moved").await),
+            let outcome = match ended {
+                Ended::Done(Ok(outcome)) => outcome,
+                Ended::Done(Err(e)) => return Err(stopped(dlq, &queue, total, e, "redrive", "moved").await),
+                Ended::Interrupted(ended) => {
+                    let moved = ended.and_then(Result::ok).map(|o| o.moved);
+                    return Err(interrupted(dlq, &queue, total, moved, "redrive", "moved", json).await);
+                }
             };
             let left = dlq.depth(&queue).await.ok();
             if json {
@@ -289,12 +335,17 @@ pub(super) async fn run(app: &App, command: DlqCommand) -> Result<(), Error> {
                 )));
             }
             let bar = progress(total, format!("purging `{queue}`"));
-            let options = RedriveOptions { max: None, filter: Some(counting(filter, &bar)), dry_run };
-            let outcome = dlq.purge(&queue, options).await;
+            let gate = Arc::new(AtomicBool::new(false));
+            let options = RedriveOptions { max: None, filter: Some(counting(filter, &bar, &gate)), dry_run };
+            let ended = until_signal(dlq.purge(&queue, options), &gate).await;
             bar.finish_and_clear();
-            let outcome = match outcome {
-                Ok(outcome) => outcome,
-                Err(e) => return Err(stopped(dlq, &queue, total, e, "purge", "deleted").await),
+            let outcome = match ended {
+                Ended::Done(Ok(outcome)) => outcome,
+                Ended::Done(Err(e)) => return Err(stopped(dlq, &queue, total, e, "purge", "deleted").await),
+                Ended::Interrupted(ended) => {
+                    let deleted = ended.and_then(Result::ok).map(|o| o.deleted);
+                    return Err(interrupted(dlq, &queue, total, deleted, "purge", "deleted", json).await);
+                }
             };
             let left = dlq.depth(&queue).await.ok();
             if json {

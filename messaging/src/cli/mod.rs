@@ -2,6 +2,7 @@
 //! `validate`, `queues`, `dlq peek|redrive`, `health`, `migrate`.
 
 mod dlq;
+mod interrupt;
 mod outbox;
 mod publish;
 mod schedules;
