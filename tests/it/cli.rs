@@ -223,22 +223,34 @@ fn the_telemetry_example_handles_its_readings() {
     }
 }
 
+/// The example's SQLite database with `orders.fifo` declared as the example
+/// declares it.
+#[cfg(feature = "sqlite")]
+async fn orders_fifo(dir: &WorkDir) -> std::sync::Arc<dyn messaging::transport::Transport> {
+    let url = format!("sqlite://{}?migrate=true", dir.0.join("messaging.db").display());
+    let t = messaging::transport::connect(&url).await.unwrap();
+    let spec = messaging::QueueSpec {
+        fifo: true,
+        dlq: Some("orders-dlq.fifo"),
+        default_group: Some("orders"),
+        ..messaging::QueueSpec::standard("orders.fifo")
+    };
+    t.declare(&spec).await.unwrap();
+    t
+}
+
+/// The body of every planted letter.
+#[cfg(feature = "sqlite")]
+const PLANTED: &[u8] = br#"{"type":"orders.placed","v":2,"data":{"order_id":"Z9","customer_id":"zoe","coupon":null}}"#;
+
 /// Plants one dead letter in the example's SQLite database, as a permanently
 /// failed message of `orders.fifo` would leave it.
 #[cfg(feature = "sqlite")]
 fn plant_dead_letter(dir: &WorkDir) {
-    let url = format!("sqlite://{}?migrate=true", dir.0.join("messaging.db").display());
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     runtime.block_on(async {
-        let t = messaging::transport::connect(&url).await.unwrap();
-        let spec = messaging::QueueSpec {
-            fifo: true,
-            dlq: Some("orders-dlq.fifo"),
-            default_group: Some("orders"),
-            ..messaging::QueueSpec::standard("orders.fifo")
-        };
-        t.declare(&spec).await.unwrap();
-        let body = br#"{"type":"orders.placed","v":2,"data":{"order_id":"Z9","customer_id":"zoe","coupon":null}}"#;
+        let t = orders_fifo(dir).await;
+        let body = PLANTED;
         let out = messaging::transport::Outgoing {
             body: body.to_vec().into(),
             group_id: Some("zoe".into()),
@@ -374,23 +386,14 @@ fn dead_letters_are_counted_deleted_and_purged_from_the_command_line() {
 #[cfg(feature = "sqlite")]
 fn plant_dead_letters(dir: &WorkDir, n: usize) {
     use sqlx::Connection as _;
-    let url = format!("sqlite://{}?migrate=true", dir.0.join("messaging.db").display());
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     runtime.block_on(async {
-        let t = messaging::transport::connect(&url).await.unwrap();
-        let spec = messaging::QueueSpec {
-            fifo: true,
-            dlq: Some("orders-dlq.fifo"),
-            default_group: Some("orders"),
-            ..messaging::QueueSpec::standard("orders.fifo")
-        };
-        t.declare(&spec).await.unwrap();
-        let body = br#"{"type":"orders.placed","v":2,"data":{"order_id":"Z9","customer_id":"zoe","coupon":null}}"#;
+        let t = orders_fifo(dir).await;
         for chunk in (0..n).collect::<Vec<_>>().chunks(1_000) {
             let batch = chunk
                 .iter()
                 .map(|i| messaging::transport::Outgoing {
-                    body: body.to_vec().into(),
+                    body: PLANTED.to_vec().into(),
                     group_id: Some(format!("customer-{}", i % 7)),
                     ..Default::default()
                 })
@@ -399,7 +402,8 @@ fn plant_dead_letters(dir: &WorkDir, n: usize) {
                 result.unwrap();
             }
         }
-        let mut conn = sqlx::SqliteConnection::connect(&url.replace("?migrate=true", "")).await.unwrap();
+        let url = format!("sqlite://{}", dir.0.join("messaging.db").display());
+        let mut conn = sqlx::SqliteConnection::connect(&url).await.unwrap();
         sqlx::query("UPDATE messaging_messages SET status = 'error' WHERE queue = 'orders.fifo'")
             .execute(&mut conn)
             .await

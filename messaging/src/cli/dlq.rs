@@ -119,32 +119,53 @@ async fn until_signal<T>(work: impl std::future::Future<Output = T>, gate: &Atom
     interrupt::until_signal(work, super::wait_for_signal, gate, interrupt::AFTER_SIGNAL).await
 }
 
-/// What a redrive or purge stopped by a signal says: how many letters it
-/// `done` (`count`, when it ended with one; else read from the dead
-/// letters' depth against `before`), how many are left, and how to go on;
-/// as JSON on standard output with `json`. The command then exits 130.
-async fn interrupted(
-    dlq: &dyn DeadLetters,
-    queue: &str,
+/// A walk over the dead letters of `queue` (a redrive or purge, `command`,
+/// whose letters are `done` when taken), of `before` letters when it began.
+struct Walk<'a> {
+    dlq: &'a dyn DeadLetters,
+    queue: &'a str,
     before: u64,
-    count: Option<usize>,
-    command: &str,
-    done: &str,
+    command: &'static str,
+    done: &'static str,
     json: bool,
-) -> Error {
-    let left = dlq.depth(queue).await.ok();
-    let count = count.map(|n| n as u64).or_else(|| left.map(|left| before.saturating_sub(left)));
-    if json {
-        println!("{}", serde_json::json!({ "queue": queue, done: count, "left": left, "interrupted": true }));
-    } else {
-        let count = count.map_or_else(|| "some".to_owned(), |n| n.to_string());
-        let left = left.map_or_else(|| "?".to_owned(), |n| n.to_string());
-        eprintln!(
-            "stopped by a signal: {count} {done} before it stopped, {left} left in the dead letters of `{queue}`; \
-             run `dlq {command} {queue}` again to go on with the rest"
-        );
+}
+
+impl Walk<'_> {
+    /// The outcome of a walk that `ended` on its own; else the error that
+    /// says where a failed or interrupted one stands (`count` reads how
+    /// many letters an outcome took).
+    async fn outcome<O>(
+        &self,
+        ended: Ended<Result<O, crate::error::TransportError>>,
+        count: impl Fn(&O) -> usize,
+    ) -> Result<O, Error> {
+        match ended {
+            Ended::Done(Ok(outcome)) => Ok(outcome),
+            Ended::Done(Err(e)) => Err(stopped(self.dlq, self.queue, self.before, e, self.command, self.done).await),
+            Ended::Interrupted(ended) => Err(self.interrupted(ended.and_then(Result::ok).map(|o| count(&o))).await),
+        }
     }
-    Error::Interrupted
+
+    /// What a walk stopped by a signal says: how many letters it took
+    /// (`count`, when it ended with one; else read from the dead letters'
+    /// depth against `before`), how many are left, and how to go on; as
+    /// JSON on standard output with `json`. The command then exits 130.
+    async fn interrupted(&self, count: Option<usize>) -> Error {
+        let (queue, done, command) = (self.queue, self.done, self.command);
+        let left = self.dlq.depth(queue).await.ok();
+        let count = count.map(|n| n as u64).or_else(|| left.map(|left| self.before.saturating_sub(left)));
+        if self.json {
+            println!("{}", serde_json::json!({ "queue": queue, done: count, "left": left, "interrupted": true }));
+        } else {
+            let count = count.map_or_else(|| "some".to_owned(), |n| n.to_string());
+            let left = left.map_or_else(|| "?".to_owned(), |n| n.to_string());
+            eprintln!(
+                "stopped by a signal: {count} {done} before it stopped, {left} left in the dead letters of \
+                 `{queue}`; run `dlq {command} {queue}` again to go on with the rest"
+            );
+        }
+        Error::Interrupted
+    }
 }
 
 /// The error of a redrive or purge that stopped part way (a page of letters
@@ -253,14 +274,8 @@ pub(super) async fn run(app: &App, command: DlqCommand) -> Result<(), Error> {
             let options = RedriveOptions { max, filter: Some(counting(filter, &bar, &gate)), dry_run };
             let ended = until_signal(dlq.redrive(&queue, options), &gate).await;
             bar.finish_and_clear();
-            let outcome = match ended {
-                Ended::Done(Ok(outcome)) => outcome,
-                Ended::Done(Err(e)) => return Err(stopped(dlq, &queue, total, e, "redrive", "moved").await),
-                Ended::Interrupted(ended) => {
-                    let moved = ended.and_then(Result::ok).map(|o| o.moved);
-                    return Err(interrupted(dlq, &queue, total, moved, "redrive", "moved", json).await);
-                }
-            };
+            let walk = Walk { dlq, queue: &queue, before: total, command: "redrive", done: "moved", json };
+            let outcome = walk.outcome(ended, |o| o.moved).await?;
             let left = dlq.depth(&queue).await.ok();
             if json {
                 let value = serde_json::json!({
@@ -339,14 +354,8 @@ pub(super) async fn run(app: &App, command: DlqCommand) -> Result<(), Error> {
             let options = RedriveOptions { max: None, filter: Some(counting(filter, &bar, &gate)), dry_run };
             let ended = until_signal(dlq.purge(&queue, options), &gate).await;
             bar.finish_and_clear();
-            let outcome = match ended {
-                Ended::Done(Ok(outcome)) => outcome,
-                Ended::Done(Err(e)) => return Err(stopped(dlq, &queue, total, e, "purge", "deleted").await),
-                Ended::Interrupted(ended) => {
-                    let deleted = ended.and_then(Result::ok).map(|o| o.deleted);
-                    return Err(interrupted(dlq, &queue, total, deleted, "purge", "deleted", json).await);
-                }
-            };
+            let walk = Walk { dlq, queue: &queue, before: total, command: "purge", done: "deleted", json };
+            let outcome = walk.outcome(ended, |o| o.deleted).await?;
             let left = dlq.depth(&queue).await.ok();
             if json {
                 let value = serde_json::json!({
