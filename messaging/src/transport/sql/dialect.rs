@@ -61,10 +61,10 @@ pub trait Dialect: Driver + sealed::Sealed + Sized {
     const MIGRATION_LOCK: &'static str;
     /// What a failure's text holds when a table is missing.
     const MISSING_TABLE: &'static str;
-    /// The error codes that say a lock was waited for in vain, and what to
-    /// tell the operator about them (none on PostgreSQL, whose statements
-    /// wait for locks without a timeout unless the operator sets one).
-    const LOCKED: (&'static [&'static str], &'static str);
+    /// Error codes an operator can act on, and what to tell them: a lock
+    /// waited for in vain (SQLite; PostgreSQL's statements wait for locks
+    /// without a timeout unless the operator sets one), a full disk.
+    const HINTS: &'static [(&'static [&'static str], &'static str)];
     /// Makes the outbox claims of one queue (`$1`: a key naming it) take
     /// turns, inside the claim's transaction (SQLite's `BEGIN IMMEDIATE`
     /// does already).
@@ -216,11 +216,10 @@ pub(crate) fn backend<D: Dialect>(what: &str, e: sqlx::Error) -> TransportError 
         sqlx::Error::Database(db) => db.code().map(|c| c.into_owned()),
         _ => None,
     };
-    let (locked, hint) = D::LOCKED;
-    let hint = match &code {
-        Some(code) if locked.contains(&code.as_str()) => hint,
-        _ => "",
-    };
+    let hint = code
+        .as_deref()
+        .and_then(|code| D::HINTS.iter().find(|(codes, _)| codes.contains(&code)))
+        .map_or("", |(_, hint)| *hint);
     let code = code.map(|c| format!(" (code {c})")).unwrap_or_default();
     TransportError::Backend(format!("{}: {what} failed: {e}{code}{hint}", D::SYSTEM))
 }

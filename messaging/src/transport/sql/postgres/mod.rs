@@ -251,7 +251,13 @@ impl Dialect for Postgres {
     // SQLSTATE 42P01 (undefined_table), whatever the server's language.
     const MIGRATION_LOCK: &'static str = "SELECT pg_advisory_xact_lock(hashtext('messaging:migrate'))";
     const MISSING_TABLE: &'static str = "(code 42P01)";
-    const LOCKED: (&'static [&'static str], &'static str) = (&[], "");
+    // SQLSTATE 53100 (disk_full).
+    const HINTS: &'static [(&'static [&'static str], &'static str)] = &[(
+        &["53100"],
+        ": the database server's disk is full, and nothing can be written, not even an acknowledgement; what \
+         is stored is kept, and the operation can be tried again once there is room (a message whose handler \
+         ran but whose acknowledgement failed is received again)",
+    )];
     const OUTBOX_LOCK: &'static str = "SELECT pg_advisory_xact_lock(hashtext($1))";
     const DATABASE: Option<&'static str> = Some(
         "SELECT current_database() || '@' || coalesce(host(inet_server_addr()), 'socket') || ':' \

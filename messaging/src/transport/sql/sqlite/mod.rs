@@ -228,14 +228,25 @@ impl Dialect for Sqlite {
     const AUTOCOMMIT: bool = false;
     const MIGRATION_LOCK: &'static str = "SELECT 1";
     const MISSING_TABLE: &'static str = "no such table";
-    // SQLITE_BUSY and SQLITE_LOCKED, with their extended codes for recovery
-    // and a stale snapshot.
-    const LOCKED: (&'static [&'static str], &'static str) = (
-        &["5", "6", "261", "517"],
-        ": another connection held the database's write lock for longer than the busy timeout (5 s), such as \
-         a long write transaction on this file by the application or another process; the operation can be \
-         tried again once it ends",
-    );
+    const HINTS: &'static [(&'static [&'static str], &'static str)] = &[
+        // SQLITE_BUSY and SQLITE_LOCKED, with their extended codes for
+        // recovery and a stale snapshot.
+        (
+            &["5", "6", "261", "517"],
+            ": another connection held the database's write lock for longer than the busy timeout (5 s), such \
+             as a long write transaction on this file by the application or another process; the operation can \
+             be tried again once it ends",
+        ),
+        // SQLITE_FULL. Seen from outside: a disk filled by publishing left
+        // every consumer's lease failing with "database or disk is full".
+        (
+            &["13"],
+            ": the disk holding the database file is full (or the file reached its page limit), and nothing can \
+             be written, not even an acknowledgement; what is stored is kept, and the operation can be tried \
+             again once there is room (a message whose handler ran but whose acknowledgement failed is \
+             received again)",
+        ),
+    ];
     const OUTBOX_LOCK: &'static str = "SELECT $1";
     const DATABASE: Option<&'static str> = None;
 

@@ -878,3 +878,20 @@ async fn claims_are_purged_when_due_and_looked_at_without_the_write_lock() {
     drop(app);
     close(store, db).await;
 }
+
+/// A full disk (here the file's page limit, which SQLite reports alike) is
+/// named as such with what it means for the messages, as a lock waited for
+/// in vain is.
+#[tokio::test]
+async fn a_full_database_says_so_and_what_it_means() {
+    use sqlx::Connection as _;
+    let db = TempDb::new();
+    let mut conn = sqlx::SqliteConnection::connect(&format!("{}?mode=rwc", db.url())).await.expect("connect");
+    sqlx::query("CREATE TABLE t (x BLOB)").execute(&mut conn).await.expect("create");
+    sqlx::query("PRAGMA max_page_count = 3").execute(&mut conn).await.expect("limit");
+    let full = sqlx::query("INSERT INTO t VALUES (zeroblob(100000))").execute(&mut conn).await.expect_err("full");
+    let text = crate::transport::sql::dialect::backend::<Sqlite>("enqueue", full).to_string();
+    assert!(text.contains("sqlite: enqueue failed: ") && text.contains("(code 13)"), "{text}");
+    assert!(text.contains(": the disk holding the database file is full"), "{text}");
+    assert!(text.contains("not even an acknowledgement; what is stored is kept"), "{text}");
+}
