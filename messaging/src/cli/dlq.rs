@@ -127,6 +127,8 @@ struct Walk<'a> {
     before: u64,
     command: &'static str,
     done: &'static str,
+    /// A dry run: counted, nothing changed.
+    dry_run: bool,
     json: bool,
 }
 
@@ -151,20 +153,40 @@ impl Walk<'_> {
     /// depth against `before`), how many are left, and how to go on; as
     /// JSON on standard output with `json`. The command then exits 130.
     async fn interrupted(&self, count: Option<usize>) -> Error {
-        let (queue, done, command) = (self.queue, self.done, self.command);
-        let left = self.dlq.depth(queue).await.ok();
-        let count = count.map(|n| n as u64).or_else(|| left.map(|left| self.before.saturating_sub(left)));
+        let left = if self.dry_run { None } else { self.dlq.depth(self.queue).await.ok() };
+        let (value, text) = self.stopped_by_signal(count, left);
         if self.json {
-            println!("{}", serde_json::json!({ "queue": queue, done: count, "left": left, "interrupted": true }));
+            println!("{value}");
         } else {
-            let count = count.map_or_else(|| "some".to_owned(), |n| n.to_string());
-            let left = left.map_or_else(|| "?".to_owned(), |n| n.to_string());
-            eprintln!(
-                "stopped by a signal: {count} {done} before it stopped, {left} left in the dead letters of \
-                 `{queue}`; run `dlq {command} {queue}` again to go on with the rest"
-            );
+            eprintln!("{text}");
         }
         Error::Interrupted
+    }
+
+    /// [`Walk::interrupted`]'s report, as JSON and as text, given the
+    /// letters `left` (read after it stopped; none on a dry run).
+    fn stopped_by_signal(&self, count: Option<usize>, left: Option<u64>) -> (serde_json::Value, String) {
+        let (queue, done, command) = (self.queue, self.done, self.command);
+        if self.dry_run {
+            // Nothing changed; the count is of the letters looked at
+            // before the signal.
+            let value = serde_json::json!({ "queue": queue, "dry_run": true, done: count, "interrupted": true });
+            let count = count.map_or_else(|| "an unknown number of".to_owned(), |n| n.to_string());
+            let text = format!(
+                "stopped by a signal: a dry run, nothing was changed; {count} dead letter(s) of `{queue}` would \
+                 have been {done} of those it looked at"
+            );
+            return (value, text);
+        }
+        let count = count.map(|n| n as u64).or_else(|| left.map(|left| self.before.saturating_sub(left)));
+        let value = serde_json::json!({ "queue": queue, done: count, "left": left, "interrupted": true });
+        let count = count.map_or_else(|| "some".to_owned(), |n| n.to_string());
+        let left = left.map_or_else(|| "?".to_owned(), |n| n.to_string());
+        let text = format!(
+            "stopped by a signal: {count} {done} before it stopped, {left} left in the dead letters of `{queue}`; \
+             run `dlq {command} {queue}` again to go on with the rest"
+        );
+        (value, text)
     }
 }
 
@@ -274,7 +296,7 @@ pub(super) async fn run(app: &App, command: DlqCommand) -> Result<(), Error> {
             let options = RedriveOptions { max, filter: Some(counting(filter, &bar, &gate)), dry_run };
             let ended = until_signal(dlq.redrive(&queue, options), &gate).await;
             bar.finish_and_clear();
-            let walk = Walk { dlq, queue: &queue, before: total, command: "redrive", done: "moved", json };
+            let walk = Walk { dlq, queue: &queue, before: total, command: "redrive", done: "moved", dry_run, json };
             let outcome = walk.outcome(ended, |o| o.moved).await?;
             let left = dlq.depth(&queue).await.ok();
             if json {
@@ -354,7 +376,7 @@ pub(super) async fn run(app: &App, command: DlqCommand) -> Result<(), Error> {
             let options = RedriveOptions { max: None, filter: Some(counting(filter, &bar, &gate)), dry_run };
             let ended = until_signal(dlq.purge(&queue, options), &gate).await;
             bar.finish_and_clear();
-            let walk = Walk { dlq, queue: &queue, before: total, command: "purge", done: "deleted", json };
+            let walk = Walk { dlq, queue: &queue, before: total, command: "purge", done: "deleted", dry_run, json };
             let outcome = walk.outcome(ended, |o| o.deleted).await?;
             let left = dlq.depth(&queue).await.ok();
             if json {
@@ -385,11 +407,35 @@ pub(super) async fn run(app: &App, command: DlqCommand) -> Result<(), Error> {
 mod tests {
     use std::time::Duration;
 
-    use super::stopped;
+    use super::{stopped, Walk};
     use crate::error::TransportError;
     use crate::queue::QueueSpec;
     use crate::transport::memory::MemoryTransport;
     use crate::transport::{FailedAttempt, Outgoing, Transport};
+
+    #[test]
+    fn a_walk_stopped_by_a_signal_says_what_it_did_and_a_dry_run_that_nothing_changed() {
+        let t = MemoryTransport::new();
+        let dlq = t.dead_letters().unwrap();
+        let walk =
+            |dry_run| Walk { dlq, queue: "q", before: 10, command: "redrive", done: "moved", dry_run, json: false };
+        let (value, text) = walk(false).stopped_by_signal(Some(4), Some(6));
+        assert_eq!(value, serde_json::json!({"queue": "q", "moved": 4, "left": 6, "interrupted": true}));
+        assert_eq!(
+            text,
+            "stopped by a signal: 4 moved before it stopped, 6 left in the dead letters of `q`; run `dlq redrive q` \
+             again to go on with the rest"
+        );
+        // Cut off before it ended: counted from the dead letters left.
+        let (value, _) = walk(false).stopped_by_signal(None, Some(7));
+        assert_eq!(value["moved"], 3);
+        let (value, text) = walk(true).stopped_by_signal(Some(4), None);
+        assert_eq!(value, serde_json::json!({"queue": "q", "dry_run": true, "moved": 4, "interrupted": true}));
+        assert!(
+            text.contains("a dry run, nothing was changed; 4 dead letter(s) of `q` would have been moved"),
+            "{text}"
+        );
+    }
 
     #[tokio::test]
     async fn a_stopped_redrive_says_what_it_moved_what_is_left_and_how_to_go_on() {
