@@ -23,7 +23,25 @@ use super::record::{Held, LeasedRow};
 use super::statements::{FifoSearch, StoreForm};
 use super::Tables;
 use crate::error::TransportError;
+
+/// A [`Dialect::HINTS`] text for a full disk: which disk (`$disk`, with an
+/// `$aside`), then what it means for the messages, the same on every
+/// database (a macro, so that the hints stay `&'static str`).
+macro_rules! full_disk_hint {
+    ($disk:literal $(, $aside:literal)?) => {
+        concat!(
+            ": ",
+            $disk,
+            " is full",
+            $($aside,)?
+            ", and nothing can be written, not even an acknowledgement; what is stored is kept, and the \
+             operation can be tried again once there is room (a message whose handler ran but whose \
+             acknowledgement failed is received again)"
+        )
+    };
+}
 use crate::transport::sql::machine::{Enqueue, Row, RowId};
+pub(crate) use full_disk_hint;
 
 mod sealed {
     pub trait Sealed {}

@@ -15,7 +15,7 @@ use sqlx::{Pool, Postgres, Transaction};
 use tokio::sync::{broadcast, oneshot};
 
 use super::clock::Clock;
-use super::dialect::{backend, fail, ids, leased, Dialect, SqlStore, StopOnDrop, Write};
+use super::dialect::{backend, fail, full_disk_hint, ids, leased, Dialect, SqlStore, StopOnDrop, Write};
 use super::record::{Held, LeasedRow, Tuple};
 use super::statements::{self as sql, FifoSearch, StoreForm, Tables};
 use crate::error::TransportError;
@@ -252,12 +252,8 @@ impl Dialect for Postgres {
     const MIGRATION_LOCK: &'static str = "SELECT pg_advisory_xact_lock(hashtext('messaging:migrate'))";
     const MISSING_TABLE: &'static str = "(code 42P01)";
     // SQLSTATE 53100 (disk_full).
-    const HINTS: &'static [(&'static [&'static str], &'static str)] = &[(
-        &["53100"],
-        ": the database server's disk is full, and nothing can be written, not even an acknowledgement; what \
-         is stored is kept, and the operation can be tried again once there is room (a message whose handler \
-         ran but whose acknowledgement failed is received again)",
-    )];
+    const HINTS: &'static [(&'static [&'static str], &'static str)] =
+        &[(&["53100"], full_disk_hint!("the database server's disk"))];
     const OUTBOX_LOCK: &'static str = "SELECT pg_advisory_xact_lock(hashtext($1))";
     const DATABASE: Option<&'static str> = Some(
         "SELECT current_database() || '@' || coalesce(host(inet_server_addr()), 'socket') || ':' \

@@ -25,7 +25,7 @@ use sqlx::sqlite::{SqliteConnectOptions, SqliteConnection, SqliteJournalMode, Sq
 use sqlx::{Pool, Sqlite, Transaction};
 use tokio::sync::Mutex;
 
-use super::dialect::{fail, in_input_order, Dialect, SqlStore, StopOnDrop};
+use super::dialect::{fail, full_disk_hint, in_input_order, Dialect, SqlStore, StopOnDrop};
 use super::record::{Held, LeasedRow};
 use super::statements::{self as sql, FifoSearch, StoreForm, Tables};
 use crate::error::TransportError;
@@ -239,13 +239,7 @@ impl Dialect for Sqlite {
         ),
         // SQLITE_FULL. Seen from outside: a disk filled by publishing left
         // every consumer's lease failing with "database or disk is full".
-        (
-            &["13"],
-            ": the disk holding the database file is full (or the file reached its page limit), and nothing can \
-             be written, not even an acknowledgement; what is stored is kept, and the operation can be tried \
-             again once there is room (a message whose handler ran but whose acknowledgement failed is \
-             received again)",
-        ),
+        (&["13"], full_disk_hint!("the disk holding the database file", " (or the file reached its page limit)")),
     ];
     const OUTBOX_LOCK: &'static str = "SELECT $1";
     const DATABASE: Option<&'static str> = None;
