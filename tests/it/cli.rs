@@ -250,9 +250,8 @@ fn plant_dead_letter(dir: &WorkDir) {
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     runtime.block_on(async {
         let t = orders_fifo(dir).await;
-        let body = PLANTED;
         let out = messaging::transport::Outgoing {
-            body: body.to_vec().into(),
+            body: PLANTED.to_vec().into(),
             group_id: Some("zoe".into()),
             ..Default::default()
         };

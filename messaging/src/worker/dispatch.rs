@@ -187,23 +187,13 @@ impl Worker {
     /// Makes a settled delivery visible again after `delay`, recording `failure`.
     async fn retry(&self, delivery: &Delivery, delay: Duration, failure: FailedAttempt) {
         let queue = self.routes.spec().name;
-        match self.transport.fail(queue, delivery.receipt.clone(), delay, failure).await {
-            Ok(()) => {}
-            Err(TransportError::StaleReceipt) => lease_lost(queue, delivery, "schedule its retry"),
-            Err(e) => tracing::warn!(queue, message.id = %delivery.message_id,
-                "could not schedule the retry ({e}); the message comes back when its visibility times out"),
-        }
+        retry_scheduled(queue, delivery, self.transport.fail(queue, delivery.receipt.clone(), delay, failure).await);
     }
 
     /// Makes a settled delivery visible again after `delay`.
     pub(super) async fn release(&self, delivery: &Delivery, delay: Duration) {
         let queue = self.routes.spec().name;
-        match self.transport.nack(queue, delivery.receipt.clone(), delay).await {
-            Ok(()) => {}
-            Err(TransportError::StaleReceipt) => lease_lost(queue, delivery, "schedule its retry"),
-            Err(e) => tracing::warn!(queue, message.id = %delivery.message_id,
-                "could not schedule the retry ({e}); the message comes back when its visibility times out"),
-        }
+        retry_scheduled(queue, delivery, self.transport.nack(queue, delivery.receipt.clone(), delay).await);
     }
 
     /// Moves a settled delivery to the dead-letter queue after `failure`
@@ -250,6 +240,17 @@ impl Worker {
                 outcome,
             });
         }
+    }
+}
+
+/// Says so when the retry of `delivery` could not be scheduled (`result`,
+/// of a `fail` or a `nack`).
+fn retry_scheduled(queue: &str, delivery: &Delivery, result: Result<(), TransportError>) {
+    match result {
+        Ok(()) => {}
+        Err(TransportError::StaleReceipt) => lease_lost(queue, delivery, "schedule its retry"),
+        Err(e) => tracing::warn!(queue, message.id = %delivery.message_id,
+            "could not schedule the retry ({e}); the message comes back when its visibility times out"),
     }
 }
 
