@@ -227,6 +227,9 @@ pub trait Dialect: Driver + sealed::Sealed + Sized {
     fn changes(state: &Self::State) -> Option<tokio::sync::broadcast::Receiver<String>>;
 }
 
+/// How long [`SqlStore::failure`] waits for a connection of its own.
+const PROBE: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// A failed statement, named, with the database's error code when it gave
 /// one (operators search for SQLSTATEs; `Dialect::MISSING_TABLE` names one).
 pub(crate) fn backend<D: Dialect>(what: &str, e: sqlx::Error) -> TransportError {
@@ -275,7 +278,10 @@ impl<D: Dialect> Write<'static, D> {
     /// A write transaction.
     pub(crate) async fn begin(store: &SqlStore<D>) -> Result<Self, TransportError> {
         let turn = D::turn(&store.state).await;
-        let tx = D::begin(&store.pool).await.map_err(|e| backend::<D>("begin", e))?;
+        let tx = match D::begin(&store.pool).await {
+            Ok(tx) => tx,
+            Err(e) => return Err(store.failure("begin", e).await),
+        };
         Ok(Write { conn: Conn::Tx(tx), _turn: turn })
     }
 
@@ -286,7 +292,7 @@ impl<D: Dialect> Write<'static, D> {
             return Self::begin(store).await;
         }
         let turn = D::turn(&store.state).await;
-        let conn = store.pool.acquire().await.map_err(|e| backend::<D>("connect", e))?;
+        let conn = store.acquire("connect").await?;
         Ok(Write { conn: Conn::Auto(conn), _turn: turn })
     }
 }
@@ -357,7 +363,7 @@ impl Home {
         let ours = self
             .0
             .get_or_try_init(|| async {
-                let mut own = store.pool.acquire().await.map_err(fail::<D>("connect"))?;
+                let mut own = store.acquire("connect").await?;
                 database_of::<D>(&mut own, sql).await
             })
             .await?;
@@ -431,6 +437,42 @@ impl<D: Dialect> SqlStore<D> {
         self.pool.close().await;
     }
 
+    /// A pooled connection for `what`; when none comes in time, the error
+    /// says why ([`Self::failure`]).
+    pub(crate) async fn acquire(&self, what: &str) -> Result<PoolConnection<D>, TransportError> {
+        match self.pool.acquire().await {
+            Ok(conn) => Ok(conn),
+            Err(e) => Err(self.failure(what, e).await),
+        }
+    }
+
+    /// `e`, the error of `what`, as the transport's. The pool retries a
+    /// refused connection until its timeout and then says only "pool timed
+    /// out while waiting for an open connection", which reads like a pool
+    /// too small: with the database down, every receive logged that for as
+    /// long as it was down. So after a timeout one connection of its own is
+    /// tried, and the error says what that found.
+    pub(crate) async fn failure(&self, what: &str, e: sqlx::Error) -> TransportError {
+        if !matches!(e, sqlx::Error::PoolTimedOut) {
+            return backend::<D>(what, e);
+        }
+        let waited = self.pool.options().get_acquire_timeout();
+        let options = self.pool.connect_options();
+        let why = match tokio::time::timeout(PROBE, <D::Connection as sqlx::Connection>::connect_with(&options)).await {
+            Ok(Err(e)) => format!("a new connection fails: {e}"),
+            Err(_) => format!("a new connection got no answer within {PROBE:?}"),
+            Ok(Ok(conn)) => {
+                drop(sqlx::Connection::close(conn).await);
+                format!(
+                    "the database accepts connections, but all {} of the pool's were in use for that long \
+                     (long statements, or locks they wait on)",
+                    self.pool.options().get_max_connections()
+                )
+            }
+        };
+        TransportError::Backend(format!("{}: {what} failed: no connection within {waited:?}: {why}", D::SYSTEM))
+    }
+
     /// The rows of a reading statement, on a pooled connection.
     pub(crate) async fn query(
         &self,
@@ -439,7 +481,7 @@ impl<D: Dialect> SqlStore<D> {
         args: &[Value<'_>],
     ) -> Result<Vec<D::Row>, TransportError> {
         let sql = self.tables.sql(parts);
-        let mut conn = self.pool.acquire().await.map_err(fail::<D>(what))?;
+        let mut conn = self.acquire(what).await?;
         D::fetch_all(&mut conn, &sql, args).await.map_err(fail::<D>(what))
     }
 

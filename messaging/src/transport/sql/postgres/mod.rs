@@ -405,7 +405,10 @@ impl Dialect for Postgres {
             if let Some((part, of)) = partition {
                 query = query.bind(i64::from(part)).bind(i64::from(of));
             }
-            let rows = query.fetch_all(&store.pool).await.map_err(fail::<Self>("lease"))?;
+            let rows = match query.fetch_all(&store.pool).await {
+                Ok(rows) => rows,
+                Err(e) => return Err(store.failure("lease", e).await),
+            };
             return leased::<Self>(&rows);
         };
         // FIFO: leases of one queue take turns under an advisory lock, so

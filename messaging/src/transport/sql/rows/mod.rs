@@ -45,7 +45,7 @@ impl<D: Dialect> SqlStore<D> {
             Some(schema) => D::SCHEMA_COLUMNS.replace("current_schema()", &format!("'{schema}'")),
             None => D::SCHEMA_COLUMNS.to_owned(),
         };
-        let mut conn = self.pool.acquire().await.map_err(fail::<D>(what))?;
+        let mut conn = self.acquire(what).await?;
         let rows = D::fetch_all(&mut conn, &columns, &[]).await.map_err(fail::<D>(what))?;
         let found = rows
             .iter()

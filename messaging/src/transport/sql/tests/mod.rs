@@ -14,6 +14,7 @@ mod notify;
 mod plans;
 mod schedules;
 mod tuples;
+mod unreachable;
 
 /// The server the tests use (trust auth).
 fn postgres_base() -> String {

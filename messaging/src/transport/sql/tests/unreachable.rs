@@ -1,0 +1,106 @@
+//! When the pool gets no connection in time, the error says why: the
+//! database refuses connections, or it accepts them and the pool's are all
+//! in use. PostgreSQL is reached through a proxy the test can cut, so that
+//! the server itself keeps running for the other tests.
+
+use std::str::FromStr;
+use std::time::Duration;
+
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::task::JoinSet;
+
+use crate::transport::sql::dialect::{Dialect, SqlStore};
+use crate::transport::sql::Tables;
+
+/// A TCP proxy to the test server, on a port of its own; dropping it closes
+/// the port and every connection through it.
+struct Proxy {
+    port: u16,
+    _tasks: JoinSet<()>,
+}
+
+impl Proxy {
+    async fn start(server: (String, u16)) -> Proxy {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let mut tasks = JoinSet::new();
+        tasks.spawn(async move {
+            let mut links = JoinSet::new();
+            while let Ok((mut client, _)) = listener.accept().await {
+                let server = server.clone();
+                links.spawn(async move {
+                    if let Ok(mut upstream) = TcpStream::connect(server).await {
+                        let _ = tokio::io::copy_bidirectional(&mut client, &mut upstream).await;
+                    }
+                });
+            }
+        });
+        Proxy { port, _tasks: tasks }
+    }
+}
+
+/// A store whose pool of `size` reaches the test server through `proxy`,
+/// waiting at most 1 s for a connection.
+async fn store_through(proxy: &Proxy, size: u32) -> SqlStore<sqlx::Postgres> {
+    let options = PgConnectOptions::from_str(&super::postgres_base()).unwrap().host("127.0.0.1").port(proxy.port);
+    let pool = PgPoolOptions::new()
+        .max_connections(size)
+        .acquire_timeout(Duration::from_secs(1))
+        .connect_with(options)
+        .await
+        .expect("connect through the proxy");
+    // The store's background task (LISTEN, the clock) on a pool of its
+    // own: its connections are not the ones the tests count.
+    let state = sqlx::Postgres::adopt(&sqlx::PgPool::connect_lazy(&super::postgres_base()).unwrap());
+    SqlStore { pool, state, tables: Tables::default() }
+}
+
+/// The test server's host and port.
+fn server() -> (String, u16) {
+    let options = PgConnectOptions::from_str(&super::postgres_base()).unwrap();
+    (options.get_host().to_owned(), options.get_port())
+}
+
+#[test]
+fn postgres_a_pool_timeout_says_the_database_refuses_connections() {
+    super::runtime().block_on(async {
+        let proxy = Proxy::start(server()).await;
+        let store = store_through(&proxy, 2).await;
+        store.query("counting", &["SELECT 1"], &[]).await.expect("a statement through the proxy");
+        drop(proxy);
+        // The pooled connection may be tried first and fail by itself; the
+        // next statement waits for a new one.
+        let mut errors = Vec::new();
+        for _ in 0..3 {
+            let e = store.query("counting", &["SELECT 1"], &[]).await.expect_err("the proxy is gone");
+            errors.push(e.to_string());
+            if errors.last().is_some_and(|e| e.contains("no connection within")) {
+                break;
+            }
+        }
+        let e = errors.last().unwrap();
+        assert!(
+            e.starts_with("postgresql: counting failed: no connection within 1s: a new connection fails:"),
+            "{errors:?}"
+        );
+        assert!(e.contains("Connection refused"), "names the cause: {errors:?}");
+    });
+}
+
+#[test]
+fn postgres_a_pool_timeout_says_when_every_connection_is_in_use() {
+    super::runtime().block_on(async {
+        let proxy = Proxy::start(server()).await;
+        let store = store_through(&proxy, 2).await;
+        let held = (store.pool.acquire().await.unwrap(), store.pool.acquire().await.unwrap());
+        let e = store.query("counting", &["SELECT 1"], &[]).await.expect_err("no connection is free").to_string();
+        assert_eq!(
+            e,
+            "postgresql: counting failed: no connection within 1s: the database accepts connections, but all 2 of the \
+             pool's were in use for that long (long statements, or locks they wait on)"
+        );
+        drop(held);
+        store.query("counting", &["SELECT 1"], &[]).await.expect("a connection is free again");
+    });
+}
