@@ -16,8 +16,11 @@ use crate::error::Error;
 use crate::shutdown::Shutdown;
 use crate::transport::{Outbox, Transport};
 
-/// How long one queue's probe may take before it counts as unreachable.
-const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long one queue's probe may take before it counts as unreachable:
+/// longer than a database pool's wait for a connection (5 s on PostgreSQL)
+/// and the new connection tried after it to learn why (2 s), so that an
+/// unreachable database is reported with its cause, not as no answer.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(8);
 
 /// One queue that failed its probe.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -26,18 +29,20 @@ pub(crate) struct Unreachable {
     pub(crate) error: String,
 }
 
-/// Asks the transport for each queue's depth; returns the queues that failed.
+/// Asks the transport for each queue's depth, all at once; returns the
+/// queues that failed, in `queues`' order. One after the other, an
+/// unreachable database made `/health` answer after five seconds per queue
+/// (two queues: 10 s), past a probe's usual timeout.
 pub(crate) async fn probe(transport: &Arc<dyn Transport>, queues: &[&'static str]) -> Vec<Unreachable> {
-    let mut failing = Vec::new();
-    for &queue in queues {
+    let probes = queues.iter().map(|&queue| async move {
         let error = match tokio::time::timeout(PROBE_TIMEOUT, transport.depth(queue)).await {
-            Ok(Ok(_)) => continue,
+            Ok(Ok(_)) => return None,
             Ok(Err(e)) => e.to_string(),
             Err(_) => format!("no answer within {PROBE_TIMEOUT:?}"),
         };
-        failing.push(Unreachable { queue, error });
-    }
-    failing
+        Some(Unreachable { queue, error })
+    });
+    futures_util::future::join_all(probes).await.into_iter().flatten().collect()
 }
 
 /// What is wrong with the outbox, if anything: it cannot be read, or its
@@ -172,5 +177,94 @@ async fn metrics() -> Response {
              to your meter provider\n",
         )
             .into_response(),
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::boxed::BoxFuture;
+    use crate::error::TransportError;
+    use crate::queue::QueueSpec;
+    use crate::transport::{Delivery, MessageId, Outgoing, QueueCounts, Receipt};
+
+    /// How long [`Stalled`] takes to fail.
+    pub(crate) const STALL: Duration = Duration::from_secs(5);
+
+    /// A transport whose database is away: every question about a queue
+    /// fails after [`STALL`], as a pool's wait for a connection does.
+    pub(crate) struct Stalled;
+
+    fn away<T>() -> BoxFuture<'static, Result<T, TransportError>> {
+        Box::pin(async {
+            tokio::time::sleep(STALL).await;
+            Err(TransportError::Backend("no connection within 5s: connection refused".into()))
+        })
+    }
+
+    impl Transport for Stalled {
+        fn system(&self) -> &'static str {
+            "stalled"
+        }
+
+        fn declare<'a>(&'a self, _: &'a QueueSpec) -> BoxFuture<'a, Result<(), TransportError>> {
+            away()
+        }
+
+        fn send<'a>(&'a self, _: &'a str, _: Outgoing) -> BoxFuture<'a, Result<MessageId, TransportError>> {
+            away()
+        }
+
+        fn send_batch<'a>(
+            &'a self,
+            _: &'a str,
+            messages: Vec<Outgoing>,
+        ) -> BoxFuture<'a, Vec<Result<MessageId, TransportError>>> {
+            Box::pin(async move { messages.iter().map(|_| Err(TransportError::Closed)).collect() })
+        }
+
+        fn receive<'a>(
+            &'a self,
+            _: &'a str,
+            _: usize,
+            _: Duration,
+        ) -> BoxFuture<'a, Result<Vec<Delivery>, TransportError>> {
+            away()
+        }
+
+        fn ack<'a>(&'a self, _: &'a str, receipts: Vec<Receipt>) -> BoxFuture<'a, Vec<Result<(), TransportError>>> {
+            Box::pin(async move { receipts.iter().map(|_| Err(TransportError::Closed)).collect() })
+        }
+
+        fn nack<'a>(&'a self, _: &'a str, _: Receipt, _: Duration) -> BoxFuture<'a, Result<(), TransportError>> {
+            away()
+        }
+
+        fn extend<'a>(&'a self, _: &'a str, _: &'a Receipt, _: Duration) -> BoxFuture<'a, Result<(), TransportError>> {
+            away()
+        }
+
+        fn depth<'a>(&'a self, _: &'a str) -> BoxFuture<'a, Result<u64, TransportError>> {
+            away()
+        }
+
+        fn counts<'a>(&'a self, _: &'a str) -> BoxFuture<'a, Result<QueueCounts, TransportError>> {
+            away()
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_unreachable_database_is_reported_once_for_every_queue_in_one_wait() {
+        let transport: Arc<dyn Transport> = Arc::new(Stalled);
+        let started = tokio::time::Instant::now();
+        let failing = probe(&transport, &["a", "b", "c"]).await;
+        assert_eq!(started.elapsed(), STALL, "the queues are asked at once");
+        assert_eq!(failing.iter().map(|f| f.queue).collect::<Vec<_>>(), ["a", "b", "c"]);
+        assert!(
+            failing.iter().all(|f| f.error.contains("connection refused")),
+            "the cause, not a timeout: {failing:?}"
+        );
     }
 }

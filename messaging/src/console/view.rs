@@ -117,7 +117,8 @@ impl Operations {
     /// The summary of one queue; a transport that does not answer leaves
     /// its counts empty with the error, so the overview still shows the rest.
     pub(crate) async fn queue_view(&self, spec: &QueueSpec) -> QueueView {
-        let (counts, counts_error) = match self.transport.counts(spec.name).await {
+        let (counted, paused) = tokio::join!(self.transport.counts(spec.name), self.is_paused(spec.name));
+        let (counts, counts_error) = match counted {
             Ok(counts) => (Some(counts), None),
             Err(e) => (None, Some(e.to_string())),
         };
@@ -132,19 +133,17 @@ impl Operations {
             counts,
             counts_error,
             oldest_age_ms,
-            paused: self.is_paused(spec.name).await.unwrap_or(false),
+            paused: paused.unwrap_or(false),
             rates: self.counters.rates(spec.name),
             capabilities: self.capabilities(spec),
         }
     }
 
-    /// Every declared queue's summary.
+    /// Every declared queue's summary, the queues asked at once: one after
+    /// the other, an unreachable database held the overview for the pool's
+    /// wait (5 s) twice per queue.
     pub(crate) async fn queue_views(&self) -> Vec<QueueView> {
-        let mut views = Vec::with_capacity(self.specs.len());
-        for spec in &self.specs {
-            views.push(self.queue_view(spec).await);
-        }
-        views
+        futures_util::future::join_all(self.specs.iter().map(|spec| self.queue_view(spec))).await
     }
 
     /// A page of a queue's messages. Dead letters of a transport that cannot
@@ -331,4 +330,30 @@ pub(crate) enum Action {
     Purge { filter: Filter, dry_run: bool },
     /// The queue is paused (`true`) or resumed.
     Pause(bool),
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use crate::app::Operations;
+    use crate::health::tests::{Stalled, STALL};
+    use crate::queue::QueueSpec;
+
+    #[tokio::test(start_paused = true)]
+    async fn the_overview_of_an_unreachable_database_waits_once_for_all_queues() {
+        let operations = Operations {
+            transport: Arc::new(Stalled),
+            specs: vec![QueueSpec::standard("a"), QueueSpec::standard("b"), QueueSpec::standard("c")],
+            pauses: Default::default(),
+            counters: Default::default(),
+        };
+        let started = tokio::time::Instant::now();
+        let views = operations.queue_views().await;
+        assert_eq!(started.elapsed(), STALL, "the queues are asked at once");
+        assert_eq!(views.iter().map(|v| v.name).collect::<Vec<_>>(), ["a", "b", "c"]);
+        assert!(views
+            .iter()
+            .all(|v| v.counts.is_none() && v.counts_error.as_deref().is_some_and(|e| e.contains("refused"))));
+    }
 }
