@@ -672,6 +672,8 @@ struct Observed {
     receipts: AtomicUsize,
     late_ms: std::sync::atomic::AtomicU64,
     taken: tokio::sync::Notify,
+    /// Every acknowledgement fails while set (the database is away).
+    acks_fail: std::sync::atomic::AtomicBool,
 }
 
 impl messaging::transport::Transport for Observed {
@@ -721,6 +723,10 @@ impl messaging::transport::Transport for Observed {
     ) -> messaging::BoxFuture<'a, Vec<Result<(), messaging::TransportError>>> {
         self.calls.fetch_add(1, Ordering::SeqCst);
         self.receipts.fetch_add(receipts.len(), Ordering::SeqCst);
+        if self.acks_fail.load(Ordering::SeqCst) {
+            let away = || Err(messaging::TransportError::Backend("postgresql: connect failed: refused".into()));
+            return Box::pin(std::future::ready(receipts.iter().map(|_| away()).collect()));
+        }
         self.inner.ack(queue, receipts)
     }
     fn nack<'a>(
@@ -774,6 +780,37 @@ async fn acknowledgements_are_batched() {
     let calls = transport.calls.load(Ordering::SeqCst);
     assert_eq!(transport.receipts.load(Ordering::SeqCst), 2_000, "every message acknowledged once");
     assert!(calls < 2_000 / 4, "{calls} ack calls for 2,000 messages: acknowledgements should be batched");
+}
+
+#[messaging::queue("unacknowledged", visibility = "10m")]
+struct Unacknowledged;
+
+#[messaging::handler(queue = Unacknowledged)]
+async fn handled_then_unacknowledged(job: Job, rec: State<Arc<Recorder>>) {
+    rec.run(job.n.to_string(), Duration::ZERO).await;
+}
+
+#[tokio::test]
+async fn a_stop_counts_the_handled_messages_whose_acknowledgement_failed() {
+    let transport = Arc::new(Observed::default());
+    transport.acks_fail.store(true, Ordering::SeqCst);
+    let rec = Arc::new(Recorder::default());
+    let mut app = messaging::App::new(transport.clone()).await.unwrap();
+    app.only_queues(&["unacknowledged"]);
+    app.setup().provide(rec.clone());
+    let publisher = app.setup().publisher();
+    let running = app.start().unwrap();
+    let jobs: Vec<Job> = (0..3).map(|n| Job { n }).collect();
+    for result in publisher.send_batch::<Unacknowledged, _>(&jobs).await {
+        result.unwrap();
+    }
+    let handled = || rec.seen().len() == 3;
+    fixtures::eventually(Duration::from_secs(10), handled, || format!("handled {:?} in 10 s", rec.seen())).await;
+    let stopped = running.stop().await;
+    assert_eq!(stopped.not_acknowledged, 3, "{stopped:?}");
+    assert!(transport.calls.load(Ordering::SeqCst) >= 3, "each batch was tried three times");
+    let depth = messaging::transport::Transport::depth(&*transport, "unacknowledged").await.unwrap();
+    assert_eq!(depth, 3, "the messages stay in the queue");
 }
 
 // --- a forced stop while a receive is answering ---------------------------------------------

@@ -256,6 +256,11 @@ pub struct Stopped {
     /// in neither count above and comes back once its visibility timeout
     /// runs out.
     pub receives_cut_off: usize,
+    /// Messages handled whose acknowledgement could not be stored (the
+    /// transport failed it three times, or a forced stop cut the flush
+    /// short) over the whole run: they stay in their queues and are
+    /// received and handled again once their visibility timeout runs out.
+    pub not_acknowledged: usize,
 }
 
 impl Stopped {
@@ -264,6 +269,7 @@ impl Stopped {
         self.released += worker.released;
         self.not_released += worker.not_released;
         self.receives_cut_off += worker.receives_cut_off;
+        self.not_acknowledged += worker.not_acknowledged;
     }
 }
 

@@ -373,24 +373,51 @@ async fn execute(cli: Cli, hook: SetupHook) -> Result<(), Error> {
                 std::process::exit(FORCED_EXIT);
             });
             let stopped = running.wait().await;
+            if let Some(summary) = stop_summary(&stopped) {
+                eprintln!("{summary}");
+            }
             if stopped.forced {
-                let cut_off = match stopped.receives_cut_off {
-                    0 => String::new(),
-                    n => format!(
-                        "; {n} receive(s) cut off mid-call: what they took, if anything, also comes back after its \
-                         visibility timeout"
-                    ),
-                };
-                eprintln!(
-                    "stopped at once (second signal): {} handler(s) stopped, {} message(s) released, {} left to come back \
-                     after their visibility timeout{cut_off}",
-                    stopped.handlers_stopped, stopped.released, stopped.not_released
-                );
                 return Err(Error::Interrupted);
             }
             Ok(())
         }
     }
+}
+
+/// What a stop left for later, for the operator: always after a forced stop
+/// (second signal), after a graceful one only when something was left.
+fn stop_summary(stopped: &crate::Stopped) -> Option<String> {
+    let mut left = Vec::new();
+    if stopped.not_acknowledged > 0 {
+        left.push(format!(
+            "{} handled message(s) whose acknowledgement the transport could not store: they come back and are \
+             handled again",
+            stopped.not_acknowledged
+        ));
+    }
+    if stopped.receives_cut_off > 0 {
+        left.push(format!(
+            "{} receive(s) cut off mid-call: what they took, if anything, also comes back after its visibility \
+             timeout",
+            stopped.receives_cut_off
+        ));
+    }
+    let left = left.iter().map(|l| format!("; {l}")).collect::<String>();
+    if stopped.forced {
+        return Some(format!(
+            "stopped at once (second signal): {} handler(s) stopped, {} message(s) released, {} left to come back \
+             after their visibility timeout{left}",
+            stopped.handlers_stopped, stopped.released, stopped.not_released
+        ));
+    }
+    if stopped.handlers_stopped == 0 && stopped.not_released == 0 && left.is_empty() {
+        return None;
+    }
+    Some(format!(
+        "stopped: {} handler(s) stopped at the end of the grace period, {} message(s) released, {} left to come back \
+         after their visibility timeout{left}",
+        stopped.handlers_stopped, stopped.released, stopped.not_released
+    ))
 }
 
 /// The console's access settings from the command line.
@@ -627,5 +654,34 @@ async fn wait_for_signal() {
     #[cfg(not(unix))]
     {
         let _ = tokio::signal::ctrl_c().await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::stop_summary;
+    use crate::Stopped;
+
+    #[test]
+    fn a_stop_says_what_it_left_and_a_clean_one_says_nothing() {
+        assert_eq!(stop_summary(&Stopped::default()), None);
+        let unacknowledged = Stopped { not_acknowledged: 3, released: 2, ..Stopped::default() };
+        assert_eq!(
+            stop_summary(&unacknowledged).as_deref(),
+            Some(
+                "stopped: 0 handler(s) stopped at the end of the grace period, 2 message(s) released, 0 left to come \
+                 back after their visibility timeout; 3 handled message(s) whose acknowledgement the transport could \
+                 not store: they come back and are handled again"
+            )
+        );
+        let forced = Stopped { forced: true, handlers_stopped: 1, receives_cut_off: 1, ..Stopped::default() };
+        assert_eq!(
+            stop_summary(&forced).as_deref(),
+            Some(
+                "stopped at once (second signal): 1 handler(s) stopped, 0 message(s) released, 0 left to come back \
+                 after their visibility timeout; 1 receive(s) cut off mid-call: what they took, if anything, also \
+                 comes back after its visibility timeout"
+            )
+        );
     }
 }

@@ -33,9 +33,14 @@ const GAP: Duration = Duration::from_millis(20);
 /// short enough that a handled message leaves the queue's depth about at once.
 const LINGER: Duration = Duration::from_millis(200);
 
+/// How many times a batch of acknowledgements is tried before it is given up.
+const ATTEMPTS: u64 = 3;
+
 pub(crate) struct Acker {
     tx: mpsc::UnboundedSender<Command>,
     pending: Arc<AtomicUsize>,
+    /// Acks given up after [`ATTEMPTS`] failures.
+    lost: Arc<AtomicUsize>,
     flushed: Arc<Notify>,
     task: Mutex<Option<JoinHandle<()>>>,
 }
@@ -52,9 +57,11 @@ impl Acker {
     pub(crate) fn start(transport: Arc<dyn Transport>, queue: &'static str, held: Arc<InFlight>) -> Self {
         let (tx, rx) = mpsc::unbounded_channel();
         let pending = Arc::new(AtomicUsize::new(0));
+        let lost = Arc::new(AtomicUsize::new(0));
         let flushed = Arc::new(Notify::new());
-        let task = tokio::spawn(flush_loop(transport, queue, rx, pending.clone(), flushed.clone(), held));
-        Acker { tx, pending, flushed, task: Mutex::new(Some(task)) }
+        let counts = Counts { pending: pending.clone(), lost: lost.clone(), flushed: flushed.clone() };
+        let task = tokio::spawn(flush_loop(transport, queue, rx, counts, held));
+        Acker { tx, pending, lost, flushed, task: Mutex::new(Some(task)) }
     }
 
     /// Queues a receipt for deletion.
@@ -68,6 +75,12 @@ impl Acker {
     /// Acks queued but not yet confirmed by the transport.
     pub(crate) fn pending(&self) -> usize {
         self.pending.load(Ordering::SeqCst)
+    }
+
+    /// Acks the transport failed [`ATTEMPTS`] times: their messages stay in
+    /// the queue and come back after their visibility timeout.
+    pub(crate) fn lost(&self) -> usize {
+        self.lost.load(Ordering::SeqCst)
     }
 
     /// Waits (at most `limit`) until every queued ack has reached the
@@ -98,12 +111,18 @@ impl Acker {
     }
 }
 
+/// What the flush task shares with its [`Acker`].
+struct Counts {
+    pending: Arc<AtomicUsize>,
+    lost: Arc<AtomicUsize>,
+    flushed: Arc<Notify>,
+}
+
 async fn flush_loop(
     transport: Arc<dyn Transport>,
     queue: &'static str,
     mut rx: mpsc::UnboundedReceiver<Command>,
-    pending: Arc<AtomicUsize>,
-    flushed: Arc<Notify>,
+    counts: Counts,
     held: Arc<InFlight>,
 ) {
     let max = transport.max_batch().max(1);
@@ -149,6 +168,7 @@ async fn flush_loop(
         loop {
             let results = transport.ack(queue, batch.clone()).await;
             let mut retry = Vec::new();
+            let mut failure = None;
             for (receipt, result) in batch.drain(..).zip(results) {
                 match result {
                     Ok(()) => {}
@@ -158,21 +178,38 @@ async fn flush_loop(
                          (raise the queue's visibility timeout if handlers are slow)"
                     ),
                     Err(e) => {
-                        tracing::warn!(queue, "acknowledgement failed: {e}");
+                        failure.get_or_insert(e);
                         retry.push(receipt);
                     }
                 }
             }
             attempt += 1;
-            if retry.is_empty() || attempt >= 3 {
+            let Some(e) = failure else { break };
+            // One line per attempt of the batch (one per receipt was as many
+            // lines as messages, all alike, while the database was down).
+            if attempt >= ATTEMPTS {
+                counts.lost.fetch_add(retry.len(), Ordering::SeqCst);
+                tracing::warn!(
+                    queue,
+                    messages = retry.len(),
+                    "could not acknowledge {} handled message(s) after {ATTEMPTS} attempts ({e}): they stay in the \
+                     queue and are received and handled again once their visibility timeout runs out",
+                    retry.len()
+                );
                 break;
             }
+            tracing::warn!(
+                queue,
+                messages = retry.len(),
+                "acknowledging {} message(s) failed (attempt {attempt} of {ATTEMPTS}; trying again): {e}",
+                retry.len()
+            );
             batch = retry;
             tokio::time::sleep(Duration::from_millis(100 * attempt)).await;
         }
         batch.clear();
-        pending.fetch_sub(count, Ordering::SeqCst);
-        flushed.notify_waiters();
+        counts.pending.fetch_sub(count, Ordering::SeqCst);
+        counts.flushed.notify_waiters();
     }
 }
 

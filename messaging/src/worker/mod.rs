@@ -331,6 +331,8 @@ impl WorkerHandle {
         } else {
             worker.acker.close().await;
         }
+        // What the flush gave up, and what a forced stop left unflushed.
+        report.not_acknowledged = worker.acker.lost() + worker.acker.pending();
         report
     }
 }
@@ -376,6 +378,8 @@ pub(crate) struct Stopped {
     pub(crate) not_released: usize,
     /// Receives still in flight when the shutdown stopped waiting for them.
     pub(crate) receives_cut_off: usize,
+    /// Messages handled whose acknowledgement was not stored.
+    pub(crate) not_acknowledged: usize,
 }
 
 /// A receive's outcome and when it was sent.
