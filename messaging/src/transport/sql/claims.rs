@@ -66,7 +66,7 @@ impl<D: Dialect> SqlIdempotencyStore<D> {
     pub async fn connect(url: &str) -> Result<Self, TransportError> {
         let (options, rest) =
             super::SqlOptions::parse(url).map_err(|e| TransportError::Backend(format!("{}: {e}", D::SYSTEM)))?;
-        let mut store = SqlStore::connect(&rest).await?;
+        let mut store = SqlStore::connect_sized(&rest, options.max_connections).await?;
         store.tables = Tables::in_schema(options.schema.as_deref());
         Ok(SqlIdempotencyStore { store })
     }

@@ -98,8 +98,16 @@ pub trait Dialect: Driver + sealed::Sealed + Sized {
     /// What a store keeps beside its pool.
     type State: Clone + Debug + Send + Sync + 'static;
 
-    /// Opens a pool on `url` (the framework's options taken out).
-    fn connect(url: &str) -> impl Future<Output = Result<(Pool<Self>, Self::State), TransportError>> + Send;
+    /// How many connections a store's pool opens unless the URL says
+    /// (`max_connections=`).
+    const MAX_CONNECTIONS: u32;
+
+    /// Opens a pool of at most `max_connections` on `url` (the framework's
+    /// options taken out).
+    fn connect(
+        url: &str,
+        max_connections: u32,
+    ) -> impl Future<Output = Result<(Pool<Self>, Self::State), TransportError>> + Send;
 
     /// The state of a store on a pool the application opened (no background
     /// work that `connect` would start beyond what correctness needs).
@@ -233,7 +241,12 @@ const PROBE: std::time::Duration = std::time::Duration::from_secs(2);
 /// A failed statement, named, with the database's error code when it gave
 /// one (operators search for SQLSTATEs; `Dialect::MISSING_TABLE` names one).
 pub(crate) fn backend<D: Dialect>(what: &str, e: sqlx::Error) -> TransportError {
-    let code = match &e {
+    TransportError::Backend(format!("{}: {what} failed: {}", D::SYSTEM, described::<D>(&e)))
+}
+
+/// `e` with the database's error code and the dialect's hint for it, if any.
+fn described<D: Dialect>(e: &sqlx::Error) -> String {
+    let code = match e {
         sqlx::Error::Database(db) => db.code().map(|c| c.into_owned()),
         _ => None,
     };
@@ -242,7 +255,7 @@ pub(crate) fn backend<D: Dialect>(what: &str, e: sqlx::Error) -> TransportError 
         .and_then(|code| D::HINTS.iter().find(|(codes, _)| codes.contains(&code)))
         .map_or("", |(_, hint)| *hint);
     let code = code.map(|c| format!(" (code {c})")).unwrap_or_default();
-    TransportError::Backend(format!("{}: {what} failed: {e}{code}{hint}", D::SYSTEM))
+    format!("{e}{code}{hint}")
 }
 
 /// Stops a store's background task when the last clone of the store is
@@ -421,7 +434,13 @@ impl<D: Dialect> Clone for SqlStore<D> {
 impl<D: Dialect> SqlStore<D> {
     /// Connects to `url` (without the framework's options).
     pub async fn connect(url: &str) -> Result<Self, TransportError> {
-        let (pool, state) = D::connect(url).await?;
+        Self::connect_sized(url, None).await
+    }
+
+    /// Connects to `url` with a pool of at most `max_connections` (default:
+    /// the database's).
+    pub(crate) async fn connect_sized(url: &str, max_connections: Option<u32>) -> Result<Self, TransportError> {
+        let (pool, state) = D::connect(url, max_connections.unwrap_or(D::MAX_CONNECTIONS)).await?;
         Ok(SqlStore { pool, state, tables: Tables::default() })
     }
 
@@ -459,13 +478,13 @@ impl<D: Dialect> SqlStore<D> {
         let waited = self.pool.options().get_acquire_timeout();
         let options = self.pool.connect_options();
         let why = match tokio::time::timeout(PROBE, <D::Connection as sqlx::Connection>::connect_with(&options)).await {
-            Ok(Err(e)) => format!("a new connection fails: {e}"),
+            Ok(Err(e)) => format!("a new connection fails: {}", described::<D>(&e)),
             Err(_) => format!("a new connection got no answer within {PROBE:?}"),
             Ok(Ok(conn)) => {
                 drop(sqlx::Connection::close(conn).await);
                 format!(
                     "the database accepts connections, but all {} of the pool's were in use for that long \
-                     (long statements, or locks they wait on)",
+                     (long statements, or locks they wait on; `max_connections=` in the URL sets the pool's size)",
                     self.pool.options().get_max_connections()
                 )
             }

@@ -139,7 +139,7 @@ pub(crate) async fn open<D: Dialect>(url: &str) -> Result<(SqlStore<D>, SqlOptio
             ),
         });
     }
-    let mut store = SqlStore::<D>::connect(&driver_url).await?;
+    let mut store = SqlStore::<D>::connect_sized(&driver_url, options.max_connections).await?;
     store.tables = Tables::in_schema(options.schema.as_deref());
     if options.migrate {
         store.migrate().await?;

@@ -24,6 +24,9 @@ pub(crate) struct SqlOptions {
     /// The PostgreSQL schema of the framework's tables (`schema=`; default:
     /// the connection's current schema).
     pub schema: Option<String>,
+    /// The most connections the pool opens (`max_connections=`; default:
+    /// the database's, [`super::Dialect::MAX_CONNECTIONS`]).
+    pub max_connections: Option<u32>,
 }
 
 impl Default for SqlOptions {
@@ -35,12 +38,14 @@ impl Default for SqlOptions {
             migrate: false,
             claims_retention: Duration::from_secs(7 * 24 * 3600),
             schema: None,
+            max_connections: None,
         }
     }
 }
 
 /// The framework's parameters.
-const OURS: [&str; 6] = ["retention", "claims_retention", "poll", "retry_abandoned", "migrate", "schema"];
+const OURS: [&str; 7] =
+    ["retention", "claims_retention", "poll", "retry_abandoned", "migrate", "schema", "max_connections"];
 
 /// Parameters of sqlx's SQLite and PostgreSQL drivers, passed to them (one,
 /// `port`, is two edits from `poll`).
@@ -94,6 +99,7 @@ impl SqlOptions {
                         parse_bool(value).ok_or_else(|| bad(format!("`migrate={value}`: write true or false")))?
                 }
                 "schema" => options.schema = Some(schema_name(value).map_err(bad)?.to_owned()),
+                "max_connections" => options.max_connections = Some(pool_size(value).map_err(bad)?),
                 _ => {
                     // The driver's own parameters pass through; a near miss
                     // of ours is a typo. (sqlx's PostgreSQL driver ignores a
@@ -110,6 +116,20 @@ impl SqlOptions {
         }
         let rest = if kept.is_empty() { base.to_owned() } else { format!("{base}?{}", kept.join("&")) };
         Ok((options, rest))
+    }
+}
+
+/// The largest pool `max_connections=` takes: PostgreSQL's own default
+/// `max_connections` is 100 for the whole server.
+const MAX_POOL: u32 = 1_000;
+
+/// A pool size: a whole number from 2 to [`MAX_POOL`]. One is refused: a
+/// worker leases, acknowledges and extends on connections of its own at
+/// once, and a publish in between would wait for the pool.
+fn pool_size(value: &str) -> Result<u32, String> {
+    match value.parse::<u32>() {
+        Ok(n) if (2..=MAX_POOL).contains(&n) => Ok(n),
+        _ => Err(format!("`max_connections={value}`: write a whole number from 2 to {MAX_POOL}")),
     }
 }
 
@@ -158,6 +178,12 @@ mod tests {
         assert_eq!((o.retention, o.claims_retention), (Duration::from_secs(86_400), Duration::from_secs(7 * 86_400)));
         assert!(SqlOptions::parse("sqlite://a.db?retention=60").is_err());
         assert!(SqlOptions::parse("sqlite://a.db?poll=0s").is_err());
+        let (o, rest) = SqlOptions::parse("postgres://u@h/db?max_connections=30&sslmode=disable").unwrap();
+        assert_eq!((o.max_connections, rest.as_str()), (Some(30), "postgres://u@h/db?sslmode=disable"));
+        for bad in ["0", "1", "-3", "ten", "", "1001"] {
+            let err = SqlOptions::parse(&format!("postgres://u@h/db?max_connections={bad}")).unwrap_err().to_string();
+            assert!(err.contains("write a whole number from 2 to 1000"), "{bad}: {err}");
+        }
         let (o, rest) = SqlOptions::parse("postgres://u@h/db?schema=jobs_1&sslmode=disable").unwrap();
         assert_eq!((o.schema.as_deref(), rest.as_str()), (Some("jobs_1"), "postgres://u@h/db?sslmode=disable"));
         for bad in ["", "Jobs", "1jobs", "jobs;drop", "a.b", "\"x\""] {
@@ -179,6 +205,8 @@ mod tests {
         }
         // The drivers' own parameters pass through, `port` too (two edits from `poll`).
         let (_, rest) = SqlOptions::parse("postgres://u@h/db?port=5433&sslmode=disable&application_name=x").unwrap();
+        let err = SqlOptions::parse("postgres://u@h/db?max_connection=4").unwrap_err().to_string();
+        assert!(err.contains("did you mean `max_connections`?"), "{err}");
         assert_eq!(rest, "postgres://u@h/db?port=5433&sslmode=disable&application_name=x");
     }
 }

@@ -252,8 +252,18 @@ impl Dialect for Postgres {
     const MIGRATION_LOCK: &'static str = "SELECT pg_advisory_xact_lock(hashtext('messaging:migrate'))";
     const MISSING_TABLE: &'static str = "(code 42P01)";
     // SQLSTATE 53100 (disk_full).
-    const HINTS: &'static [(&'static [&'static str], &'static str)] =
-        &[(&["53100"], full_disk_hint!("the database server's disk"))];
+    const HINTS: &'static [(&'static [&'static str], &'static str)] = &[
+        (&["53100"], full_disk_hint!("the database server's disk")),
+        // Too many connections, for the server or the role. The pool
+        // retries them until its timeout; the connection tried after
+        // that (`SqlStore::failure`) carries this hint.
+        (
+            &["53300"],
+            ": the server (or this role) allows no more connections. Each process of the app opens up to \
+                 `max_connections` (10 unless the URL says) and one more to listen for new messages: lower \
+                 `max_connections=` in the URL, or raise the server's or the role's limit",
+        ),
+    ];
     const OUTBOX_LOCK: &'static str = "SELECT pg_advisory_xact_lock(hashtext($1))";
     const DATABASE: Option<&'static str> = Some(
         "SELECT current_database() || '@' || coalesce(host(inet_server_addr()), 'socket') || ':' \
@@ -262,7 +272,9 @@ impl Dialect for Postgres {
 
     type State = PgState;
 
-    async fn connect(url: &str) -> Result<(Pool<Self>, PgState), TransportError> {
+    const MAX_CONNECTIONS: u32 = 10;
+
+    async fn connect(url: &str, max_connections: u32) -> Result<(Pool<Self>, PgState), TransportError> {
         let refused = |e: &dyn std::fmt::Display| {
             TransportError::Backend(format!("cannot connect to PostgreSQL at {}: {e}", redact(url)))
         };
@@ -276,7 +288,7 @@ impl Dialect for Postgres {
             Err(_) => return Err(refused(&"no answer within 5 s")),
         }
         let pool = PgPoolOptions::new()
-            .max_connections(10)
+            .max_connections(max_connections)
             .acquire_timeout(Duration::from_secs(5))
             // No ping before each use: it was a round trip more on every
             // statement (a publish was four round trips where two do). After

@@ -40,9 +40,6 @@ mod writer;
 
 use writer::{Turn, Writer};
 
-/// How many connections a file database gets (readers run in parallel; writers take turns).
-const MAX_CONNECTIONS: u32 = 8;
-
 /// How long a writer waits for the database's write lock.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -164,8 +161,10 @@ fn missing_counter() -> TransportError {
 
 impl SqlStore<Sqlite> {
     /// Opens (creating it if missing) the database file of `url`
-    /// (`sqlite://FILE`, with sqlx's SQLite parameters) in WAL mode.
-    async fn open(url: &str) -> Result<(Pool<Sqlite>, LiteState), TransportError> {
+    /// (`sqlite://FILE`, with sqlx's SQLite parameters) in WAL mode, with
+    /// a pool of at most `max_connections` (readers run in parallel; writers
+    /// take turns); an in-memory database keeps one.
+    async fn open(url: &str, max_connections: u32) -> Result<(Pool<Sqlite>, LiteState), TransportError> {
         let options = SqliteConnectOptions::from_str(url)
             .map_err(|e| TransportError::Backend(format!("sqlite: invalid database URL `{url}`: {e}")))?
             .create_if_missing(true)
@@ -201,7 +200,7 @@ impl SqlStore<Sqlite> {
         let pool = if memory {
             SqlitePoolOptions::new().max_connections(1).min_connections(1).idle_timeout(None).max_lifetime(None)
         } else {
-            SqlitePoolOptions::new().max_connections(MAX_CONNECTIONS)
+            SqlitePoolOptions::new().max_connections(max_connections)
         };
         // No ping before each use: on SQLite it is a round trip to the
         // connection's thread per statement (2.4 % of a profile of the SQL
@@ -246,8 +245,10 @@ impl Dialect for Sqlite {
 
     type State = LiteState;
 
-    async fn connect(url: &str) -> Result<(Pool<Self>, LiteState), TransportError> {
-        SqlStore::<Sqlite>::open(url).await
+    const MAX_CONNECTIONS: u32 = 8;
+
+    async fn connect(url: &str, max_connections: u32) -> Result<(Pool<Self>, LiteState), TransportError> {
+        SqlStore::<Sqlite>::open(url, max_connections).await
     }
 
     fn adopt(_: &Pool<Self>) -> LiteState {

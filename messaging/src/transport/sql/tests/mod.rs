@@ -12,9 +12,9 @@ mod ids;
 mod model;
 mod notify;
 mod plans;
+mod pool;
 mod schedules;
 mod tuples;
-mod unreachable;
 
 /// The server the tests use (trust auth).
 fn postgres_base() -> String {

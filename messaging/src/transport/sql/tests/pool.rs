@@ -1,7 +1,8 @@
-//! When the pool gets no connection in time, the error says why: the
-//! database refuses connections, or it accepts them and the pool's are all
-//! in use. PostgreSQL is reached through a proxy the test can cut, so that
-//! the server itself keeps running for the other tests.
+//! The pool: its size comes from the URL (`max_connections=`), and when it
+//! gets no connection in time the error says why: the database refuses
+//! connections (and how), or it accepts them and the pool's are all in use.
+//! PostgreSQL is reached through a proxy the test can cut, so that the
+//! server itself keeps running for the other tests.
 
 use std::str::FromStr;
 use std::time::Duration;
@@ -98,9 +99,56 @@ fn postgres_a_pool_timeout_says_when_every_connection_is_in_use() {
         assert_eq!(
             e,
             "postgresql: counting failed: no connection within 1s: the database accepts connections, but all 2 of the \
-             pool's were in use for that long (long statements, or locks they wait on)"
+             pool's were in use for that long (long statements, or locks they wait on; `max_connections=` in the URL \
+             sets the pool's size)"
         );
         drop(held);
         store.query("counting", &["SELECT 1"], &[]).await.expect("a connection is free again");
+    });
+}
+
+#[test]
+fn postgres_a_pool_timeout_names_a_connection_limit_and_what_to_change() {
+    super::psql(
+        "DO $$ BEGIN IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'msgtest_limited') THEN \
+         CREATE ROLE msgtest_limited LOGIN CONNECTION LIMIT 1; END IF; END $$",
+    );
+    super::runtime().block_on(async {
+        let options = PgConnectOptions::from_str(&super::postgres_base()).unwrap().username("msgtest_limited");
+        let pool = PgPoolOptions::new()
+            .max_connections(3)
+            .acquire_timeout(Duration::from_secs(1))
+            .connect_with(options)
+            .await
+            .expect("the role's one connection");
+        let state = sqlx::Postgres::adopt(&sqlx::PgPool::connect_lazy(&super::postgres_base()).unwrap());
+        let store = SqlStore { pool, state, tables: Tables::default() };
+        let _held = store.pool.acquire().await.unwrap();
+        let e = store.query("counting", &["SELECT 1"], &[]).await.expect_err("the role's limit is reached").to_string();
+        assert!(e.contains("too many connections for role \"msgtest_limited\" (code 53300)"), "{e}");
+        assert!(e.contains("lower `max_connections=` in the URL"), "{e}");
+    });
+}
+
+/// The most connections `transport`'s pool opens.
+fn size<D: Dialect>(transport: &crate::transport::sql::SqlTransport<D>) -> u32 {
+    transport.store.pool.options().get_max_connections()
+}
+
+#[test]
+fn the_url_sets_the_size_of_the_pool() {
+    let postgres = super::Postgres::new();
+    let sqlite = super::SqliteFile::new();
+    super::runtime().block_on(async {
+        let sized = format!("{}&max_connections=3", postgres.url);
+        let pg = crate::transport::sql::connect::<sqlx::Postgres>(&sized).await.unwrap();
+        assert_eq!(size(&pg), 3);
+        let pg = crate::transport::sql::connect::<sqlx::Postgres>(&postgres.url).await.unwrap();
+        assert_eq!(size(&pg), 10);
+        let sized = format!("{}&max_connections=4", sqlite.url);
+        let lite = crate::transport::sql::connect::<sqlx::Sqlite>(&sized).await.unwrap();
+        assert_eq!(size(&lite), 4);
+        let lite = crate::transport::sql::connect::<sqlx::Sqlite>(&sqlite.url).await.unwrap();
+        assert_eq!(size(&lite), 8);
     });
 }
