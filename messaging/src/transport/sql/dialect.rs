@@ -98,6 +98,11 @@ pub trait Dialect: Driver + sealed::Sealed + Sized {
     /// What a store keeps beside its pool.
     type State: Clone + Debug + Send + Sync + 'static;
 
+    /// Sees every error a statement of a store returns, before it becomes
+    /// a transport error (PostgreSQL drops its connections to a server
+    /// that turned read-only).
+    fn noticed(_e: &sqlx::Error) {}
+
     /// How many connections a store's pool opens unless the URL says
     /// (`max_connections=`).
     const MAX_CONNECTIONS: u32;
@@ -241,6 +246,7 @@ const PROBE: std::time::Duration = std::time::Duration::from_secs(2);
 /// A failed statement, named, with the database's error code when it gave
 /// one (operators search for SQLSTATEs; `Dialect::MISSING_TABLE` names one).
 pub(crate) fn backend<D: Dialect>(what: &str, e: sqlx::Error) -> TransportError {
+    D::noticed(&e);
     TransportError::Backend(format!("{}: {what} failed: {}", D::SYSTEM, described::<D>(&e)))
 }
 

@@ -123,13 +123,14 @@ impl SqlOptions {
 /// `max_connections` is 100 for the whole server.
 const MAX_POOL: u32 = 1_000;
 
-/// A pool size: a whole number from 2 to [`MAX_POOL`]. One is refused: a
-/// worker leases, acknowledges and extends on connections of its own at
-/// once, and a publish in between would wait for the pool.
+/// A pool size: a whole number from 3 to [`MAX_POOL`]. On PostgreSQL one
+/// connection of the pool listens for new messages for as long as the
+/// store lives, and a worker's lease, acknowledgements and heartbeat each
+/// want one at once: with fewer they wait for each other.
 fn pool_size(value: &str) -> Result<u32, String> {
     match value.parse::<u32>() {
-        Ok(n) if (2..=MAX_POOL).contains(&n) => Ok(n),
-        _ => Err(format!("`max_connections={value}`: write a whole number from 2 to {MAX_POOL}")),
+        Ok(n) if (3..=MAX_POOL).contains(&n) => Ok(n),
+        _ => Err(format!("`max_connections={value}`: write a whole number from 3 to {MAX_POOL}")),
     }
 }
 
@@ -180,9 +181,9 @@ mod tests {
         assert!(SqlOptions::parse("sqlite://a.db?poll=0s").is_err());
         let (o, rest) = SqlOptions::parse("postgres://u@h/db?max_connections=30&sslmode=disable").unwrap();
         assert_eq!((o.max_connections, rest.as_str()), (Some(30), "postgres://u@h/db?sslmode=disable"));
-        for bad in ["0", "1", "-3", "ten", "", "1001"] {
+        for bad in ["0", "2", "-3", "ten", "", "1001"] {
             let err = SqlOptions::parse(&format!("postgres://u@h/db?max_connections={bad}")).unwrap_err().to_string();
-            assert!(err.contains("write a whole number from 2 to 1000"), "{bad}: {err}");
+            assert!(err.contains("write a whole number from 3 to 1000"), "{bad}: {err}");
         }
         let (o, rest) = SqlOptions::parse("postgres://u@h/db?schema=jobs_1&sslmode=disable").unwrap();
         assert_eq!((o.schema.as_deref(), rest.as_str()), (Some("jobs_1"), "postgres://u@h/db?sslmode=disable"));

@@ -21,6 +21,7 @@ use super::statements::{self as sql, FifoSearch, StoreForm, Tables};
 use crate::error::TransportError;
 use crate::transport::sql::machine::{Enqueue, Row, RowId};
 
+mod failover;
 mod insert;
 // Test helpers for the tests that run on both stores.
 #[cfg(all(test, feature = "sqlite"))]
@@ -258,10 +259,16 @@ impl Dialect for Postgres {
         // retries them until its timeout; the connection tried after
         // that (`SqlStore::failure`) carries this hint.
         (
+            &[failover::READ_ONLY],
+            ": the server is read-only (a standby, or `default_transaction_read_only` is on). After a failover the \
+             connections opened before it may still reach the old primary: they are closed now, and a retry \
+             connects anew",
+        ),
+        (
             &["53300"],
             ": the server (or this role) allows no more connections. Each process of the app opens up to \
-                 `max_connections` (10 unless the URL says) and one more to listen for new messages: lower \
-                 `max_connections=` in the URL, or raise the server's or the role's limit",
+             `max_connections` (10 unless the URL says; one of them listens for new messages): lower \
+             `max_connections=` in the URL, or raise the server's or the role's limit",
         ),
     ];
     const OUTBOX_LOCK: &'static str = "SELECT pg_advisory_xact_lock(hashtext($1))";
@@ -271,6 +278,10 @@ impl Dialect for Postgres {
     );
 
     type State = PgState;
+
+    fn noticed(e: &sqlx::Error) {
+        failover::noticed(e);
+    }
 
     const MAX_CONNECTIONS: u32 = 10;
 
@@ -297,6 +308,7 @@ impl Dialect for Postgres {
             // once, all succeeded; the restart chaos test passes); a
             // statement that does fail on one is retried by its caller.
             .test_before_acquire(false)
+            .before_acquire(|_, meta| Box::pin(async move { Ok(failover::usable(&meta)) }))
             .connect_with(options)
             .await
             .map_err(|e| refused(&e))?;

@@ -152,3 +152,24 @@ fn the_url_sets_the_size_of_the_pool() {
         assert_eq!(size(&lite), 8);
     });
 }
+
+#[test]
+fn postgres_connections_to_a_server_turned_read_only_are_replaced() {
+    let db = super::Postgres::new();
+    super::runtime().block_on(async {
+        let url = format!("{}&max_connections=3&migrate=true", db.url);
+        let (store, _) = crate::transport::sql::open::<sqlx::Postgres>(&url).await.expect("connect");
+        // The two connections of the pool that do not listen turn
+        // read-only, as on a primary that a failover made a standby (the
+        // new primary is the same server here).
+        let mut open = vec![store.pool.acquire().await.unwrap(), store.pool.acquire().await.unwrap()];
+        for conn in &mut open {
+            sqlx::query("SET SESSION default_transaction_read_only = on").execute(&mut **conn).await.unwrap();
+        }
+        drop(open);
+        let write = || store.exec("declaring", &["INSERT INTO messaging_queues VALUES ('jobs', false, 0)"], &[]);
+        let e = write().await.expect_err("the connection is read-only").to_string();
+        assert!(e.contains("(code 25006): the server is read-only"), "{e}");
+        write().await.expect("a new connection, not read-only");
+    });
+}

@@ -1,0 +1,62 @@
+//! Connections to a server that turned read-only. After a failover (an
+//! Aurora writer made a reader, a standby promoted behind the same name) the
+//! pool's open connections still reach the old primary, and every write on
+//! them fails with SQLSTATE 25006 for as long as they live (sqlx keeps a
+//! connection up to 30 minutes). A statement that fails so marks every
+//! connection opened before it stale, and the pool closes a stale one
+//! instead of handing it out ([`usable`], its `before_acquire`): the next
+//! attempt connects anew, through the name.
+//!
+//! The mark is the process's, for every PostgreSQL pool in it: a pool on
+//! another server reconnects once for nothing, which is cheap beside
+//! writes failing for half an hour.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::OnceLock;
+use std::time::Instant;
+
+use sqlx::pool::PoolConnectionMetadata;
+
+/// SQLSTATE `read_only_sql_transaction`.
+pub(super) const READ_ONLY: &str = "25006";
+
+/// When the process started counting (the mark is nanoseconds after it).
+fn origin() -> Instant {
+    static ORIGIN: OnceLock<Instant> = OnceLock::new();
+    *ORIGIN.get_or_init(Instant::now)
+}
+
+/// Connections opened before this many nanoseconds after [`origin`] are
+/// stale (0: none).
+static STALE_BEFORE: AtomicU64 = AtomicU64::new(0);
+
+fn nanos_since_origin(at: Instant) -> u64 {
+    u64::try_from(at.saturating_duration_since(origin()).as_nanos()).unwrap_or(u64::MAX)
+}
+
+/// Marks every open connection stale when `e` says the server is read-only.
+pub(super) fn noticed(e: &sqlx::Error) {
+    let read_only = match e {
+        sqlx::Error::Database(db) => db.code().is_some_and(|c| c == READ_ONLY),
+        _ => false,
+    };
+    if read_only {
+        // At least 1: 0 means none.
+        STALE_BEFORE.fetch_max(nanos_since_origin(Instant::now()).max(1), Ordering::SeqCst);
+        tracing::warn!(
+            "postgresql: the server is read-only; the connections opened before now are closed as they come back \
+             (after a failover they reach the old primary)"
+        );
+    }
+}
+
+/// Whether a pooled connection of age `meta.age` may be handed out: it was
+/// opened after the last read-only error.
+pub(super) fn usable(meta: &PoolConnectionMetadata) -> bool {
+    let stale_before = STALE_BEFORE.load(Ordering::SeqCst);
+    if stale_before == 0 {
+        return true;
+    }
+    let opened = Instant::now().checked_sub(meta.age).unwrap_or_else(origin);
+    nanos_since_origin(opened) >= stale_before
+}
