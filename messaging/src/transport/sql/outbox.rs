@@ -295,8 +295,8 @@ impl<D: Dialect> OutboxStore for SqlOutbox<D> {
 }
 
 /// Opens the outbox a database URL names (`postgres://…`, `sqlite://FILE`),
-/// with the framework's `migrate=true`, `schema=NAME` (PostgreSQL) and
-/// `poll=` options.
+/// with the framework's `migrate=true`, `schema=NAME` (PostgreSQL), `poll=`
+/// and `max_connections=` options.
 pub(crate) async fn connect<D: Dialect>(
     url: &str,
 ) -> Result<(std::sync::Arc<dyn OutboxStore>, std::time::Duration), crate::error::Error> {
