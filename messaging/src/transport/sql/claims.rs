@@ -57,7 +57,7 @@ impl<D: Dialect> SqlIdempotencyStore<D> {
     /// A store on a pool the application opened.
     pub fn new(pool: Pool<D>) -> Self {
         let state = D::adopt(&pool);
-        SqlIdempotencyStore { store: SqlStore { pool, state, tables: Tables::default() } }
+        SqlIdempotencyStore { store: SqlStore::new(pool, state) }
     }
 
     /// Connects to `url` (`postgres://user@host/db`, `sqlite://FILE`); on

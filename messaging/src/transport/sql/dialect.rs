@@ -429,12 +429,30 @@ pub struct SqlStore<D: Dialect> {
     pub(crate) pool: Pool<D>,
     pub(crate) state: D::State,
     pub(crate) tables: Tables,
+    diagnosis: Diagnosis,
 }
 
 impl<D: Dialect> Clone for SqlStore<D> {
     fn clone(&self) -> Self {
-        SqlStore { pool: self.pool.clone(), state: self.state.clone(), tables: self.tables.clone() }
+        SqlStore {
+            pool: self.pool.clone(),
+            state: self.state.clone(),
+            tables: self.tables.clone(),
+            diagnosis: self.diagnosis.clone(),
+        }
     }
+}
+
+/// What [`SqlStore::failure`]'s own connection found, and when: the pool's
+/// timeouts within [`Diagnosis::FRESH`] of it share that answer, and one
+/// attempt runs at a time. Fifty receives timing out at once would
+/// otherwise open fifty connections to a server that may have none to spare.
+#[derive(Debug, Clone, Default)]
+struct Diagnosis(std::sync::Arc<tokio::sync::Mutex<Option<(std::time::Instant, String)>>>);
+
+impl Diagnosis {
+    /// How long an answer is reused.
+    const FRESH: std::time::Duration = std::time::Duration::from_secs(1);
 }
 
 impl<D: Dialect> SqlStore<D> {
@@ -447,7 +465,12 @@ impl<D: Dialect> SqlStore<D> {
     /// the database's).
     pub(crate) async fn connect_sized(url: &str, max_connections: Option<u32>) -> Result<Self, TransportError> {
         let (pool, state) = D::connect(url, max_connections.unwrap_or(D::MAX_CONNECTIONS)).await?;
-        Ok(SqlStore { pool, state, tables: Tables::default() })
+        Ok(SqlStore::new(pool, state))
+    }
+
+    /// A store on `pool`, its tables in the connection's schema.
+    pub(crate) fn new(pool: Pool<D>, state: D::State) -> Self {
+        SqlStore { pool, state, tables: Tables::default(), diagnosis: Diagnosis::default() }
     }
 
     /// The connection pool.
@@ -482,8 +505,22 @@ impl<D: Dialect> SqlStore<D> {
             return backend::<D>(what, e);
         }
         let waited = self.pool.options().get_acquire_timeout();
+        let why = self.why_no_connection().await;
+        TransportError::Backend(format!("{}: {what} failed: no connection within {waited:?}: {why}", D::SYSTEM))
+    }
+
+    /// Why the pool got no connection: what a connection of its own finds
+    /// ([`Diagnosis`]).
+    async fn why_no_connection(&self) -> String {
+        let mut last = self.diagnosis.0.lock().await;
+        if let Some((at, why)) = last.as_ref() {
+            if at.elapsed() < Diagnosis::FRESH {
+                return why.clone();
+            }
+        }
         let options = self.pool.connect_options();
-        let why = match tokio::time::timeout(PROBE, <D::Connection as sqlx::Connection>::connect_with(&options)).await {
+        let connecting = <D::Connection as sqlx::Connection>::connect_with(&options);
+        let why = match tokio::time::timeout(PROBE, connecting).await {
             Ok(Err(e)) => format!("a new connection fails: {}", described::<D>(&e)),
             Err(_) => format!("a new connection got no answer within {PROBE:?}"),
             Ok(Ok(conn)) => {
@@ -495,7 +532,8 @@ impl<D: Dialect> SqlStore<D> {
                 )
             }
         };
-        TransportError::Backend(format!("{}: {what} failed: no connection within {waited:?}: {why}", D::SYSTEM))
+        *last = Some((std::time::Instant::now(), why.clone()));
+        why
     }
 
     /// The rows of a reading statement, on a pooled connection.

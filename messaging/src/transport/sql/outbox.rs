@@ -310,6 +310,6 @@ pub(crate) async fn connect<D: Dialect>(
 /// connection's schema.
 pub(crate) fn on_pool<D: Dialect>(pool: sqlx::Pool<D>) -> std::sync::Arc<dyn OutboxStore> {
     let state = D::adopt(&pool);
-    let store = SqlStore { pool, state, tables: super::Tables::default() };
+    let store = SqlStore::new(pool, state);
     std::sync::Arc::new(SqlOutbox { store, home: Home::default() })
 }

@@ -5,6 +5,8 @@
 //! server itself keeps running for the other tests.
 
 use std::str::FromStr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
@@ -12,12 +14,13 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinSet;
 
 use crate::transport::sql::dialect::{Dialect, SqlStore};
-use crate::transport::sql::Tables;
 
 /// A TCP proxy to the test server, on a port of its own; dropping it closes
 /// the port and every connection through it.
 struct Proxy {
     port: u16,
+    /// Connections it took.
+    accepted: Arc<AtomicUsize>,
     _tasks: JoinSet<()>,
 }
 
@@ -25,10 +28,13 @@ impl Proxy {
     async fn start(server: (String, u16)) -> Proxy {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let counted = accepted.clone();
         let mut tasks = JoinSet::new();
         tasks.spawn(async move {
             let mut links = JoinSet::new();
             while let Ok((mut client, _)) = listener.accept().await {
+                counted.fetch_add(1, Ordering::SeqCst);
                 let server = server.clone();
                 links.spawn(async move {
                     if let Ok(mut upstream) = TcpStream::connect(server).await {
@@ -37,7 +43,7 @@ impl Proxy {
                 });
             }
         });
-        Proxy { port, _tasks: tasks }
+        Proxy { port, accepted, _tasks: tasks }
     }
 }
 
@@ -54,7 +60,7 @@ async fn store_through(proxy: &Proxy, size: u32) -> SqlStore<sqlx::Postgres> {
     // The store's background task (LISTEN, the clock) on a pool of its
     // own: its connections are not the ones the tests count.
     let state = sqlx::Postgres::adopt(&sqlx::PgPool::connect_lazy(&super::postgres_base()).unwrap());
-    SqlStore { pool, state, tables: Tables::default() }
+    SqlStore::new(pool, state)
 }
 
 /// The test server's host and port.
@@ -102,6 +108,12 @@ fn postgres_a_pool_timeout_says_when_every_connection_is_in_use() {
              pool's were in use for that long (long statements, or locks they wait on; `max_connections=` in the URL \
              sets the pool's size)"
         );
+        // Ten timeouts at once try one connection between them.
+        let before = proxy.accepted.load(Ordering::SeqCst);
+        let tries = (0..10).map(|_| store.query("counting", &["SELECT 1"], &[]));
+        let errors = futures_util::future::join_all(tries).await;
+        assert!(errors.iter().all(|e| e.as_ref().is_err_and(|e| e.to_string().contains("were in use"))), "{errors:?}");
+        assert_eq!(proxy.accepted.load(Ordering::SeqCst) - before, 1, "one connection tried for ten timeouts");
         drop(held);
         store.query("counting", &["SELECT 1"], &[]).await.expect("a connection is free again");
     });
@@ -122,7 +134,7 @@ fn postgres_a_pool_timeout_names_a_connection_limit_and_what_to_change() {
             .await
             .expect("the role's one connection");
         let state = sqlx::Postgres::adopt(&sqlx::PgPool::connect_lazy(&super::postgres_base()).unwrap());
-        let store = SqlStore { pool, state, tables: Tables::default() };
+        let store = SqlStore::new(pool, state);
         let _held = store.pool.acquire().await.unwrap();
         let e = store.query("counting", &["SELECT 1"], &[]).await.expect_err("the role's limit is reached").to_string();
         assert!(e.contains("too many connections for role \"msgtest_limited\" (code 53300)"), "{e}");
