@@ -107,13 +107,34 @@ pub async fn connect(url: &str) -> Result<SqsTransport, Error> {
     })
 }
 
-/// An SDK error as one readable line.
+/// An SDK error as one readable line: the messages of the error and its
+/// causes. The SDK's `DisplayErrorContext` appends the whole error's `Debug`
+/// too, a screenful of connector internals on every failed call while SQS
+/// was unreachable (seen from outside: each acknowledgement's warning);
+/// that goes to the debug log instead.
 pub(crate) fn sdk<E, R>(what: &str, e: SdkError<E, R>) -> TransportError
 where
     E: std::error::Error + 'static,
-    R: std::fmt::Debug,
+    R: std::fmt::Debug + 'static,
 {
-    TransportError::Backend(format!("sqs: {what} failed: {}", DisplayErrorContext(&e)))
+    tracing::debug!("sqs: {what} failed: {}", DisplayErrorContext(&e));
+    TransportError::Backend(format!("sqs: {what} failed: {}", causes(&e)))
+}
+
+/// `e` and its sources, by their messages, joined with ": " (a source whose
+/// message its error already shows is left out).
+fn causes(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(cause) = source {
+        let message = cause.to_string();
+        if !text.contains(&message) {
+            text.push_str(": ");
+            text.push_str(&message);
+        }
+        source = cause.source();
+    }
+    text
 }
 
 fn seconds(d: Duration) -> i32 {
@@ -459,5 +480,18 @@ impl SqsTransport {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_sdk_error_reads_as_its_causes_without_the_debug_dump() {
+        let refused = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "Connection refused (os error 111)");
+        let e: SdkError<std::io::Error, ()> = SdkError::timeout_error(refused);
+        let text = sdk("DeleteMessageBatch", e).to_string();
+        assert_eq!(text, "sqs: DeleteMessageBatch failed: request has timed out: Connection refused (os error 111)");
     }
 }
