@@ -42,13 +42,27 @@ pub(super) fn noticed(e: &sqlx::Error) {
     };
     if read_only {
         // At least 1: 0 means none.
-        STALE_BEFORE.fetch_max(nanos_since_origin(Instant::now()).max(1), Ordering::SeqCst);
-        tracing::warn!(
-            "postgresql: the server is read-only; the connections opened before now are closed as they come back \
-             (after a failover they reach the old primary)"
-        );
+        let now = nanos_since_origin(Instant::now()).max(1);
+        STALE_BEFORE.fetch_max(now, Ordering::SeqCst);
+        // Once per ten seconds at most: while a server stays read-only every
+        // write fails so (15 warnings in 10 s in a trial), and each failure
+        // is logged by its caller anyway.
+        let last = WARNED.load(Ordering::SeqCst);
+        let due = last == 0 || now.saturating_sub(last) >= WARN_EVERY.as_nanos() as u64;
+        if due && WARNED.compare_exchange(last, now, Ordering::SeqCst, Ordering::SeqCst).is_ok() {
+            tracing::warn!(
+                "postgresql: the server is read-only; the connections opened before now are closed as they come \
+                 back (after a failover they reach the old primary)"
+            );
+        }
     }
 }
+
+/// When [`noticed`] last warned (nanoseconds after [`origin`]; 0: never).
+static WARNED: AtomicU64 = AtomicU64::new(0);
+
+/// How often [`noticed`] says that it closes the connections.
+const WARN_EVERY: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Whether a pooled connection of age `meta.age` may be handed out: it was
 /// opened after the last read-only error.
