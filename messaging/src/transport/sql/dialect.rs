@@ -297,10 +297,7 @@ impl<D: Dialect> Write<'static, D> {
     /// A write transaction.
     pub(crate) async fn begin(store: &SqlStore<D>) -> Result<Self, TransportError> {
         let turn = D::turn(&store.state).await;
-        let tx = match D::begin(&store.pool).await {
-            Ok(tx) => tx,
-            Err(e) => return Err(store.failure("begin", e).await),
-        };
+        let tx = store.pooled("begin", D::begin(&store.pool)).await?;
         Ok(Write { conn: Conn::Tx(tx), _turn: turn })
     }
 
@@ -488,8 +485,18 @@ impl<D: Dialect> SqlStore<D> {
     /// A pooled connection for `what`; when none comes in time, the error
     /// says why ([`Self::failure`]).
     pub(crate) async fn acquire(&self, what: &str) -> Result<PoolConnection<D>, TransportError> {
-        match self.pool.acquire().await {
-            Ok(conn) => Ok(conn),
+        self.pooled(what, self.pool.acquire()).await
+    }
+
+    /// What `work` (`what`, which takes a connection of the pool) returns,
+    /// its error as [`Self::failure`] tells it.
+    pub(crate) async fn pooled<T>(
+        &self,
+        what: &str,
+        work: impl Future<Output = Result<T, sqlx::Error>>,
+    ) -> Result<T, TransportError> {
+        match work.await {
+            Ok(value) => Ok(value),
             Err(e) => Err(self.failure(what, e).await),
         }
     }

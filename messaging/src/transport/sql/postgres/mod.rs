@@ -252,18 +252,20 @@ impl Dialect for Postgres {
     // SQLSTATE 42P01 (undefined_table), whatever the server's language.
     const MIGRATION_LOCK: &'static str = "SELECT pg_advisory_xact_lock(hashtext('messaging:migrate'))";
     const MISSING_TABLE: &'static str = "(code 42P01)";
-    // SQLSTATE 53100 (disk_full).
     const HINTS: &'static [(&'static [&'static str], &'static str)] = &[
+        // SQLSTATE 53100 (disk_full).
         (&["53100"], full_disk_hint!("the database server's disk")),
-        // Too many connections, for the server or the role. The pool
-        // retries them until its timeout; the connection tried after
-        // that (`SqlStore::failure`) carries this hint.
+        // A server turned read-only: the connections before it are
+        // replaced (`failover`).
         (
             &[failover::READ_ONLY],
             ": the server is read-only (a standby, or `default_transaction_read_only` is on). After a failover the \
              connections opened before it may still reach the old primary: they are closed now, and a retry \
              connects anew",
         ),
+        // Too many connections, for the server or the role. The pool
+        // retries them until its timeout; the connection tried after
+        // that (`SqlStore::failure`) carries this hint.
         (
             &["53300"],
             ": the server (or this role) allows no more connections. Each process of the app opens up to \
@@ -429,10 +431,7 @@ impl Dialect for Postgres {
             if let Some((part, of)) = partition {
                 query = query.bind(i64::from(part)).bind(i64::from(of));
             }
-            let rows = match query.fetch_all(&store.pool).await {
-                Ok(rows) => rows,
-                Err(e) => return Err(store.failure("lease", e).await),
-            };
+            let rows = store.pooled("lease", query.fetch_all(&store.pool)).await?;
             return leased::<Self>(&rows);
         };
         // FIFO: leases of one queue take turns under an advisory lock, so
