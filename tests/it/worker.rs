@@ -782,6 +782,20 @@ async fn acknowledgements_are_batched() {
     assert!(calls < 2_000 / 4, "{calls} ack calls for 2,000 messages: acknowledgements should be batched");
 }
 
+/// An app consuming `queue` alone on `transport`, its handlers given
+/// `rec`: its publisher, and the app running.
+async fn consuming(
+    transport: &Arc<Observed>,
+    queue: &'static str,
+    rec: &Arc<Recorder>,
+) -> (messaging::Publisher, messaging::Running) {
+    let mut app = messaging::App::new(transport.clone()).await.unwrap();
+    app.only_queues(&[queue]);
+    app.setup().provide(rec.clone());
+    let publisher = app.setup().publisher();
+    (publisher, app.start().unwrap())
+}
+
 #[messaging::queue("unacknowledged", visibility = "10m")]
 struct Unacknowledged;
 
@@ -795,11 +809,7 @@ async fn a_stop_counts_the_handled_messages_whose_acknowledgement_failed() {
     let transport = Arc::new(Observed::default());
     transport.acks_fail.store(true, Ordering::SeqCst);
     let rec = Arc::new(Recorder::default());
-    let mut app = messaging::App::new(transport.clone()).await.unwrap();
-    app.only_queues(&["unacknowledged"]);
-    app.setup().provide(rec.clone());
-    let publisher = app.setup().publisher();
-    let running = app.start().unwrap();
+    let (publisher, running) = consuming(&transport, "unacknowledged", &rec).await;
     let jobs: Vec<Job> = (0..3).map(|n| Job { n }).collect();
     for result in publisher.send_batch::<Unacknowledged, _>(&jobs).await {
         result.unwrap();
@@ -831,11 +841,7 @@ async fn stuck_on(job: Job, rec: State<Arc<Recorder>>) {
 async fn forced_during_a_late_receive(late_ms: u64) -> (Arc<Observed>, messaging::Stopped, Duration) {
     let transport = Arc::new(Observed::default());
     let rec = Arc::new(Recorder::default());
-    let mut app = messaging::App::new(transport.clone()).await.unwrap();
-    app.only_queues(&["late-answers"]);
-    app.setup().provide(rec.clone());
-    let publisher = app.setup().publisher();
-    let running = app.start().unwrap();
+    let (publisher, running) = consuming(&transport, "late-answers", &rec).await;
     publisher.send::<LateQueue, _>(&Job { n: 0 }).await.unwrap();
     let started = || rec.running.load(Ordering::SeqCst) == 1;
     fixtures::eventually(Duration::from_secs(10), started, || "the handler did not start in 10 s".into()).await;
