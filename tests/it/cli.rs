@@ -18,6 +18,12 @@ impl WorkDir {
         std::fs::create_dir_all(&dir).unwrap();
         WorkDir(dir)
     }
+
+    /// The URL of the example's database here.
+    #[cfg(feature = "sqlite")]
+    fn database(&self) -> String {
+        format!("sqlite://{}", self.0.join("messaging.db").display())
+    }
 }
 
 impl Drop for WorkDir {
@@ -227,7 +233,7 @@ fn the_telemetry_example_handles_its_readings() {
 /// declares it.
 #[cfg(feature = "sqlite")]
 async fn orders_fifo(dir: &WorkDir) -> std::sync::Arc<dyn messaging::transport::Transport> {
-    let url = format!("sqlite://{}?migrate=true", dir.0.join("messaging.db").display());
+    let url = format!("{}?migrate=true", dir.database());
     let t = messaging::transport::connect(&url).await.unwrap();
     let spec = messaging::QueueSpec {
         fifo: true,
@@ -401,7 +407,7 @@ fn plant_dead_letters(dir: &WorkDir, n: usize) {
                 result.unwrap();
             }
         }
-        let url = format!("sqlite://{}", dir.0.join("messaging.db").display());
+        let url = dir.database();
         let mut conn = sqlx::SqliteConnection::connect(&url).await.unwrap();
         sqlx::query("UPDATE messaging_messages SET status = 'error' WHERE queue = 'orders.fifo'")
             .execute(&mut conn)
@@ -414,7 +420,7 @@ fn plant_dead_letters(dir: &WorkDir, n: usize) {
 #[cfg(feature = "sqlite")]
 fn dead_letters_left(dir: &WorkDir) -> i64 {
     use sqlx::Connection as _;
-    let url = format!("sqlite://{}", dir.0.join("messaging.db").display());
+    let url = dir.database();
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     runtime.block_on(async {
         let mut conn = sqlx::SqliteConnection::connect(&url).await.unwrap();
