@@ -351,6 +351,12 @@ async fn execute(cli: Cli, hook: SetupHook) -> Result<(), Error> {
             if let Some(grace) = args.grace {
                 app.setup().grace_period(grace);
             }
+            // Listened for before the workers start: a signal that came
+            // before the task below first waited was left to its default
+            // action, which ended the process at once, its handlers'
+            // messages held (seen under load: SIGINT just after two
+            // handlers started).
+            let mut signals = Signals::listen();
             let mut running = app.start()?;
             if let Some(listener) = listener {
                 let extra = console_routes(&running, &listener, &access);
@@ -358,12 +364,12 @@ async fn execute(cli: Cli, hook: SetupHook) -> Result<(), Error> {
             }
             let shutdown = running.shutdown_handle();
             tokio::spawn(async move {
-                wait_for_signal().await;
+                signals.next().await;
                 tracing::info!(
                     "shutdown signal received; finishing in-flight messages (a second signal stops at once)"
                 );
                 shutdown.trigger();
-                wait_for_signal().await;
+                signals.next().await;
                 tracing::warn!("second shutdown signal: stopping running handlers and releasing their messages");
                 shutdown.force();
                 // The promise to an operator who pressed Ctrl-C twice: out
@@ -636,24 +642,52 @@ async fn print_queues(app: &App, json: bool) {
 }
 
 async fn wait_for_signal() {
+    Signals::listen().next().await;
+}
+
+/// SIGINT and SIGTERM (Ctrl-C elsewhere), caught from the moment this is
+/// made, not from the first wait.
+struct Signals {
     #[cfg(unix)]
-    {
-        use tokio::signal::unix::{signal, SignalKind};
-        match signal(SignalKind::terminate()) {
-            Ok(mut term) => {
-                tokio::select! {
-                    _ = tokio::signal::ctrl_c() => {}
-                    _ = term.recv() => {}
-                }
-            }
-            Err(_) => {
-                let _ = tokio::signal::ctrl_c().await;
-            }
+    interrupt: Option<tokio::signal::unix::Signal>,
+    #[cfg(unix)]
+    terminate: Option<tokio::signal::unix::Signal>,
+}
+
+impl Signals {
+    fn listen() -> Signals {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{signal, SignalKind};
+            Signals { interrupt: signal(SignalKind::interrupt()).ok(), terminate: signal(SignalKind::terminate()).ok() }
+        }
+        #[cfg(not(unix))]
+        {
+            Signals {}
         }
     }
-    #[cfg(not(unix))]
-    {
-        let _ = tokio::signal::ctrl_c().await;
+
+    /// Waits for the next signal (forever, when none could be listened for).
+    async fn next(&mut self) {
+        #[cfg(unix)]
+        {
+            async fn on(signal: &mut Option<tokio::signal::unix::Signal>) {
+                match signal {
+                    Some(signal) => {
+                        signal.recv().await;
+                    }
+                    None => std::future::pending().await,
+                }
+            }
+            tokio::select! {
+                () = on(&mut self.interrupt) => {}
+                () = on(&mut self.terminate) => {}
+            }
+        }
+        #[cfg(not(unix))]
+        {
+            let _ = tokio::signal::ctrl_c().await;
+        }
     }
 }
 
