@@ -38,6 +38,7 @@ mod sql_crash;
 mod sql_errors;
 mod sql_held;
 mod sql_migrations;
+mod sql_poison;
 mod sql_processes;
 mod sql_schema;
 mod sqs;

@@ -52,6 +52,9 @@ pub(super) async fn run(app: &App, args: ShowArgs) -> Result<(), Error> {
     if let Some(reason) = &report.reason {
         println!("reason    {reason}");
     }
+    if report.suspect {
+        println!("suspect   an earlier lease ran out before it was settled: it runs alone when next received");
+    }
     for a in &report.history {
         println!("{a}");
     }

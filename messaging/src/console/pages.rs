@@ -388,6 +388,10 @@ async fn message(
             fields.push(Field { name: label, value: v });
         }
     }
+    if value.get("suspect").and_then(Value::as_bool) == Some(true) {
+        let value = "an earlier lease ran out before it was settled: it runs alone when next received".to_owned();
+        fields.push(Field { name: "suspect", value });
+    }
     let waiting = matches!(status.as_str(), "sleeping" | "pending" | "delayed" | "visible");
     for (label, key) in [("sent", "sent_at_ms"), ("due", "process_at_ms"), ("held until", "held_until_ms")] {
         if key == "process_at_ms" && !waiting {

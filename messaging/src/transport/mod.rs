@@ -98,6 +98,12 @@ pub struct Delivery {
     pub attributes: Arc<Attributes>,
     /// When the message was first sent.
     pub sent_at: SystemTime,
+    /// Whether an earlier lease of this message ran out before it was
+    /// settled (database queues): its consumer may have died of it. The
+    /// worker runs a suspect alone in its process, after telling the
+    /// transport ([`Transport::isolate`]). Always `false` where the transport
+    /// cannot tell (SQS, `memory://`).
+    pub suspect: bool,
 }
 
 /// One failed attempt of a message, as its error history keeps it (database
@@ -200,6 +206,10 @@ pub struct MessageReport {
     pub held_until_ms: Option<i64>,
     /// The reason of its last failure (a dead letter's reason).
     pub reason: Option<String>,
+    /// Whether it is a suspect: a lease of it ran out before it was settled,
+    /// so it runs alone when next received (database queues; see
+    /// [`Delivery::suspect`]).
+    pub suspect: bool,
     /// Its failed attempts, oldest first.
     pub history: Vec<FailedAttempt>,
     /// Its attributes.
@@ -369,6 +379,17 @@ pub trait Transport: Send + Sync + 'static {
         failure: FailedAttempt,
     ) -> BoxFuture<'a, Result<(), TransportError>> {
         let _ = (queue, receipt, failure);
+        Box::pin(std::future::ready(Ok(())))
+    }
+
+    /// Records that the handler of `receipt`'s delivery, a suspect
+    /// ([`Delivery::suspect`]), runs alone in its process from now: if its
+    /// lease runs out from here, the message is what stopped the process,
+    /// and the attempt counts (a lease that runs out while its consumer held
+    /// other messages too is not counted against any of them). The default
+    /// records nothing: only a transport that marks suspects needs it.
+    fn isolate<'a>(&'a self, queue: &'a str, receipt: &'a Receipt) -> BoxFuture<'a, Result<(), TransportError>> {
+        let _ = (queue, receipt);
         Box::pin(std::future::ready(Ok(())))
     }
 

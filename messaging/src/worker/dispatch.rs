@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use futures_util::FutureExt;
 
+use super::alone::{self, GATE};
 use super::inflight::Batch;
 use super::Worker;
 use crate::claims::MessageInProgress;
@@ -21,6 +22,28 @@ use tracing::Instrument as _;
 /// The shortest wait before trying a message whose claim is held elsewhere
 /// again (a lease that just ended may not have been seen to end yet).
 const IN_PROGRESS_PAUSE: Duration = Duration::from_millis(50);
+
+/// How long a suspect waits for the handlers running in the process to end
+/// before it runs beside the ones still running (see [`alone`]). While it
+/// waits, no other handler starts: this bounds that stall.
+///
+/// [`alone`]: super::alone
+const ALONE_WAIT: Duration = Duration::from_secs(10);
+
+/// How long a suspect waits for the acknowledgements of handled messages to
+/// reach the transport before it runs: one that has not is a message the
+/// suspect's crash would bring back.
+const ACKS_WAIT: Duration = Duration::from_secs(2);
+
+/// When a suspect that could not be marked as running alone is tried again.
+const ISOLATE_RETRY: Duration = Duration::from_secs(1);
+
+/// What a handler holds while it runs: its place among the handlers of the
+/// process, or the gate closed around a suspect.
+enum Turn {
+    Shared(#[allow(dead_code)] alone::Entered),
+    Alone(#[allow(dead_code)] alone::Alone),
+}
 
 /// How handling one delivery ended.
 #[derive(Debug, Clone, Copy)]
@@ -66,12 +89,31 @@ impl Worker {
             crate::enrich::enrich(hook, &span, &ctx);
         }
         let route = decoded.route;
+        // A suspect runs alone the first time this process tries it (a try
+        // after a failure here already answered: it did not stop us).
+        let turn = if delivery.suspect && tries == 0 {
+            match self.run_alone(delivery).await {
+                Ok(alone) => Turn::Alone(alone),
+                Err(step) => return step,
+            }
+        } else {
+            Turn::Shared(GATE.enter().await)
+        };
         let started = clock.take().unwrap_or_else(Instant::now);
         let result = AssertUnwindSafe(self.pipeline.dispatch(decoded.message, route, &ctx))
             .catch_unwind()
             .instrument(span.clone())
             .await
             .unwrap_or_else(|panic| Err(HandlerError::transient(Panic(panic_message(&panic)))));
+        // A handler that returned did not stop the process; a suspect's
+        // settlement is made before the gate opens (below).
+        let turn = match turn {
+            Turn::Shared(entered) => {
+                drop(entered);
+                None
+            }
+            Turn::Alone(alone) => Some(alone),
+        };
         let ended = Instant::now();
         let took = ended.duration_since(started);
         self.pace.record(took);
@@ -87,7 +129,13 @@ impl Worker {
                                       // is left unsettled, which it could not see if the last ack
                                       // arrived before its message was marked settled.
                 self.settle(batch, i);
-                self.acker.ack(delivery.receipt.clone());
+                match turn {
+                    // Acknowledged before the gate opens: a lingering ack
+                    // of a suspect marked as running alone would count
+                    // against it if another message stopped the process.
+                    Some(_alone) => self.ack_now(delivery).await,
+                    None => self.acker.ack(delivery.receipt.clone()),
+                }
                 self.report(delivery, Outcome::Handled);
                 Step::Handled
             }
@@ -125,6 +173,54 @@ impl Worker {
                 self.report(delivery, outcome);
                 step
             }
+        }
+    }
+
+    /// Closes the process's gate for a suspect: waits for the handlers
+    /// running to end (at most [`ALONE_WAIT`]) and for the acknowledgements
+    /// of this worker's handled messages to go out, then tells the transport
+    /// that it runs alone. A lost lease is given up (as a late settlement
+    /// is); a transport that cannot take the mark now is asked again later,
+    /// not counted as an attempt.
+    async fn run_alone(&self, delivery: &Delivery) -> Result<alone::Alone, Step> {
+        let queue = self.routes.spec().name;
+        let alone = GATE.alone(ALONE_WAIT).await;
+        self.acker.settled(ACKS_WAIT).await;
+        match self.transport.isolate(queue, &delivery.receipt).await {
+            Ok(()) => {
+                if alone.beside == 0 {
+                    tracing::info!(queue, message.id = %delivery.message_id, receive_count = delivery.receive_count,
+                        "running a suspect alone: an earlier lease of this message ran out while its consumer held \
+                         others too (it may have stopped that process); if the process stops now, the attempt counts");
+                } else {
+                    tracing::warn!(queue, message.id = %delivery.message_id, running = alone.beside,
+                        "running a suspect beside {} handler(s) that did not end within {ALONE_WAIT:?}; if the \
+                         process stops now, the attempt counts against the suspect", alone.beside);
+                }
+                Ok(alone)
+            }
+            Err(TransportError::StaleReceipt) => {
+                lease_lost(queue, delivery, "run it alone");
+                Err(Step::Released)
+            }
+            Err(e) => {
+                tracing::warn!(queue, message.id = %delivery.message_id, retry_in = ?ISOLATE_RETRY,
+                    "could not mark a suspect as running alone ({e}); trying again");
+                Err(Step::Again { after: ISOLATE_RETRY, counted: false })
+            }
+        }
+    }
+
+    /// Acknowledges a handled suspect at once; if the transport refuses for
+    /// now, the acker takes the receipt (and tries again).
+    async fn ack_now(&self, delivery: &Delivery) {
+        let queue = self.routes.spec().name;
+        let result = self.transport.ack(queue, vec![delivery.receipt.clone()]).await.pop();
+        match result {
+            Some(Ok(())) => {}
+            Some(Err(TransportError::StaleReceipt)) => tracing::warn!(queue, message.id = %delivery.message_id,
+                "an acknowledgement came too late: the message had been redelivered and may be handled twice"),
+            Some(Err(_)) | None => self.acker.ack(delivery.receipt.clone()),
         }
     }
 

@@ -5,6 +5,7 @@
 //! permanent failures, and shuts down gracefully.
 
 mod acker;
+mod alone;
 mod dispatch;
 mod inflight;
 mod pace;

@@ -103,6 +103,7 @@ impl Stored {
                 _ => None,
             },
             reason: self.reason().map(str::to_owned),
+            suspect: false,
             history: self.history().to_vec(),
             attributes: (*self.attributes).clone(),
             body: self.body.clone(),
@@ -550,6 +551,8 @@ impl QueueState {
             group_id: msg.group.clone(),
             attributes: msg.attributes.clone(),
             sent_at: msg.sent_at,
+            // The queue lives and dies with its process.
+            suspect: false,
         });
         true
     }

@@ -60,7 +60,7 @@ use crate::boxed::BoxFuture;
 use crate::error::TransportError;
 use crate::queue::QueueSpec;
 use crate::transport::schedules::ScheduleLedger;
-use crate::transport::sql::machine::{Enqueue, EnqueueOutcome, QueueRules, Row, RowId, Status};
+use crate::transport::sql::machine::{Enqueue, EnqueueOutcome, QueueRules, Row, RowId, Status, Suspect};
 use crate::transport::{
     Attributes, Browse, DeadLetter, DeadLetters, Delivery, FailedAttempt, Listing, MessageId, MessagePage,
     MessageReport, MessageStatus, Outgoing, PurgeOutcome, QueueCounts, Receipt, RedriveOptions, RedriveOutcome,
@@ -513,6 +513,7 @@ fn delivery(row: LeasedRow) -> Delivery {
         group_id: row.group,
         attributes: Arc::new(decode_attributes(&row.attributes)),
         sent_at: time_of(row.sent_at),
+        suspect: row.suspect != Suspect::No,
     }
 }
 
@@ -532,6 +533,7 @@ fn report_of(queue: &str, row: Row) -> MessageReport {
         process_at_ms: row.process_at,
         held_until_ms: if row.status.is_leased() { row.lease_expires } else { None },
         reason: row.error,
+        suspect: row.suspect != Suspect::No,
         history: row.history,
         attributes: decode_attributes(&row.attributes),
         body: row.payload.into(),
@@ -734,6 +736,13 @@ impl<D: Dialect> Transport for SqlTransport<D> {
         Box::pin(async move {
             self.queue(queue)?;
             self.store.apply(queue, self.store.now(), receipt.key, receipt.token, RowOp::Note { failure }).await
+        })
+    }
+
+    fn isolate<'a>(&'a self, queue: &'a str, receipt: &'a Receipt) -> BoxFuture<'a, Result<(), TransportError>> {
+        Box::pin(async move {
+            self.queue(queue)?;
+            self.store.apply(queue, self.store.now(), receipt.key, receipt.token, RowOp::Isolate).await
         })
     }
 

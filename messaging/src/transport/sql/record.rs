@@ -1,7 +1,7 @@
 //! A message row as stored, decoded the same way on every database.
 
 use crate::error::TransportError;
-use crate::transport::sql::machine::{Deferred, Row, RowId, Status};
+use crate::transport::sql::machine::{Deferred, Row, RowId, Status, Suspect};
 
 /// One row of `messaging_messages` (the columns of `statements::columns!`).
 #[derive(Debug, sqlx::FromRow)]
@@ -31,6 +31,7 @@ pub(crate) struct Record {
     processed_at: Option<i64>,
     error: Option<String>,
     errors: String,
+    suspect: i32,
 }
 
 /// A leased row (the columns of `statements::LEASED`), with what orders it.
@@ -55,14 +56,27 @@ pub(crate) struct LeasedRow {
     /// Where the leased version lies (PostgreSQL; none on SQLite, whose
     /// lease does not return it).
     pub tuple: Tuple,
+    /// Whether a lease of the message ran out before (see [`Suspect`]).
+    pub suspect: Suspect,
     priority: i32,
     seq: i64,
 }
 
 /// The columns of `statements::LEASED`, in its order: [`LeasedRow`] reads
 /// them by place. (A test checks the two agree.)
-pub(crate) const LEASED_COLUMNS: [&str; 10] =
-    ["id", "lease_token", "message_id", "payload", "attempts", "group_id", "attributes", "sent_at", "priority", "seq"];
+pub(crate) const LEASED_COLUMNS: [&str; 11] = [
+    "id",
+    "lease_token",
+    "message_id",
+    "payload",
+    "attempts",
+    "group_id",
+    "attributes",
+    "sent_at",
+    "priority",
+    "seq",
+    "suspect",
+];
 
 /// Reads the leased columns by place, then `tuple` after them where the
 /// lease returns it. Read by name (sqlx's derive), each column was looked up
@@ -97,6 +111,7 @@ where
             sent_at: row.try_get(7)?,
             priority: row.try_get(8)?,
             seq: row.try_get(9)?,
+            suspect: Suspect::of_code(row.try_get(10)?),
             tuple: if row.len() > LEASED_COLUMNS.len() { row.try_get(LEASED_COLUMNS.len())? } else { Tuple::default() },
         })
     }
@@ -256,6 +271,7 @@ impl TryFrom<Record> for Row {
             history: serde_json::from_str(&r.errors).unwrap_or_default(),
             attributes: r.attributes,
             sent_at: r.sent_at,
+            suspect: Suspect::of_code(r.suspect),
         })
     }
 }

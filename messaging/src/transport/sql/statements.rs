@@ -12,7 +12,8 @@ macro_rules! columns {
     () => {
         "id, identity, group_id, message_id, payload, attributes, priority, process_at, status, attempts, seq, \
          lease_token, lease_expires, deferred_message_id, deferred_payload, deferred_attributes, deferred_priority, \
-         deferred_process_at, deferred_status, deferred_seq, deferred_sent_at, sent_at, processed_at, error, errors"
+         deferred_process_at, deferred_status, deferred_seq, deferred_sent_at, sent_at, processed_at, error, errors, \
+         suspect"
     };
 }
 pub(crate) use columns;
@@ -20,7 +21,7 @@ pub(crate) use columns;
 /// The columns a lease returns (`record::LeasedRow`), with priority and seq
 /// for ordering.
 pub(crate) const LEASED: &str =
-    "id, lease_token, message_id, payload, attempts, group_id, attributes, sent_at, priority, seq";
+    "id, lease_token, message_id, payload, attempts, group_id, attributes, sent_at, priority, seq, suspect";
 
 /// Where the framework's tables are: the connection's schema, or a named one.
 #[derive(Debug, Clone, Default)]
@@ -61,7 +62,7 @@ pub(crate) const QUEUE_KIND: &str = "SELECT fifo FROM messaging_queues WHERE nam
 pub(crate) const BY_ID: &str = concat!("SELECT ", columns!(), " FROM messaging_messages WHERE id = $1 AND queue = $2");
 
 /// The columns [`store_rows`] writes, `id` first, in the order of its values.
-const STORED: [&str; 25] = [
+const STORED: [&str; 26] = [
     "id",
     "identity",
     "group_id",
@@ -87,6 +88,7 @@ const STORED: [&str; 25] = [
     "processed_at",
     "error",
     "errors",
+    "suspect",
 ];
 
 /// Values per row of [`store_rows`].
@@ -399,19 +401,19 @@ mod tests {
     fn stored_rows_are_written_column_by_column() {
         let two = store_rows(2, StoreForm::Values);
         assert!(two.starts_with("UPDATE messaging_messages AS m SET identity = t.column2, group_id = t.column3"));
-        assert!(two.contains("errors = t.column25 FROM (VALUES ($1, $2,"), "{two}");
-        assert!(two.contains("$25), ($26, "), "{two}");
-        assert!(two.ends_with("$50)) AS t WHERE m.id = t.column1"), "{two}");
+        assert!(two.contains("errors = t.column25, suspect = t.column26 FROM (VALUES ($1, $2,"), "{two}");
+        assert!(two.contains("$26), ($27, "), "{two}");
+        assert!(two.ends_with("$52)) AS t WHERE m.id = t.column1"), "{two}");
         let one = store_rows(1, StoreForm::Values);
         assert!(one.starts_with("UPDATE messaging_messages SET identity = $2, group_id = $3"), "{one}");
-        assert!(one.ends_with("errors = $25 WHERE id = $1"), "{one}");
+        assert!(one.ends_with("errors = $25, suspect = $26 WHERE id = $1"), "{one}");
         assert_eq!(one, store_rows(1, StoreForm::Joined));
         let joined = store_rows(2, StoreForm::Joined);
         assert!(
-            joined.contains("errors = $25 WHERE id = $1; UPDATE messaging_messages SET identity = $27,"),
+            joined.contains("suspect = $26 WHERE id = $1; UPDATE messaging_messages SET identity = $28,"),
             "{joined}"
         );
-        assert!(joined.ends_with("errors = $50 WHERE id = $26"), "{joined}");
+        assert!(joined.ends_with("suspect = $52 WHERE id = $27"), "{joined}");
     }
 
     #[test]

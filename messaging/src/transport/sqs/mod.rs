@@ -192,6 +192,8 @@ fn delivery_of(m: &aws_sdk_sqs::types::Message) -> Option<Delivery> {
         group_id: get(MessageSystemAttributeName::MessageGroupId),
         attributes: Arc::new(attributes),
         sent_at,
+        // SQS keeps no mark of an expired visibility apart from a failure's.
+        suspect: false,
     })
 }
 

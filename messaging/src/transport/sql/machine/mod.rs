@@ -14,7 +14,7 @@ mod row;
 
 #[cfg(test)]
 pub(crate) use row::IdentityQueue;
-pub(crate) use row::{Deferred, Enqueue, EnqueueOutcome, LeaseLost, QueueRules, Row, RowId, Written};
+pub(crate) use row::{Deferred, Enqueue, EnqueueOutcome, LeaseLost, QueueRules, Row, RowId, Suspect, Written};
 
 /// The status of a row.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]

@@ -6,10 +6,56 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use super::Status;
 use crate::transport::FailedAttempt;
 
-/// The error of an attempt whose lease expired.
+/// The error of an attempt whose lease expired while its handler ran alone
+/// in its process (counted).
 pub(crate) const LEASE_EXPIRED: &str =
-    "the lease expired before the message was settled (the process stopped, the handler outlived the visibility \
-     timeout, or the heartbeat could not extend the lease in time)";
+    "the lease expired before the message was settled, while its handler ran alone (the process stopped, the \
+     handler outlived the visibility timeout, or the heartbeat could not extend the lease in time)";
+
+/// The error of a lease that expired while its consumer held other
+/// messages too (not counted: any of them may have stopped the process).
+pub(crate) const LEASE_EXPIRED_SHARED: &str =
+    "the lease expired before the message was settled, while its consumer held other messages too (not counted \
+     as an attempt: the message is run alone next)";
+
+/// What a row's leases say about its message: whether it may have stopped
+/// the process that held it. A consumer that dies (an `abort`, a segfault,
+/// the OOM killer, a `SIGKILL`) lets every lease it held run out, and
+/// nothing tells the message that killed it from the others it held; so a
+/// lease that runs out makes its message a suspect, which the worker runs
+/// alone, and only a lease that runs out while its message ran alone counts
+/// as an attempt at take-back.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Suspect {
+    /// No lease of the current version ran out (or its handler answered since).
+    #[default]
+    No,
+    /// A lease ran out while its consumer held other messages too.
+    Yes,
+    /// Leased as a suspect, and its handler runs alone in its process now.
+    Alone,
+}
+
+impl Suspect {
+    /// The value stored in the `suspect` column.
+    pub(crate) fn code(self) -> i32 {
+        match self {
+            Suspect::No => 0,
+            Suspect::Yes => 1,
+            Suspect::Alone => 2,
+        }
+    }
+
+    /// The mark of a stored value (anything unknown reads as a suspect: the
+    /// cautious side).
+    pub(crate) fn of_code(code: i32) -> Suspect {
+        match code {
+            0 => Suspect::No,
+            2 => Suspect::Alone,
+            _ => Suspect::Yes,
+        }
+    }
+}
 
 /// A row's id (insertion order within the table).
 pub(crate) type RowId = u64;
@@ -135,6 +181,8 @@ pub struct Row {
     pub attributes: String,
     /// When the current version was enqueued (ms).
     pub sent_at: i64,
+    /// Whether a lease of the current version ran out (see [`Suspect`]).
+    pub suspect: Suspect,
 }
 
 impl Enqueue {
@@ -240,6 +288,8 @@ pub(crate) struct Leased {
     pub attempts: u32,
     /// FIFO group.
     pub group: Option<String>,
+    /// Whether the message is a suspect (see [`Suspect`]).
+    pub suspect: Suspect,
 }
 
 /// A call with a token that no longer holds the lease (it expired, or the row
@@ -290,6 +340,7 @@ impl Row {
             history: Vec::new(),
             attributes: e.attributes,
             sent_at: now,
+            suspect: Suspect::No,
         }
     }
 
@@ -346,6 +397,7 @@ impl Row {
         self.history.clear();
         self.attributes = e.attributes;
         self.sent_at = now;
+        self.suspect = Suspect::No;
         if e.group.is_some() {
             self.group = e.group;
         }
@@ -403,6 +455,7 @@ impl Row {
                 self.history.clear();
                 self.attributes = d.attributes;
                 self.sent_at = d.sent_at;
+                self.suspect = Suspect::No;
             }
             None => self.status = Status::Pending,
         }
@@ -419,6 +472,7 @@ impl Row {
             self.status = Status::Processed;
             self.clear_lease();
             self.processed_at = Some(now);
+            self.suspect = Suspect::No;
             retention_ms <= 0
         };
         Ok(Completed { delete, previous })
@@ -428,7 +482,10 @@ impl Row {
     /// caller's, or the leases so far when that is more, since a FIFO message
     /// may be tried again within one lease; its time: `now`); the reason a
     /// dead letter shows.
+    /// A recorded failure is the handler's answer: the message did not stop
+    /// its process this time, and is a suspect no more.
     fn record(&mut self, now: i64, attempt: u32, error_type: &str, message: &str) {
+        self.suspect = Suspect::No;
         let attempt = attempt.max(self.attempts);
         let failure = FailedAttempt { at_ms: now, ..FailedAttempt::new(attempt, error_type, message) };
         self.error = Some(failure.reason());
@@ -496,7 +553,20 @@ impl Row {
             self.clear_lease();
             self.attempts = self.attempts.saturating_sub(1);
             self.status = Status::Pending;
+            if self.suspect == Suspect::Alone {
+                self.suspect = Suspect::Yes;
+            }
         }
+        Ok(())
+    }
+
+    /// Marks the leased row as run alone in its process from now (a
+    /// suspect's handler about to start with nothing else running): if
+    /// this lease runs out, the attempt counts. (The worker asks for it
+    /// only for suspects; any leased row takes it.)
+    pub fn isolate(&mut self, now: i64, token: u64) -> Result<(), LeaseLost> {
+        self.check(now, token)?;
+        self.suspect = Suspect::Alone;
         Ok(())
     }
 
@@ -512,14 +582,27 @@ impl Row {
         self.status.is_leased() && self.lease_expires.is_some_and(|e| e <= now)
     }
 
-    /// Abandonment of an expired lease.
+    /// Abandonment of an expired lease. The attempt counts only if the
+    /// message ran alone ([`Suspect::Alone`]): then it is what stopped its
+    /// consumer, or the handler outlived its lease. Otherwise its consumer
+    /// held other messages too, any of which may have stopped it: the
+    /// lease's charge is given back, as a release gives it back, and the
+    /// message becomes a suspect, run alone next. Either way it stays a
+    /// suspect until its handler answers.
     pub fn abandon(&mut self, now: i64, rules: &QueueRules) {
         if self.status == Status::AwaitingRelease {
             self.apply_deferred(now);
             return;
         }
         self.clear_lease();
-        self.record(now, 0, "LeaseExpired", LEASE_EXPIRED);
+        let alone = self.suspect == Suspect::Alone;
+        if alone {
+            self.record(now, 0, "LeaseExpired", LEASE_EXPIRED);
+        } else {
+            self.record(now, 0, "LeaseExpired", LEASE_EXPIRED_SHARED);
+            self.attempts = self.attempts.saturating_sub(1);
+        }
+        self.suspect = Suspect::Yes;
         self.status =
             if rules.retry_abandoned && self.attempts < rules.max_attempts { Status::Pending } else { Status::Error };
     }
@@ -662,6 +745,7 @@ impl IdentityQueue {
                 payload: row.payload.clone(),
                 attempts: row.attempts,
                 group: row.group.clone(),
+                suspect: row.suspect,
             });
         }
         out
@@ -718,6 +802,11 @@ impl IdentityQueue {
     /// Pushes the lease's expiry out (heartbeat).
     pub(crate) fn extend(&mut self, now: i64, id: RowId, token: u64, lease_ms: i64) -> Result<(), LeaseLost> {
         self.row_mut(id)?.extend(now, token, lease_ms)
+    }
+
+    /// Marks a leased row as run alone (see [`Row::isolate`]).
+    pub(crate) fn isolate(&mut self, now: i64, id: RowId, token: u64) -> Result<(), LeaseLost> {
+        self.row_mut(id)?.isolate(now, token)
     }
 
     /// Abandons every expired lease; returns the rows concerned.

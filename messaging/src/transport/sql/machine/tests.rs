@@ -208,10 +208,20 @@ fn lease_expiry_is_abandonment() {
     let id = q.enqueue(0, msg(None, "x")).row().expect("a row");
     q.lease(0, 1, LEASE);
     assert_eq!(q.expire(LEASE), vec![id]);
-    assert_eq!(status(&q, id), Status::Pending, "retried, attempt counted");
-    q.lease(LEASE, 1, LEASE);
-    q.expire(2 * LEASE);
-    assert_eq!(status(&q, id), Status::Error, "out of attempts");
+    let row = q.row(id).unwrap();
+    assert_eq!(
+        (row.status, row.attempts, row.suspect),
+        (Status::Pending, 0, Suspect::Yes),
+        "not run alone: given back"
+    );
+    for round in 1..=2 {
+        let l = q.lease(round * LEASE, 1, LEASE).remove(0);
+        assert_eq!((l.attempts, l.suspect), (round as u32, Suspect::Yes));
+        q.isolate(round * LEASE, id, l.token).unwrap();
+        q.expire((round + 1) * LEASE);
+    }
+    let row = q.row(id).unwrap();
+    assert_eq!((row.status, row.attempts), (Status::Error, 2), "out of attempts, each run alone");
 
     let mut q = queue(QueueRules { retry_abandoned: false, ..QueueRules::default() });
     let id = q.enqueue(0, msg(None, "x")).row().expect("a row");
@@ -353,4 +363,59 @@ fn a_release_keeps_the_attempts_its_holder_noted_as_failed() {
     let l = q.lease(300, 1, LEASE).remove(0);
     q.release(301, id, l.token).unwrap();
     assert_eq!((status(&q, id), q.row(id).unwrap().attempts), (Status::Pending, 0));
+}
+
+#[test]
+fn a_suspect_s_mark_lasts_until_its_handler_answers() {
+    let mut q = queue(QueueRules::default());
+    let id = q.enqueue(0, msg(None, "x")).row().expect("a row");
+    q.lease(0, 1, LEASE);
+    q.expire(LEASE);
+    // A release (shutdown) keeps it a suspect, and one that ran alone goes
+    // back to a plain suspect: it never ran.
+    let l = q.lease(LEASE, 1, LEASE).remove(0);
+    q.isolate(LEASE, id, l.token).unwrap();
+    assert_eq!(q.row(id).unwrap().suspect, Suspect::Alone);
+    q.release(LEASE + 1, id, l.token).unwrap();
+    assert_eq!(q.row(id).unwrap().suspect, Suspect::Yes);
+    // A recorded failure is an answer.
+    let l = q.lease(LEASE + 2, 1, LEASE).remove(0);
+    q.isolate(LEASE + 2, id, l.token).unwrap();
+    q.fail(LEASE + 3, id, l.token, LEASE + 3, "declined").unwrap();
+    let row = q.row(id).unwrap();
+    assert_eq!((row.status, row.suspect, row.attempts), (Status::Pending, Suspect::No, 1));
+    // A stale token cannot mark it.
+    assert_eq!(q.isolate(LEASE + 4, id, l.token), Err(LeaseLost));
+}
+
+/// The case the mark exists for: a message that stops its process each
+/// time it runs, leased with three others. The crash gives every attempt
+/// back; run alone, the others complete and the culprit alone spends its
+/// attempts and becomes a dead letter.
+#[test]
+fn a_message_that_stops_its_process_spends_only_its_own_attempts() {
+    let mut q = queue(QueueRules { max_attempts: 3, ..QueueRules::default() });
+    let ids: Vec<RowId> =
+        ["poison", "a", "b", "c"].iter().map(|p| q.enqueue(0, msg(None, p)).row().expect("a row")).collect();
+    let mut now = 0;
+    // Three crashes while all four are held: nothing is counted.
+    for _ in 0..3 {
+        assert_eq!(q.lease(now, 4, LEASE).len(), 4);
+        now += LEASE;
+        q.expire(now);
+    }
+    assert!(q.rows().all(|r| r.status == Status::Pending && r.attempts == 0 && r.suspect == Suspect::Yes));
+    // Then each runs alone; the poison stops the process every time.
+    while let Some(l) = q.lease(now, 1, LEASE).pop() {
+        assert_eq!(l.suspect, Suspect::Yes);
+        q.isolate(now, l.id, l.token).unwrap();
+        if l.id == ids[0] {
+            now += LEASE;
+            q.expire(now);
+        } else {
+            q.complete(now, l.id, l.token).unwrap();
+        }
+    }
+    let left: Vec<(RowId, Status, u32)> = q.rows().map(|r| (r.id, r.status, r.attempts)).collect();
+    assert_eq!(left, [(ids[0], Status::Error, 3)], "only the poison is left, a dead letter after its own 3");
 }

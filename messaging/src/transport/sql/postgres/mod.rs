@@ -210,7 +210,7 @@ pub(super) fn completion(retain: bool) -> [&'static str; 2] {
         RETURNING m.id, t.token";
     let complete = if retain {
         "UPDATE messaging_messages m SET status = 'processed', processed_at = $5, lease_token = NULL, \
-         lease_expires = NULL FROM"
+         lease_expires = NULL, suspect = 0 FROM"
     } else {
         "DELETE FROM messaging_messages m USING"
     };

@@ -13,7 +13,7 @@ use super::record::{Held, LeasedRow};
 use super::statements::{self as sql, FifoSearch};
 use super::store::{Enqueued, RowOp};
 use crate::error::TransportError;
-use crate::transport::sql::machine::{Enqueue, QueueRules, Row, RowId, Status};
+use crate::transport::sql::machine::{Enqueue, QueueRules, Row, RowId, Status, Suspect};
 
 /// Texts as the JSON array that [`Dialect::BY_IDENTITIES`] reads: one parameter for
 /// a list of any length.
@@ -111,6 +111,9 @@ impl<D: Dialect> SqlStore<D> {
         let args = [queue.into(), now.into()];
         let found = self.query_in(w, "finding expired leases", &[sql::EXPIRED, D::LOCK_SKIP], &args).await?;
         let mut taken: Vec<Row> = rows::<D>(&found)?.into_iter().filter(|row| row.is_abandoned(now)).collect();
+        // Those whose handler ran alone are what stopped their consumer
+        // (or outlived the lease): their attempt counts.
+        let alone = taken.iter().filter(|row| row.suspect == Suspect::Alone).count();
         for row in &mut taken {
             row.abandon(now, rules);
         }
@@ -123,9 +126,12 @@ impl<D: Dialect> SqlStore<D> {
             tracing::warn!(
                 queue,
                 count = taken.len(),
+                ran_alone = alone,
                 dead_lettered = dead,
-                "took back messages whose lease ran out: their consumer stopped or did not extend them in time \
-                 (they are received again; those out of attempts are dead letters)"
+                "took back {} message(s) whose lease ran out: their consumer stopped or did not extend them in \
+                 time. Each is a suspect now, run alone when received again; {alone} had run alone (the attempt \
+                 counts), the others were held together (not counted); {dead} out of attempts are dead letters",
+                taken.len()
             );
         }
         Ok(())

@@ -304,6 +304,7 @@ impl<D: Dialect> SqlStore<D> {
                     row.processed_at.into(),
                     row.error.as_deref().into(),
                     history.as_str().into(),
+                    row.suspect.code().into(),
                 ];
                 args.extend(values);
             }

@@ -221,7 +221,7 @@ pub(super) async fn complete_plain(
         "DELETE FROM messaging_messages"
     } else {
         "UPDATE messaging_messages SET status = 'processed', processed_at = ?, lease_token = NULL, \
-         lease_expires = NULL"
+         lease_expires = NULL, suspect = 0"
     };
     let held = "id IN (SELECT value FROM json_each(?)) AND lease_token = ? AND queue = ? AND status = 'processing' \
                 AND identity IS NULL AND lease_expires > ?";

@@ -1,7 +1,8 @@
 //! Model-based tests of the database queues: random sequences of enqueue
 //! (with and without identity, identical payloads, future process-at,
-//! priority), lease, complete, fail, release, dead-letter, extend, lease
-//! expiry, redrive and the console's retry now, delete and redrive by id
+//! priority), lease, complete, fail, release, dead-letter, extend, a
+//! suspect's mark of running alone, lease expiry (counted or given back),
+//! redrive and the console's retry now, delete and redrive by id
 //! run against the pure state machine
 //! (`machine::IdentityQueue`, the oracle) and against the real
 //! PostgreSQL and SQLite stores, with the same clock, comparing every row
@@ -65,6 +66,10 @@ enum Cmd {
     },
     /// A failed attempt that the holder tries again under its lease.
     Note {
+        pick: usize,
+    },
+    /// A suspect's handler about to run alone (then a lease expiry counts).
+    Isolate {
         pick: usize,
     },
     Advance {
@@ -159,6 +164,7 @@ fn cmd() -> impl Strategy<Value = Cmd> {
         1 => any::<usize>().prop_map(|pick| Cmd::DeadLetter { pick }),
         1 => any::<usize>().prop_map(|pick| Cmd::Extend { pick }),
         1 => any::<usize>().prop_map(|pick| Cmd::Note { pick }),
+        1 => any::<usize>().prop_map(|pick| Cmd::Isolate { pick }),
         2 => (1i64..1_500).prop_map(|ms| Cmd::Advance { ms }),
         1 => any::<usize>().prop_map(|pick| Cmd::Redrive { pick }),
         1 => (any::<usize>(), prop_oneof![Just(ConsoleOp::RetryNow), Just(ConsoleOp::Delete), Just(ConsoleOp::RedriveById)])
@@ -308,7 +314,7 @@ async fn run_case<D: Dialect>(store: &SqlStore<D>, queue: &str, rules: QueueRule
                     return Err(at(format!("leased {got_ids:?}, expected {expected_ids:?}")));
                 }
                 for (m, s) in expected.iter().zip(&got) {
-                    if (m.payload.as_slice(), m.attempts) != (s.payload.as_slice(), s.attempts) {
+                    if (m.payload.as_slice(), m.attempts, m.suspect) != (s.payload.as_slice(), s.attempts, s.suspect) {
                         return Err(at(format!("lease of {} differs: {m:?} vs {s:?}", s.id)));
                     }
                     held.push((m.id, m.token, s.id, s.token, s.tuple));
@@ -319,7 +325,8 @@ async fn run_case<D: Dialect>(store: &SqlStore<D>, queue: &str, rules: QueueRule
             | Cmd::Release { pick }
             | Cmd::DeadLetter { pick }
             | Cmd::Extend { pick }
-            | Cmd::Note { pick } => {
+            | Cmd::Note { pick }
+            | Cmd::Isolate { pick } => {
                 if held.is_empty() {
                     continue;
                 }
@@ -344,6 +351,7 @@ async fn run_case<D: Dialect>(store: &SqlStore<D>, queue: &str, rules: QueueRule
                                 RowOp::DeadLetter { failure: FailedAttempt::new(0, "Error", "permanent") }
                             }
                             Cmd::Note { .. } => RowOp::Note { failure: FailedAttempt::new(0, "Error", "again") },
+                            Cmd::Isolate { .. } => RowOp::Isolate,
                             _ => RowOp::Extend { lease_ms: LEASE_MS },
                         };
                         let e = match &op {
@@ -352,6 +360,7 @@ async fn run_case<D: Dialect>(store: &SqlStore<D>, queue: &str, rules: QueueRule
                             RowOp::DeadLetter { .. } => model.dead_letter(now, mid, mtok, "permanent").is_ok(),
                             RowOp::Extend { lease_ms } => model.extend(now, mid, mtok, *lease_ms).is_ok(),
                             RowOp::Note { .. } => model.note(now, mid, mtok, "again").is_ok(),
+                            RowOp::Isolate => model.isolate(now, mid, mtok).is_ok(),
                         };
                         (e, store.apply(queue, now, sid, stok, op).await)
                     }
@@ -467,6 +476,7 @@ async fn compare<D: Dialect>(
                 r.error.clone(),
                 r.history.iter().map(|a| (a.attempt, a.at_ms, a.message.clone())).collect::<Vec<_>>(),
                 r.lease_token.is_some(),
+                r.suspect,
             )
         };
         if view(m) != view(s) {

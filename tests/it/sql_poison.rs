@@ -1,0 +1,153 @@
+//! A message that kills its process (`abort`) at the head of a FIFO group,
+//! held with the heads of five other groups, the consumer started again
+//! after every crash, as a supervisor would. The culprit spends only its own
+//! attempts and becomes a dead letter; every other message is handled, in
+//! order per group, and none is dead-lettered. (Before suspects ran alone,
+//! the heads of all six groups were dead letters after three restarts.) The
+//! test binary runs itself as the consumer (the ignored `poison_worker`
+//! entry point). On both databases.
+#![cfg(all(feature = "postgres", feature = "sqlite", unix))]
+
+use crate::fixtures;
+
+use std::io::Write as _;
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use messaging::prelude::*;
+
+const GROUPS: u32 = 6;
+const PER_GROUP: u32 = 3;
+const MAX_RECEIVES: u32 = 3;
+
+#[messaging::queue("poison-ledger.fifo", fifo, concurrency = 4, visibility = "1s", max_receives = 3)]
+struct PoisonLedger;
+
+#[messaging::message(name = "test.poison.entry", v = 1)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Entry {
+    group: u32,
+    n: u32,
+}
+
+/// Books an entry in the file the test names; the first entry of group 0
+/// aborts the process while the other lanes' handlers are still running.
+#[messaging::handler(queue = PoisonLedger)]
+async fn book(entry: Entry) -> Result<(), HandlerError> {
+    if entry.group == 0 && entry.n == 0 {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        std::process::abort();
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let path = std::env::var("MESSAGING_TEST_BOOKED").map_err(HandlerError::permanent)?;
+    let mut file = std::fs::OpenOptions::new().create(true).append(true).open(path)?;
+    writeln!(file, "{} {}", entry.group, entry.n)?;
+    Ok(())
+}
+
+/// The consumer process: consumes `poison-ledger.fifo` until killed (or
+/// until the poison aborts it).
+#[test]
+#[ignore = "entry point of the consumer process started by a_message_that_kills_its_process_spends_only_its_own_attempts"]
+fn poison_worker() {
+    let Ok(url) = std::env::var("MESSAGING_TEST_URL") else { return };
+    fixtures::runtime().block_on(async move {
+        let transport = messaging::transport::connect(&url).await.expect("connect");
+        let mut app = messaging::App::new(transport).await.expect("app");
+        app.only_queues(&["poison-ledger.fifo"]);
+        app.start().expect("start").wait().await;
+    });
+}
+
+fn spawn_worker(url: &str, booked: &std::path::Path) -> std::process::Child {
+    Command::new(std::env::current_exe().expect("test binary"))
+        .arg(fixtures::entry_point(module_path!(), "poison_worker"))
+        .args(["--exact", "--ignored", "--nocapture", "--test-threads=1"])
+        .env("MESSAGING_TEST_URL", url)
+        .env("MESSAGING_TEST_BOOKED", booked)
+        .env("RUST_LOG", "error")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn the consumer process")
+}
+
+#[test]
+fn a_message_that_kills_its_process_spends_only_its_own_attempts() {
+    let runtime = fixtures::runtime();
+    for (url, _guard) in runtime.block_on(fixtures::both_databases("&migrate=true")) {
+        let booked = std::env::temp_dir().join(format!("poison-booked-{}.txt", std::process::id()));
+        let _ = std::fs::remove_file(&booked);
+        let transport = runtime.block_on(async {
+            let transport = messaging::transport::connect(&url).await.expect("connect");
+            transport.declare(&<PoisonLedger as Queue>::SPEC).await.expect("declare");
+            let publisher = Publisher::new(Arc::clone(&transport));
+            for n in 0..PER_GROUP {
+                for group in 0..GROUPS {
+                    let entry = Entry { group, n };
+                    publisher.send::<PoisonLedger, _>(&entry).group(format!("g{group}")).await.expect("published");
+                }
+            }
+            transport
+        });
+        let queue = <PoisonLedger as Queue>::SPEC.name;
+
+        // Started again after every crash, until everything is settled.
+        let mut crashes = 0;
+        let deadline = Instant::now() + Duration::from_secs(90);
+        loop {
+            let mut worker = spawn_worker(&url, &booked);
+            let crashed = loop {
+                if let Some(status) = worker.try_wait().expect("poll") {
+                    assert!(!status.success(), "the consumer ended by itself without crashing: {status:?}");
+                    break true;
+                }
+                if runtime.block_on(transport.depth(queue)).expect("depth") == 0 {
+                    worker.kill().expect("SIGKILL");
+                    worker.wait().expect("reaped");
+                    break false;
+                }
+                assert!(Instant::now() < deadline, "no end after {crashes} crashes");
+                std::thread::sleep(Duration::from_millis(50));
+            };
+            if !crashed {
+                break;
+            }
+            crashes += 1;
+            assert!(crashes <= 1 + MAX_RECEIVES, "{crashes} crashes: the culprit was not caught");
+        }
+
+        let letters = runtime
+            .block_on(transport.dead_letters().expect("dead letters").peek(queue, 100))
+            .expect("peek the dead letters");
+        let bodies: Vec<String> = letters.iter().map(|l| String::from_utf8_lossy(&l.body).into_owned()).collect();
+        assert_eq!(letters.len(), 1, "only the culprit is a dead letter: {bodies:?}");
+        assert!(bodies[0].contains(r#""group":0,"n":0"#), "{bodies:?}");
+        let alone = letters[0].history.iter().filter(|a| a.message.contains("ran alone")).count();
+        assert_eq!(alone, MAX_RECEIVES as usize, "its own attempts, each run alone: {:?}", letters[0].history);
+        let report = runtime
+            .block_on(transport.inspect(queue, &letters[0].message_id))
+            .expect("inspect")
+            .expect("the dead letter");
+        assert!(report.suspect, "`show` calls it a suspect");
+
+        // Every other entry booked, in order per group (an entry whose
+        // acknowledgement a crash cut off is booked twice, in its place).
+        let text = std::fs::read_to_string(&booked).unwrap_or_default();
+        for group in 0..GROUPS {
+            let mut seen: Vec<u32> = text
+                .lines()
+                .filter_map(|l| l.split_once(' '))
+                .filter(|(g, _)| g.parse() == Ok(group))
+                .map(|(_, n)| n.parse().expect("a number"))
+                .collect();
+            assert!(seen.windows(2).all(|w| w[0] <= w[1]), "group {group} out of order: {seen:?}");
+            seen.dedup();
+            let expected: Vec<u32> = if group == 0 { (1..PER_GROUP).collect() } else { (0..PER_GROUP).collect() };
+            assert_eq!(seen, expected, "group {group} ({url})");
+        }
+        eprintln!("{url}: {crashes} crashes, {} entries booked", text.lines().count());
+        let _ = std::fs::remove_file(&booked);
+    }
+}
