@@ -88,6 +88,26 @@ fn run_handles_the_demo_orders_and_exits() {
     assert_eq!(orders_line.split_whitespace().nth(2), Some("0"), "{listing}");
 }
 
+/// A reader that goes away (`app queues | head -1`) ends the output, not
+/// the command: no panic, no backtrace, exit 0.
+#[test]
+fn output_into_a_closed_pipe_is_dropped_quietly() {
+    let mut child = orders()
+        .args(["--transport", "memory://", "queues"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The read end closes before the command has started, so its first
+    // line meets a closed pipe.
+    drop(child.stdout.take());
+    let out = child.wait_with_output().unwrap();
+    let errors = String::from_utf8_lossy(&out.stderr);
+    assert!(!errors.contains("panicked"), "{errors}");
+    assert!(out.status.success(), "{:?}: {errors}", out.status);
+}
+
 #[test]
 fn validate_and_queues() {
     let dir = WorkDir::new();

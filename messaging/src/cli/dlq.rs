@@ -156,7 +156,7 @@ impl Walk<'_> {
         let left = if self.dry_run { None } else { self.dlq.depth(self.queue).await.ok() };
         let (value, text) = self.stopped_by_signal(count, left);
         if self.json {
-            println!("{value}");
+            out!("{value}");
         } else {
             eprintln!("{text}");
         }
@@ -256,7 +256,7 @@ pub(super) async fn run(app: &App, command: DlqCommand) -> Result<(), Error> {
             );
             if json {
                 for letter in &letters {
-                    println!("{}", letter.to_json());
+                    out!("{}", letter.to_json());
                 }
                 if hidden > 0 {
                     // Not on stdout, which carries one JSON object per line.
@@ -265,12 +265,12 @@ pub(super) async fn run(app: &App, command: DlqCommand) -> Result<(), Error> {
                 return Ok(());
             }
             if letters.is_empty() && hidden == 0 {
-                println!("no dead letters for `{queue}`");
+                out!("no dead letters for `{queue}`");
             }
             for letter in &letters {
                 let body = String::from_utf8_lossy(&letter.body);
                 let short: String = body.chars().take(120).collect();
-                println!(
+                out!(
                     "{}  type={}  receives={}  reason={}\n    {short}{}",
                     letter.message_id,
                     letter.type_name().unwrap_or_else(|| "-".into()),
@@ -279,11 +279,11 @@ pub(super) async fn run(app: &App, command: DlqCommand) -> Result<(), Error> {
                     if body.chars().count() > 120 { "…" } else { "" }
                 );
                 for attempt in &letter.history {
-                    println!("    {attempt}");
+                    out!("    {attempt}");
                 }
             }
             if hidden > 0 {
-                println!("{note}");
+                out!("{note}");
             }
             Ok(())
         }
@@ -303,19 +303,21 @@ pub(super) async fn run(app: &App, command: DlqCommand) -> Result<(), Error> {
                 let value = serde_json::json!({
                     "queue": queue, "dry_run": dry_run, "moved": outcome.moved, "skipped": outcome.skipped, "left": left,
                 });
-                println!("{value}");
+                out!("{value}");
                 return Ok(());
             }
             let left = left.map_or_else(|| "?".to_owned(), |n| n.to_string());
             if dry_run {
-                println!(
+                out!(
                     "would redrive {} message(s) of `{queue}` ({} skipped by the filter); nothing was moved",
-                    outcome.moved, outcome.skipped
+                    outcome.moved,
+                    outcome.skipped
                 );
             } else {
-                println!(
+                out!(
                     "redrove {} message(s) of `{queue}`; {} skipped by the filter; {left} left in its dead letters",
-                    outcome.moved, outcome.skipped
+                    outcome.moved,
+                    outcome.skipped
                 );
             }
             // On a FIFO dead-letter queue of SQS a letter the filter leaves
@@ -327,7 +329,7 @@ pub(super) async fn run(app: &App, command: DlqCommand) -> Result<(), Error> {
             let sqs = app.setup_transport().system() == "aws_sqs";
             if type_name.is_some() && outcome.skipped > 0 && sqs && is_fifo(app, &queue) {
                 let left = dlq.depth(&queue).await.map_or_else(|_| "some".to_owned(), |n| n.to_string());
-                println!(
+                out!(
                     "on a FIFO dead-letter queue a letter that does not match the filter blocks the letters behind it \
                      in its group, matching or not: {left} letter(s) are left in the dead letters of `{queue}`"
                 );
@@ -339,12 +341,12 @@ pub(super) async fn run(app: &App, command: DlqCommand) -> Result<(), Error> {
             let ids: Vec<MessageId> = ids.into_iter().map(MessageId::from).collect();
             let deleted = dlq.delete(&queue, &ids).await?;
             if json {
-                println!("{}", serde_json::json!({ "queue": queue, "requested": ids.len(), "deleted": deleted }));
+                out!("{}", serde_json::json!({ "queue": queue, "requested": ids.len(), "deleted": deleted }));
                 return Ok(());
             }
-            println!("deleted {deleted} of {} dead letter(s) of `{queue}`", ids.len());
+            out!("deleted {deleted} of {} dead letter(s) of `{queue}`", ids.len());
             if deleted < ids.len() {
-                println!("the others are not dead letters of `{queue}` (see `dlq peek {queue}`)");
+                out!("the others are not dead letters of `{queue}` (see `dlq peek {queue}`)");
             }
             Ok(())
         }
@@ -383,19 +385,21 @@ pub(super) async fn run(app: &App, command: DlqCommand) -> Result<(), Error> {
                 let value = serde_json::json!({
                     "queue": queue, "dry_run": dry_run, "deleted": outcome.deleted, "skipped": outcome.skipped, "left": left,
                 });
-                println!("{value}");
+                out!("{value}");
                 return Ok(());
             }
             let left = left.map_or_else(|| "?".to_owned(), |n| n.to_string());
             if dry_run {
-                println!(
+                out!(
                     "would delete {} dead letter(s) of `{queue}` ({} skipped by the filter); nothing was deleted",
-                    outcome.deleted, outcome.skipped
+                    outcome.deleted,
+                    outcome.skipped
                 );
             } else {
-                println!(
+                out!(
                     "deleted {} dead letter(s) of `{queue}`; {} skipped by the filter; {left} left",
-                    outcome.deleted, outcome.skipped
+                    outcome.deleted,
+                    outcome.skipped
                 );
             }
             Ok(())

@@ -1,6 +1,21 @@
 //! The command line of every `#[messaging::main]` binary: `run` (default),
 //! `validate`, `queues`, `dlq peek|redrive`, `health`, `migrate`.
 
+/// `println!` for the commands' output, which a closed pipe does not stop:
+/// `app show QUEUE ID | head -3` panicked ("failed printing to stdout:
+/// Broken pipe") once `head` had its lines, a backtrace on the terminal.
+/// What a command prints is a report of what it did or found; once the
+/// reader is gone the rest is dropped and the command finishes its work
+/// (a redrive is not cut short by a pager closing). Restoring `SIGPIPE`'s
+/// default instead would also kill a process whose database connection
+/// dropped mid-write.
+macro_rules! out {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stdout(), $($arg)*);
+    }};
+}
+
 mod dlq;
 mod interrupt;
 mod outbox;
@@ -260,9 +275,9 @@ async fn execute(cli: Cli, hook: SetupHook) -> Result<(), Error> {
         None => None,
     };
     if matches!(command, Command::Migrate) {
-        println!("migrated: {} ({url}) is ready", transport.system());
+        out!("migrated: {} ({url}) is ready", transport.system());
         if let (Some(outbox), Some(outbox_url)) = (&outbox, &cli.outbox) {
-            println!("migrated: the outbox on {} ({outbox_url}) is ready", outbox.system());
+            out!("migrated: the outbox on {} ({outbox_url}) is ready", outbox.system());
         }
         return Ok(());
     }
@@ -329,9 +344,9 @@ async fn execute(cli: Cli, hook: SetupHook) -> Result<(), Error> {
                     "handlers": handlers,
                     "transport": transport.system(),
                 });
-                println!("{value}");
+                out!("{value}");
             } else {
-                println!("ok: {queues} queue(s), {handlers} handler(s) on {} ({url})", transport.system());
+                out!("ok: {queues} queue(s), {handlers} handler(s) on {} ({url})", transport.system());
             }
             Ok(())
         }
@@ -479,7 +494,7 @@ async fn console(app: &App, addr: std::net::SocketAddr, access: ConsoleAccess) -
         .await
         .map_err(|e| Error::Command(format!("cannot listen on {addr} for the console: {e}")))?;
     let bound = listener.local_addr().map_err(|e| Error::Command(e.to_string()))?;
-    println!("console: http://{bound}/ (JSON API under /api/v1); Ctrl-C stops it");
+    out!("console: http://{bound}/ (JSON API under /api/v1); Ctrl-C stops it");
     axum::serve(listener, console.router())
         .with_graceful_shutdown(wait_for_signal())
         .await
@@ -515,9 +530,9 @@ async fn pause(app: &App, action: QueuesAction) -> Result<(), Error> {
         )));
     }
     if paused {
-        println!("paused `{queue}`: no process leases its messages (each sees it within one poll interval)");
+        out!("paused `{queue}`: no process leases its messages (each sees it within one poll interval)");
     } else {
-        println!("resumed `{queue}`");
+        out!("resumed `{queue}`");
     }
     Ok(())
 }
@@ -536,7 +551,7 @@ fn problems_of(e: &Error) -> Vec<String> {
 
 /// `validate --json` when validation fails: every problem, a sentence each.
 fn print_validation(problems: &[String]) {
-    println!("{}", serde_json::json!({ "status": "invalid", "problems": problems }));
+    out!("{}", serde_json::json!({ "status": "invalid", "problems": problems }));
 }
 
 /// Probes every declared queue; an error lists the unreachable ones.
@@ -559,9 +574,9 @@ async fn health(app: &App, outbox: Option<&crate::transport::Outbox>, json: bool
             "failing": failing,
             "outbox": outbox_problem,
         });
-        println!("{value}");
+        out!("{value}");
     } else if healthy {
-        println!("healthy: {} queue(s) reachable on {}", queues.len(), transport.system());
+        out!("healthy: {} queue(s) reachable on {}", queues.len(), transport.system());
     }
     if healthy {
         return Ok(());
@@ -617,11 +632,11 @@ async fn print_queues(app: &App, json: bool) {
                 "dead_letters": dead.as_ref().and_then(|d| d.as_ref().ok()),
                 "paused": paused,
             });
-            println!("{value}");
+            out!("{value}");
         }
         return;
     }
-    println!("{:<40} {:<9} {:>6} {:>8} {:>5}  dead letters", "queue", "kind", "depth", "visible", "conc");
+    out!("{:<40} {:<9} {:>6} {:>8} {:>5}  dead letters", "queue", "kind", "depth", "visible", "conc");
     for QueueLine { spec, depth, dead, paused } in &lines {
         let depth = depth.as_ref().map_or_else(|e| format!("? ({e})"), |d| d.to_string());
         let dead = match dead {
@@ -629,7 +644,7 @@ async fn print_queues(app: &App, json: bool) {
             Some(Err(_)) | None => spec.dlq.map_or_else(|| "-".to_owned(), str::to_owned),
         };
         let name = if *paused == Some(true) { format!("{} (paused)", spec.name) } else { spec.name.to_owned() };
-        println!(
+        out!(
             "{:<40} {:<9} {:>6} {:>7}s {:>5}  {}",
             name,
             if spec.fifo { "fifo" } else { "standard" },

@@ -41,9 +41,9 @@ pub(super) async fn run(outbox: Option<&Outbox>, args: OutboxArgs) -> Result<(),
         Some(OutboxAction::Retry { queue }) => {
             let n = outbox.retry_failed(queue.as_deref()).await?;
             if args.json {
-                println!("{}", serde_json::json!({ "retried": n }));
+                out!("{}", serde_json::json!({ "retried": n }));
             } else {
-                println!("{n} failed row(s) made pending again; a running relay sends them");
+                out!("{n} failed row(s) made pending again; a running relay sends them");
             }
             Ok(())
         }
@@ -63,23 +63,23 @@ async fn show(outbox: &Outbox, json: bool) -> Result<(), Error> {
             "failed": failed,
             "problem": problem,
         });
-        println!("{value}");
+        out!("{value}");
         return Ok(());
     }
     let pending: u64 = queues.iter().map(|q| q.pending).sum();
     let refused: u64 = queues.iter().map(|q| q.failed).sum();
-    println!("outbox on {}: {pending} pending, {refused} failed", outbox.system());
+    out!("outbox on {}: {pending} pending, {refused} failed", outbox.system());
     if !queues.is_empty() {
-        println!("{:<40} {:>8} {:>7} {:>12}", "queue", "pending", "failed", "oldest");
+        out!("{:<40} {:>8} {:>7} {:>12}", "queue", "pending", "failed", "oldest");
         for q in &queues {
             let oldest = q.oldest_pending_ms.map_or_else(|| "-".to_owned(), age);
-            println!("{:<40} {:>8} {:>7} {:>12}", q.queue, q.pending, q.failed, oldest);
+            out!("{:<40} {:>8} {:>7} {:>12}", q.queue, q.pending, q.failed, oldest);
         }
     }
     if !failed.is_empty() {
-        println!("refused by the transport (`outbox retry` sends them again):");
+        out!("refused by the transport (`outbox retry` sends them again):");
         for row in &failed {
-            println!(
+            out!(
                 "  {} {} after {} attempt(s): {}",
                 row.queue,
                 row.message_id,
@@ -89,7 +89,7 @@ async fn show(outbox: &Outbox, json: bool) -> Result<(), Error> {
         }
     }
     if let Some(problem) = problem {
-        println!("warning: {problem}");
+        out!("warning: {problem}");
     }
     Ok(())
 }

@@ -91,9 +91,9 @@ pub(super) async fn run(app: &mut App, args: PublishArgs) -> Result<(), Error> {
             "type": entry.name.unwrap_or(entry.type_name),
             "version": entry.name.map(|_| entry.version),
         });
-        println!("{value}");
+        out!("{value}");
     } else {
-        println!("published {} to `{}` as {id}", describe(entry), spec.name);
+        out!("published {} to `{}` as {id}", describe(entry), spec.name);
     }
     Ok(())
 }

@@ -71,9 +71,9 @@ async fn pause(app: &App, ledger: &Arc<dyn ScheduleLedger>, name: &str, paused: 
     }
     crate::scheduler::set_paused(ledger.as_ref(), scheduled, paused).await?;
     if paused {
-        println!("paused schedule `{name}`: every process skips its ticks until it is resumed");
+        out!("paused schedule `{name}`: every process skips its ticks until it is resumed");
     } else {
-        println!("resumed schedule `{name}`: it publishes from its next tick on");
+        out!("resumed schedule `{name}`: it publishes from its next tick on");
     }
     Ok(())
 }
@@ -109,32 +109,32 @@ async fn list(app: &App, ledger: &Arc<dyn ScheduleLedger>, json: bool) -> Result
                 "ledger": ledger.describe(),
                 "shared": ledger.shared(),
             });
-            println!("{value}");
+            out!("{value}");
             continue;
         }
-        println!("{}{}", entry.name, if paused { " (paused)" } else { "" });
-        println!("  queue           {}", scheduled.spec.name);
+        out!("{}{}", entry.name, if paused { " (paused)" } else { "" });
+        out!("  queue           {}", scheduled.spec.name);
         let mut when = format!("{}, catch_up = {}", entry.describe(), entry.catch_up.as_str());
         if entry.jitter_ms > 0 {
             when.push_str(&format!(", jitter {}", crate::duration::format_duration(entry.jitter_ms)));
         }
-        println!("  when            {when}");
+        out!("  when            {when}");
         let last = match (last_published, row) {
             (Some(t), _) => cadence.local(t),
             (None, Some(_)) => "never".to_owned(),
             (None, None) => "never (it has not run yet)".to_owned(),
         };
-        println!("  last published  {last}");
+        out!("  last published  {last}");
         let next: Vec<String> = next.iter().map(|&t| cadence.local(t)).collect();
-        println!("  next            {}", if next.is_empty() { "never".to_owned() } else { next.join(", ") });
+        out!("  next            {}", if next.is_empty() { "never".to_owned() } else { next.join(", ") });
     }
     if !json {
         if schedules.is_empty() {
-            println!("no schedules (declare one with #[messaging::schedule])");
+            out!("no schedules (declare one with #[messaging::schedule])");
         } else if ledger.shared() {
-            println!("ledger: {} (every process reads it: each tick is published once)", ledger.describe());
+            out!("ledger: {} (every process reads it: each tick is published once)", ledger.describe());
         } else {
-            println!(
+            out!(
                 "ledger: each process keeps its own ({}), so this command sees none of a running process's ticks",
                 app.setup_transport().system()
             );

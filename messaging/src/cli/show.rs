@@ -27,40 +27,40 @@ pub(super) async fn run(app: &App, args: ShowArgs) -> Result<(), Error> {
         )));
     };
     if json {
-        println!("{}", report.to_json());
+        out!("{}", report.to_json());
         return Ok(());
     }
     let body = decoded(&report.body);
-    println!("message   {}", report.message_id);
-    println!("queue     {}", report.queue);
-    println!("status    {}", report.status);
-    println!("attempts  {}", report.attempts);
+    out!("message   {}", report.message_id);
+    out!("queue     {}", report.queue);
+    out!("status    {}", report.status);
+    out!("attempts  {}", report.attempts);
     if let Some(identity) = &report.identity {
-        println!("identity  {identity}");
+        out!("identity  {identity}");
     }
     if let Some(group) = &report.group_id {
-        println!("group     {group}");
+        out!("group     {group}");
     }
-    println!("sent      {}", rfc3339(report.sent_at_ms));
+    out!("sent      {}", rfc3339(report.sent_at_ms));
     // A due time matters only while the message waits for it.
     if let (Some(at), "sleeping" | "pending" | "delayed") = (report.process_at_ms, report.status.as_str()) {
-        println!("due       {}", rfc3339(at));
+        out!("due       {}", rfc3339(at));
     }
     if let Some(at) = report.held_until_ms {
-        println!("held till {} (then it comes back, unless settled)", rfc3339(at));
+        out!("held till {} (then it comes back, unless settled)", rfc3339(at));
     }
     if let Some(reason) = &report.reason {
-        println!("reason    {reason}");
+        out!("reason    {reason}");
     }
     if report.suspect {
-        println!("suspect   an earlier lease ran out before it was settled: it runs alone when next received");
+        out!("suspect   an earlier lease ran out before it was settled: it runs alone when next received");
     }
     for a in &report.history {
-        println!("{a}");
+        out!("{a}");
     }
     for (key, value) in &report.attributes {
-        println!("attribute {key} = {value}");
+        out!("attribute {key} = {value}");
     }
-    println!("{}", serde_json::to_string_pretty(&body).unwrap_or_default());
+    out!("{}", serde_json::to_string_pretty(&body).unwrap_or_default());
     Ok(())
 }
