@@ -674,6 +674,12 @@ struct Observed {
     taken: tokio::sync::Notify,
     /// Every acknowledgement fails while set (the database is away).
     acks_fail: std::sync::atomic::AtomicBool,
+    /// Deliveries whose body contains this are suspects (a database
+    /// queue's mark of a message whose earlier lease ran out).
+    suspect: Mutex<Option<String>>,
+    /// What happened, in order: `isolate`, `ack N` (receipts per call),
+    /// and what handlers add.
+    events: Mutex<Vec<String>>,
 }
 
 impl messaging::transport::Transport for Observed {
@@ -707,7 +713,12 @@ impl messaging::transport::Transport for Observed {
         wait: Duration,
     ) -> messaging::BoxFuture<'a, Result<Vec<messaging::transport::Delivery>, messaging::TransportError>> {
         Box::pin(async move {
-            let got = self.inner.receive(queue, max, wait).await?;
+            let mut got = self.inner.receive(queue, max, wait).await?;
+            if let Some(mark) = self.suspect.lock().unwrap().as_deref() {
+                for d in &mut got {
+                    d.suspect = String::from_utf8_lossy(&d.body).contains(mark);
+                }
+            }
             let late = self.late_ms.load(Ordering::SeqCst);
             if !got.is_empty() && late > 0 {
                 self.taken.notify_one();
@@ -723,6 +734,7 @@ impl messaging::transport::Transport for Observed {
     ) -> messaging::BoxFuture<'a, Vec<Result<(), messaging::TransportError>>> {
         self.calls.fetch_add(1, Ordering::SeqCst);
         self.receipts.fetch_add(receipts.len(), Ordering::SeqCst);
+        self.events.lock().unwrap().push(format!("ack {}", receipts.len()));
         if self.acks_fail.load(Ordering::SeqCst) {
             let away = || Err(messaging::TransportError::Backend("postgresql: connect failed: refused".into()));
             return Box::pin(std::future::ready(receipts.iter().map(|_| away()).collect()));
@@ -744,6 +756,14 @@ impl messaging::transport::Transport for Observed {
         visibility: Duration,
     ) -> messaging::BoxFuture<'a, Result<(), messaging::TransportError>> {
         self.inner.extend(queue, receipt, visibility)
+    }
+    fn isolate<'a>(
+        &'a self,
+        _queue: &'a str,
+        _receipt: &'a messaging::transport::Receipt,
+    ) -> messaging::BoxFuture<'a, Result<(), messaging::TransportError>> {
+        self.events.lock().unwrap().push("isolate".into());
+        Box::pin(std::future::ready(Ok(())))
     }
     fn interrupt_receives(&self, queue: &str) {
         self.inner.interrupt_receives(queue)
@@ -891,4 +911,55 @@ async fn a_forced_stop_reports_a_receive_it_cut_off() {
     assert_eq!((stopped.released, stopped.not_released, stopped.receives_cut_off), (1, 0, 1), "{stopped:?}");
     let back = visible(&transport).await;
     assert_eq!(back.len(), 1, "only the handler's message is back: {back:?}");
+}
+
+// --- suspects run alone -------------------------------------------------------------------
+
+#[messaging::queue("suspects", concurrency = 4, visibility = "10m")]
+struct Suspects;
+
+#[messaging::handler(queue = Suspects)]
+async fn suspected(job: Job, log: State<Arc<Observed>>) {
+    log.events.lock().unwrap().push(format!("start {}", job.n));
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    log.events.lock().unwrap().push(format!("end {}", job.n));
+}
+
+/// A suspect (its earlier lease ran out) runs with no other handler
+/// running: the ones running end first, none starts until it ends, the
+/// transport is told before it starts, and its acknowledgement goes out on
+/// its own before the next handler starts.
+#[tokio::test]
+async fn a_suspect_runs_alone_and_is_acknowledged_before_anything_else_starts() {
+    let transport = Arc::new(Observed::default());
+    *transport.suspect.lock().unwrap() = Some(r#""n":6}"#.into());
+    let mut app = messaging::App::new(transport.clone()).await.unwrap();
+    app.only_queues(&["suspects"]);
+    app.setup().provide(transport.clone());
+    let publisher = app.setup().publisher();
+    let running = app.start().unwrap();
+    let jobs: Vec<Job> = (0..12).map(|n| Job { n }).collect();
+    for result in publisher.send_batch::<Suspects, _>(&jobs).await {
+        result.unwrap();
+    }
+    let ended = || transport.events.lock().unwrap().iter().filter(|e| e.starts_with("end")).count();
+    fixtures::eventually(Duration::from_secs(30), || ended() == 12, || format!("{} of 12 handled", ended())).await;
+    running.stop().await;
+
+    let events = transport.events.lock().unwrap().clone();
+    let at = |e: &str| events.iter().position(|x| x == e).unwrap_or_else(|| panic!("no `{e}` in {events:?}"));
+    let (isolate, start, end) = (at("isolate"), at("start 6"), at("end 6"));
+    assert_eq!(events.iter().filter(|e| *e == "isolate").count(), 1, "{events:?}");
+    let running_at = |i: usize| {
+        let starts = events[..i].iter().filter(|e| e.starts_with("start")).count();
+        starts - events[..i].iter().filter(|e| e.starts_with("end")).count()
+    };
+    assert_eq!(running_at(isolate), 0, "handlers were running when the suspect was marked: {events:?}");
+    assert!(isolate < start && start + 1 == end, "something ran beside the suspect: {events:?}");
+    let next_start = events[end..].iter().position(|e| e.starts_with("start")).map(|i| end + i);
+    let own_ack = events[end..].iter().position(|e| e.starts_with("ack")).map(|i| end + i);
+    assert_eq!(own_ack.map(|i| events[i].as_str()), Some("ack 1"), "{events:?}");
+    assert!(next_start.is_none_or(|n| own_ack.is_some_and(|a| a < n)), "acknowledged after others began: {events:?}");
+    // The others ran four at a time, as before.
+    assert!((0..events.len()).any(|i| running_at(i) >= 2), "no concurrency left: {events:?}");
 }

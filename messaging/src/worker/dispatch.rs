@@ -189,7 +189,10 @@ impl Worker {
         match self.transport.isolate(queue, &delivery.receipt).await {
             Ok(()) => {
                 if alone.beside == 0 {
-                    tracing::info!(queue, message.id = %delivery.message_id, receive_count = delivery.receive_count,
+                    // Debug: a consumer killed holding a thousand messages
+                    // leaves a thousand suspects, and the take-back has
+                    // said so once already.
+                    tracing::debug!(queue, message.id = %delivery.message_id, receive_count = delivery.receive_count,
                         "running a suspect alone: an earlier lease of this message ran out while its consumer held \
                          others too (it may have stopped that process); if the process stops now, the attempt counts");
                 } else {
@@ -200,7 +203,9 @@ impl Worker {
                 Ok(alone)
             }
             Err(TransportError::StaleReceipt) => {
-                lease_lost(queue, delivery, "run it alone");
+                tracing::warn!(queue, message.id = %delivery.message_id,
+                    "could not run a suspect alone: its lease ran out while it waited (the heartbeat could not \
+                     extend it in time); the message was taken back and comes again");
                 Err(Step::Released)
             }
             Err(e) => {
