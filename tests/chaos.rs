@@ -24,7 +24,7 @@
 mod chain;
 mod fixtures;
 
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -124,8 +124,7 @@ async fn effects(db: &str) -> Effects {
 }
 
 fn spawn_worker(url: &str, db: &str) -> std::process::Child {
-    Command::new(std::env::current_exe().expect("test binary"))
-        .args(["chaos_worker", "--exact", "--ignored", "--nocapture", "--test-threads=1"])
+    fixtures::entry_process(module_path!(), "chaos_worker")
         .env("MESSAGING_TEST_URL", url)
         .env("MESSAGING_TEST_DB", db)
         .env("RUST_LOG", "messaging=warn")

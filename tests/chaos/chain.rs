@@ -8,7 +8,7 @@
 //! outbox in PostgreSQL, whose relay may be killed between SQS's acceptance
 //! and its delete (B is a FIFO queue: SQS drops the resend).
 
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::Duration;
 
 use messaging::prelude::*;
@@ -118,9 +118,8 @@ fn chaos_chain_worker() {
 }
 
 fn spawn(url: &str, db: &str, outbox: Option<&str>) -> std::process::Child {
-    let mut command = Command::new(std::env::current_exe().expect("test binary"));
+    let mut command = fixtures::entry_process(module_path!(), "chaos_chain_worker");
     command
-        .args(["chain::chaos_chain_worker", "--exact", "--ignored", "--nocapture", "--test-threads=1"])
         .env("MESSAGING_TEST_URL", url)
         .env("MESSAGING_TEST_DB", db)
         .env("RUST_LOG", "messaging=warn")

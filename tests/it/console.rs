@@ -639,9 +639,7 @@ mod another_process {
             }
         }
         let _child = Killed(
-            std::process::Command::new(std::env::current_exe().expect("test binary"))
-                .arg(fixtures::entry_point(module_path!(), "consumer_process"))
-                .args(["--exact", "--ignored", "--nocapture", "--test-threads=1"])
+            crate::fixtures::entry_process(module_path!(), "consumer_process")
                 .env("MESSAGING_TEST_URL", &url)
                 .env("RUST_LOG", "warn")
                 .stdout(std::process::Stdio::null())

@@ -383,9 +383,7 @@ async fn two_relay_processes_send_each_row_once_in_group_order() {
         tx.commit().await.expect("commit");
     }
     let spawn = || {
-        std::process::Command::new(std::env::current_exe().expect("test binary"))
-            .arg(fixtures::entry_point(module_path!(), "outbox_relay_worker"))
-            .args(["--exact", "--ignored", "--nocapture", "--test-threads=1"])
+        crate::fixtures::entry_process(module_path!(), "outbox_relay_worker")
             .env("MESSAGING_TEST_URL", moto.url(false))
             .env("MESSAGING_TEST_OUTBOX", &db.url)
             .env("RUST_LOG", "error")

@@ -10,7 +10,7 @@
 use crate::fixtures;
 
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -76,10 +76,8 @@ fn clock_worker() {
 }
 
 fn spawn_worker(url: &str, name: &str, ahead: Option<&str>) -> std::process::Child {
-    let mut command = Command::new(std::env::current_exe().expect("test binary"));
+    let mut command = fixtures::entry_process(module_path!(), "clock_worker");
     command
-        .arg(fixtures::entry_point(module_path!(), "clock_worker"))
-        .args(["--exact", "--ignored", "--nocapture", "--test-threads=1"])
         .env("MESSAGING_TEST_URL", url)
         .env("MESSAGING_TEST_WORKER", name)
         .env("RUST_LOG", "error")

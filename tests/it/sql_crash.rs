@@ -7,7 +7,7 @@
 
 use crate::fixtures;
 
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -51,9 +51,7 @@ fn crash_worker() {
 }
 
 fn spawn_worker(url: &str) -> std::process::Child {
-    Command::new(std::env::current_exe().expect("test binary"))
-        .arg(fixtures::entry_point(module_path!(), "crash_worker"))
-        .args(["--exact", "--ignored", "--nocapture", "--test-threads=1"])
+    fixtures::entry_process(module_path!(), "crash_worker")
         .env("MESSAGING_TEST_URL", url)
         .env("RUST_LOG", "error")
         .stdout(Stdio::null())

@@ -11,7 +11,7 @@
 use crate::fixtures;
 
 use std::io::Write as _;
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -61,9 +61,7 @@ fn poison_worker() {
 }
 
 fn spawn_worker(url: &str, booked: &std::path::Path) -> std::process::Child {
-    Command::new(std::env::current_exe().expect("test binary"))
-        .arg(fixtures::entry_point(module_path!(), "poison_worker"))
-        .args(["--exact", "--ignored", "--nocapture", "--test-threads=1"])
+    fixtures::entry_process(module_path!(), "poison_worker")
         .env("MESSAGING_TEST_URL", url)
         .env("MESSAGING_TEST_BOOKED", booked)
         .env("RUST_LOG", "error")

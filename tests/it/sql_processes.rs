@@ -5,7 +5,7 @@
 
 use crate::fixtures;
 
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -57,9 +57,7 @@ fn worker_process() {
 }
 
 fn spawn_worker(url: &str, name: &str) -> std::process::Child {
-    Command::new(std::env::current_exe().expect("test binary"))
-        .arg(fixtures::entry_point(module_path!(), "worker_process"))
-        .args(["--exact", "--ignored", "--nocapture", "--test-threads=1"])
+    fixtures::entry_process(module_path!(), "worker_process")
         .env("MESSAGING_TEST_URL", url)
         .env("MESSAGING_TEST_WORKER", name)
         .env("RUST_LOG", "warn")

@@ -6,7 +6,7 @@
 
 use crate::fixtures;
 
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use messaging::prelude::*;
@@ -51,9 +51,7 @@ fn sqs_consumer() {
 }
 
 fn spawn(sqs: &str, db: &str) -> std::process::Child {
-    Command::new(std::env::current_exe().expect("test binary"))
-        .arg(fixtures::entry_point(module_path!(), "sqs_consumer"))
-        .args(["--exact", "--ignored", "--nocapture", "--test-threads=1"])
+    fixtures::entry_process(module_path!(), "sqs_consumer")
         .env("MESSAGING_TEST_URL", sqs)
         .env("MESSAGING_TEST_DB", db)
         .env("RUST_LOG", "error")

@@ -4,7 +4,7 @@
 //! the last. The test binary runs itself as the processes.
 #![cfg(all(feature = "postgres", feature = "sqlite"))]
 
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::Duration;
 
 use messaging::schedule::Tick;
@@ -56,9 +56,7 @@ fn spawn(url: &str, run_ms: u64) -> std::process::Child {
 }
 
 fn spawn_on(url: &str, queue: &str, run_ms: u64) -> std::process::Child {
-    Command::new(std::env::current_exe().expect("test binary"))
-        .arg(fixtures::entry_point(module_path!(), "schedule_process"))
-        .args(["--exact", "--ignored", "--nocapture", "--test-threads=1"])
+    fixtures::entry_process(module_path!(), "schedule_process")
         .env("MESSAGING_TEST_URL", url)
         .env("MESSAGING_TEST_QUEUE", queue)
         .env("MESSAGING_TEST_RUN_MS", run_ms.to_string())

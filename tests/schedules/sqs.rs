@@ -7,7 +7,7 @@
 //! every process.
 #![cfg(all(feature = "sqs", feature = "postgres"))]
 
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -61,10 +61,8 @@ fn sqs_schedule_process() {
 }
 
 fn spawn(url: &str, outbox: Option<&str>) -> std::process::Child {
-    let mut command = Command::new(std::env::current_exe().expect("test binary"));
+    let mut command = fixtures::entry_process(module_path!(), "sqs_schedule_process");
     command
-        .arg(fixtures::entry_point(module_path!(), "sqs_schedule_process"))
-        .args(["--exact", "--ignored", "--nocapture", "--test-threads=1"])
         .env("MESSAGING_TEST_URL", url)
         .env("MESSAGING_TEST_RUN_MS", "3000")
         .env("RUST_LOG", "warn")
