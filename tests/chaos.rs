@@ -24,7 +24,7 @@
 mod chain;
 mod fixtures;
 
-use std::process::Stdio;
+use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
