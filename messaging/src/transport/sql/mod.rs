@@ -742,7 +742,7 @@ impl<D: Dialect> Transport for SqlTransport<D> {
     fn isolate<'a>(&'a self, queue: &'a str, receipt: &'a Receipt) -> BoxFuture<'a, Result<(), TransportError>> {
         Box::pin(async move {
             self.queue(queue)?;
-            self.store.apply(queue, self.store.now(), receipt.key, receipt.token, RowOp::Isolate).await
+            self.store.isolate(queue, self.store.now(), receipt.key, receipt.token).await
         })
     }
 

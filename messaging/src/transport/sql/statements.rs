@@ -159,6 +159,21 @@ pub(crate) fn power_of_two_chunks(mut n: usize, max: usize) -> impl Iterator<Ite
 
 pub(crate) const DELETE_ROW: &str = "DELETE FROM messaging_messages WHERE id = $1";
 
+/// A suspect's handler runs alone from now: [`Row::isolate`] in one
+/// statement (`$1` id, `$2` token, `$3` queue, `$4` now), the lease checked
+/// as [`Row::holds`] does; a lost lease changes no row.
+///
+/// [`Row::isolate`]: crate::transport::sql::machine::Row::isolate
+/// [`Row::holds`]: crate::transport::sql::machine::Row::holds
+///
+/// The checks sit inside a `CASE`, so that the row is found by its key
+/// whatever the planner knows: as plain conditions they match the leased
+/// index's predicate, from which PostgreSQL has planned such statements on
+/// a table never analyzed (every leased row of the queue read).
+pub(crate) const ISOLATE: &str = "UPDATE messaging_messages SET suspect = 2 WHERE id = $1 AND CASE \
+    WHEN lease_token = $2 AND queue = $3 AND status IN ('processing', 'awaiting_release') AND lease_expires > $4 \
+    THEN TRUE ELSE FALSE END";
+
 /// The processed version becomes the identity's previous message.
 pub(crate) const RECORD_PREVIOUS: &str = "INSERT INTO messaging_previous (queue, identity, message_id, payload, \
     processed_at) VALUES ($1, $2, $3, $4, $5) ON CONFLICT (queue, identity) DO UPDATE SET \

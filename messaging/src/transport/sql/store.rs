@@ -42,8 +42,6 @@ pub(crate) enum RowOp {
         /// New lease length (ms from now).
         lease_ms: i64,
     },
-    /// The handler runs alone in its process from now (a suspect's).
-    Isolate,
 }
 
 impl RowOp {
@@ -60,7 +58,6 @@ impl RowOp {
             RowOp::Release => row.release(now, token),
             RowOp::DeadLetter { failure } => row.dead_letter(now, token, failure),
             RowOp::Extend { lease_ms } => row.extend(now, token, *lease_ms),
-            RowOp::Isolate => row.isolate(now, token),
         }
     }
 }

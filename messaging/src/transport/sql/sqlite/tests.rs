@@ -494,7 +494,7 @@ async fn an_expired_lease_is_abandoned() {
     assert_eq!((again[0].attempts, again[0].suspect, again[1].suspect), (1, Suspect::Yes, Suspect::No));
     // Run alone, its lease runs out again: that attempt counts (the other,
     // not run alone, is given back).
-    store.apply("jobs", NOW + LEASE + 3, again[0].id, again[0].token, RowOp::Isolate).await.expect("isolate");
+    store.isolate("jobs", NOW + LEASE + 3, again[0].id, again[0].token).await.expect("isolate");
     store.maintain("jobs", NOW + 2 * LEASE + 2, retry).await.expect("maintain");
     let r = row(&store, "jobs", again[0].id).await;
     assert_eq!((r.status, r.attempts, r.suspect), (Status::Pending, 1, Suspect::Yes));

@@ -339,6 +339,9 @@ async fn run_case<D: Dialect>(store: &SqlStore<D>, queue: &str, rules: QueueRule
                             store.complete(queue, now, vec![(sid, stok, tuple)], rules.retention_ms).await.remove(0);
                         (e, g)
                     }
+                    Cmd::Isolate { .. } => {
+                        (model.isolate(now, mid, mtok).is_ok(), store.isolate(queue, now, sid, stok).await)
+                    }
                     _ => {
                         let op = match cmd {
                             Cmd::Fail { backoff, .. } => RowOp::Fail {
@@ -351,7 +354,6 @@ async fn run_case<D: Dialect>(store: &SqlStore<D>, queue: &str, rules: QueueRule
                                 RowOp::DeadLetter { failure: FailedAttempt::new(0, "Error", "permanent") }
                             }
                             Cmd::Note { .. } => RowOp::Note { failure: FailedAttempt::new(0, "Error", "again") },
-                            Cmd::Isolate { .. } => RowOp::Isolate,
                             _ => RowOp::Extend { lease_ms: LEASE_MS },
                         };
                         let e = match &op {
@@ -360,7 +362,6 @@ async fn run_case<D: Dialect>(store: &SqlStore<D>, queue: &str, rules: QueueRule
                             RowOp::DeadLetter { .. } => model.dead_letter(now, mid, mtok, "permanent").is_ok(),
                             RowOp::Extend { lease_ms } => model.extend(now, mid, mtok, *lease_ms).is_ok(),
                             RowOp::Note { .. } => model.note(now, mid, mtok, "again").is_ok(),
-                            RowOp::Isolate => model.isolate(now, mid, mtok).is_ok(),
                         };
                         (e, store.apply(queue, now, sid, stok, op).await)
                     }
