@@ -37,6 +37,8 @@ const LINGER: Duration = Duration::from_millis(200);
 const ATTEMPTS: u64 = 3;
 
 pub(crate) struct Acker {
+    transport: Arc<dyn Transport>,
+    queue: &'static str,
     tx: mpsc::UnboundedSender<Command>,
     pending: Arc<AtomicUsize>,
     /// Acks given up after [`ATTEMPTS`] failures.
@@ -60,8 +62,8 @@ impl Acker {
         let lost = Arc::new(AtomicUsize::new(0));
         let flushed = Arc::new(Notify::new());
         let counts = Counts { pending: pending.clone(), lost: lost.clone(), flushed: flushed.clone() };
-        let task = tokio::spawn(flush_loop(transport, queue, rx, counts, held));
-        Acker { tx, pending, lost, flushed, task: Mutex::new(Some(task)) }
+        let task = tokio::spawn(flush_loop(transport.clone(), queue, rx, counts, held));
+        Acker { transport, queue, tx, pending, lost, flushed, task: Mutex::new(Some(task)) }
     }
 
     /// Queues a receipt for deletion.
@@ -69,6 +71,17 @@ impl Acker {
         self.pending.fetch_add(1, Ordering::SeqCst);
         if self.tx.send(Command::Ack(receipt)).is_err() {
             self.pending.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+
+    /// Acknowledges a receipt now, in a call of its own (a suspect's, before
+    /// the gate it ran behind opens); a refusal for now queues it as
+    /// [`Acker::ack`] does, to be tried again.
+    pub(crate) async fn ack_now(&self, receipt: Receipt) {
+        match self.transport.ack(self.queue, vec![receipt.clone()]).await.pop() {
+            Some(Ok(())) => {}
+            Some(Err(TransportError::StaleReceipt)) => too_late(self.queue),
+            Some(Err(_)) | None => self.ack(receipt),
         }
     }
 
@@ -172,11 +185,7 @@ async fn flush_loop(
             for (receipt, result) in batch.drain(..).zip(results) {
                 match result {
                     Ok(()) => {}
-                    Err(TransportError::StaleReceipt) => tracing::warn!(
-                        queue,
-                        "an acknowledgement came too late: the message had been redelivered and may be handled twice \
-                         (raise the queue's visibility timeout if handlers are slow)"
-                    ),
+                    Err(TransportError::StaleReceipt) => too_late(queue),
                     Err(e) => {
                         failure.get_or_insert(e);
                         retry.push(receipt);
@@ -211,6 +220,15 @@ async fn flush_loop(
         counts.pending.fetch_sub(count, Ordering::SeqCst);
         counts.flushed.notify_waiters();
     }
+}
+
+/// Says that an acknowledgement was refused: its lease had run out.
+fn too_late(queue: &str) {
+    tracing::warn!(
+        queue,
+        "an acknowledgement came too late: the message had been redelivered and may be handled twice (raise the \
+         queue's visibility timeout if handlers are slow)"
+    );
 }
 
 /// Moves received commands into the batch of receipts.

@@ -38,13 +38,6 @@ const ACKS_WAIT: Duration = Duration::from_secs(2);
 /// When a suspect that could not be marked as running alone is tried again.
 const ISOLATE_RETRY: Duration = Duration::from_secs(1);
 
-/// What a handler holds while it runs: its place among the handlers of the
-/// process, or the gate closed around a suspect.
-enum Turn {
-    Shared(#[allow(dead_code)] alone::Entered),
-    Alone(#[allow(dead_code)] alone::Alone),
-}
-
 /// How handling one delivery ended.
 #[derive(Debug, Clone, Copy)]
 pub(super) enum Step {
@@ -91,13 +84,15 @@ impl Worker {
         let route = decoded.route;
         // A suspect runs alone the first time this process tries it (a try
         // after a failure here already answered: it did not stop us).
-        let turn = if delivery.suspect && tries == 0 {
+        // What the handler holds while it runs: its place among the
+        // handlers of the process, or the gate closed around it.
+        let (entered, alone) = if delivery.suspect && tries == 0 {
             match self.run_alone(delivery).await {
-                Ok(alone) => Turn::Alone(alone),
+                Ok(alone) => (None, Some(alone)),
                 Err(step) => return step,
             }
         } else {
-            Turn::Shared(GATE.enter().await)
+            (Some(GATE.enter().await), None)
         };
         let started = clock.take().unwrap_or_else(Instant::now);
         let result = AssertUnwindSafe(self.pipeline.dispatch(decoded.message, route, &ctx))
@@ -106,14 +101,8 @@ impl Worker {
             .await
             .unwrap_or_else(|panic| Err(HandlerError::transient(Panic(panic_message(&panic)))));
         // A handler that returned did not stop the process; a suspect's
-        // settlement is made before the gate opens (below).
-        let turn = match turn {
-            Turn::Shared(entered) => {
-                drop(entered);
-                None
-            }
-            Turn::Alone(alone) => Some(alone),
-        };
+        // settlement is made before the gate opens (`alone` lives to the end).
+        drop(entered);
         let ended = Instant::now();
         let took = ended.duration_since(started);
         self.pace.record(took);
@@ -129,12 +118,13 @@ impl Worker {
                                       // is left unsettled, which it could not see if the last ack
                                       // arrived before its message was marked settled.
                 self.settle(batch, i);
-                match turn {
+                if alone.is_some() {
                     // Acknowledged before the gate opens: a lingering ack
                     // of a suspect marked as running alone would count
                     // against it if another message stopped the process.
-                    Some(_alone) => self.ack_now(delivery).await,
-                    None => self.acker.ack(delivery.receipt.clone()),
+                    self.acker.ack_now(delivery.receipt.clone()).await;
+                } else {
+                    self.acker.ack(delivery.receipt.clone());
                 }
                 self.report(delivery, Outcome::Handled);
                 Step::Handled
@@ -213,19 +203,6 @@ impl Worker {
                     "could not mark a suspect as running alone ({e}); trying again");
                 Err(Step::Again { after: ISOLATE_RETRY, counted: false })
             }
-        }
-    }
-
-    /// Acknowledges a handled suspect at once; if the transport refuses for
-    /// now, the acker takes the receipt (and tries again).
-    async fn ack_now(&self, delivery: &Delivery) {
-        let queue = self.routes.spec().name;
-        let result = self.transport.ack(queue, vec![delivery.receipt.clone()]).await.pop();
-        match result {
-            Some(Ok(())) => {}
-            Some(Err(TransportError::StaleReceipt)) => tracing::warn!(queue, message.id = %delivery.message_id,
-                "an acknowledgement came too late: the message had been redelivered and may be handled twice"),
-            Some(Err(_)) | None => self.acker.ack(delivery.receipt.clone()),
         }
     }
 
