@@ -28,6 +28,11 @@ pub(crate) struct Job {
     pub(crate) note: String,
 }
 
+/// A queue no test's app consumes while a message of it is held: see
+/// [`held_past_lease_on`].
+#[messaging::queue("console-held", visibility = "1s")]
+struct ConsoleHeld;
+
 /// Whether the "bug" that fails jobs is fixed, and how many jobs ran.
 #[derive(Default)]
 pub(crate) struct Shop {
@@ -57,6 +62,9 @@ async fn console_group(job: Job, shop: State<Arc<Shop>>) -> Result<(), HandlerEr
     shop.handled.fetch_add(1, Ordering::SeqCst);
     Ok(())
 }
+
+#[messaging::handler(queue = ConsoleHeld)]
+async fn console_held(_job: Job) {}
 
 /// An HTTP response: status, headers (lowercase names) and body.
 pub(crate) struct Reply {
@@ -439,6 +447,56 @@ async fn the_console_on_sqlite() {
 async fn the_console_on_postgres() {
     let pg = fixtures::Postgres::new().await;
     console_on(&format!("{}&migrate=true&poll=100ms", pg.url), true).await;
+}
+
+/// A consumer that received a message and stopped (killed, or cut off from
+/// the database) leaves it in flight with nothing running to take it back:
+/// the console says so, in the counts, the overview and the queue's page,
+/// until the next receive takes it back.
+async fn held_past_lease_on(url: &str) {
+    let h = ConsoleHarness::start_with(url, &["console-groups.fifo"], Duration::from_millis(200)).await;
+    let consumer = messaging::transport::connect(url).await.expect("connect");
+    consumer.declare(&<ConsoleHeld as Queue>::SPEC).await.expect("declare");
+    h.publisher.send::<ConsoleHeld, _>(&Job { n: 1, note: "ok".into() }).await.expect("sent");
+    let held = consumer.receive("console-held", 10, Duration::from_secs(5)).await.expect("receive");
+    assert_eq!(held.len(), 1, "received");
+    let counts = h.counts("console-held").await;
+    assert_eq!((&counts["in_flight"], &counts["expired"]), (&json!(1), &json!(0)), "{counts}");
+    assert!(!h.get("/").await.body.contains("held past"), "nothing held past its lease yet");
+    // The consumer stops: nothing acknowledges or extends the lease (1 s).
+    drop(held);
+    tokio::time::sleep(Duration::from_millis(1_300)).await;
+    let counts = h.counts("console-held").await;
+    assert_eq!((&counts["in_flight"], &counts["expired"]), (&json!(1), &json!(1)), "{counts}");
+    let said = "1 message is held past its lease: the consumer that received it stopped";
+    let overview = h.get("/").await.body;
+    assert!(overview.contains(said), "the overview says why it stays in flight: {overview}");
+    let page = h.get("/queues/console-held").await.body;
+    assert!(page.contains(said) && page.contains(r#"id="expired""#), "the queue's page says so too: {page}");
+    // The next receive takes it back; it runs alone, as a suspect.
+    let again = consumer.receive("console-held", 10, Duration::from_secs(5)).await.expect("receive again");
+    assert_eq!(again.len(), 1, "taken back and received again");
+    assert!(again[0].suspect, "a message whose lease ran out is a suspect");
+    let counts = h.counts("console-held").await;
+    assert_eq!((&counts["in_flight"], &counts["expired"]), (&json!(1), &json!(0)), "{counts}");
+    assert!(!h.get("/").await.body.contains("held past"), "held within its lease again");
+    let acked = consumer.ack("console-held", vec![again[0].receipt.clone()]).await;
+    assert!(acked.iter().all(Result::is_ok), "{acked:?}");
+    h.until_count("console-held", "in_flight", 0).await;
+    h.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_held_past_its_lease_is_shown_on_sqlite() {
+    let file = fixtures::SqliteFile::new();
+    held_past_lease_on(&format!("{}&migrate=true&poll=100ms", file.url)).await;
+}
+
+#[cfg(feature = "postgres")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_held_past_its_lease_is_shown_on_postgres() {
+    let pg = fixtures::Postgres::new().await;
+    held_past_lease_on(&format!("{}&migrate=true&poll=100ms", pg.url)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -74,15 +74,24 @@ pub struct QueueCounts {
     pub awaiting_release: Option<u64>,
     /// Dead letters.
     pub dead: Option<u64>,
+    /// Of those in flight or awaiting release, the ones whose lease (or
+    /// visibility timeout) has run out unsettled: the consumer holding them
+    /// stopped, lost touch with the queue, or runs a handler longer than the
+    /// visibility timeout. They stay counted as in flight until a receive of
+    /// the queue takes them back (on the database queues they then run alone,
+    /// as suspects), so with no consumer running they stay there. `None`: not
+    /// known (SQS).
+    pub expired: Option<u64>,
     /// When the oldest message that is not a dead letter was sent, in
     /// milliseconds since the Unix epoch (`None`: none, or not known).
     pub oldest_sent_at_ms: Option<i64>,
 }
 
 impl QueueCounts {
-    /// Every status counted, at zero (for a backend that counts them all).
+    /// Every status counted, at zero, and none expired (for a backend that
+    /// counts them all).
     pub fn zeros() -> QueueCounts {
-        let mut counts = QueueCounts::default();
+        let mut counts = QueueCounts { expired: Some(0), ..QueueCounts::default() };
         for status in MessageStatus::ALL {
             counts.set(status, 0);
         }

@@ -52,12 +52,16 @@ impl Browse for MemoryTransport {
             let q = self.queue(queue)?;
             let dlq = {
                 let state = q.lock();
+                let now = tokio::time::Instant::now();
+                let mut expired = 0;
                 for (_, m) in state.iter_ordered() {
                     let status = m.browse_status();
                     counts.set(status, counts.of(status).unwrap_or(0) + 1);
+                    expired += u64::from(m.expired(now));
                     let sent = m.sent_at_ms();
                     counts.oldest_sent_at_ms = Some(counts.oldest_sent_at_ms.map_or(sent, |o| o.min(sent)));
                 }
+                counts.expired = Some(expired);
                 state.spec.dlq
             };
             if let Some(dlq) = dlq {

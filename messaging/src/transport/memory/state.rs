@@ -122,6 +122,12 @@ impl Stored {
         }
     }
 
+    /// Whether it is in flight past its visibility timeout at `now` (taken
+    /// back at the queue's next receive).
+    pub(super) fn expired(&self, now: Instant) -> bool {
+        matches!(self.status, Status::InFlight { until, .. } if until <= now)
+    }
+
     /// When it was sent, in milliseconds since the Unix epoch.
     pub(super) fn sent_at_ms(&self) -> i64 {
         self.sent_at.duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64)

@@ -49,8 +49,16 @@ async fn a_received_message_is_invisible_until_its_visibility_times_out() {
     assert_eq!(texts(&first), ["a"]);
     assert_eq!(first[0].receive_count, 1);
     assert!(t.receive("q", 10, Duration::ZERO).await.unwrap().is_empty(), "in flight, so invisible");
+    let counts = t.counts("q").await.unwrap();
+    assert_eq!((counts.in_flight, counts.expired), (Some(1), Some(0)));
     tokio::time::advance(Duration::from_secs(11)).await;
+    // Past its visibility timeout it is counted as held past it, until the
+    // next receive takes it back.
+    let counts = t.counts("q").await.unwrap();
+    assert_eq!((counts.in_flight, counts.expired), (Some(1), Some(1)));
     let again = t.receive("q", 10, Duration::ZERO).await.unwrap();
+    let counts = t.counts("q").await.unwrap();
+    assert_eq!((counts.in_flight, counts.expired), (Some(1), Some(0)));
     assert_eq!(texts(&again), ["a"]);
     assert_eq!(again[0].receive_count, 2);
     assert_eq!(again[0].message_id, first[0].message_id);

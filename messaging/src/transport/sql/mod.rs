@@ -901,9 +901,12 @@ impl<D: Dialect> DeadLetters for SqlTransport<D> {
 impl<D: Dialect> Browse for SqlTransport<D> {
     fn counts<'a>(&'a self, queue: &'a str) -> BoxFuture<'a, Result<QueueCounts, TransportError>> {
         Box::pin(async move {
-            let found = self.store.counts(queue).await?;
-            let mut counts =
-                QueueCounts { oldest_sent_at_ms: SqlStore::<D>::oldest_live(&found), ..QueueCounts::zeros() };
+            let found = self.store.counts(queue, self.store.now()).await?;
+            let mut counts = QueueCounts {
+                oldest_sent_at_ms: SqlStore::<D>::oldest_live(&found),
+                expired: Some(found.iter().map(|c| c.expired).sum()),
+                ..QueueCounts::zeros()
+            };
             for c in &found {
                 // Processed rows, kept for retention, are none of the console's statuses.
                 let row = Status::parse(&c.status);

@@ -233,9 +233,11 @@ pub(crate) const DELETE_DEAD: &str = "DELETE FROM messaging_messages WHERE id = 
 /// Deletes one dead letter by message id (`$1`) of queue `$2`.
 pub(crate) const DELETE_DEAD_BY_MESSAGE_ID: &str =
     "DELETE FROM messaging_messages WHERE message_id = $1 AND queue = $2 AND status = 'error'";
-/// How many rows `queue` holds per status, and the oldest's send time.
-pub(crate) const COUNTS: &str =
-    "SELECT status, count(*), min(sent_at) FROM messaging_messages WHERE queue = $1 GROUP BY status";
+/// How many rows `queue` (`$1`) holds per status, the oldest's send time,
+/// and how many of them are held past their lease at `$2` (now).
+pub(crate) const COUNTS: &str = "SELECT status, count(*), min(sent_at), \
+        count(CASE WHEN status IN ('processing', 'awaiting_release') AND lease_expires <= $2 THEN 1 END) \
+     FROM messaging_messages WHERE queue = $1 GROUP BY status";
 /// A page of the rows of `queue` in status `$2`, in lease order (priority,
 /// then enqueue order) after the row at (`$3` priority, `$4` seq), of identity
 /// `$6` and group `$7` when given: the console's listing (the ready index

@@ -407,6 +407,8 @@ impl Transport for SqsTransport {
                 // is another message.
                 awaiting_release: Some(0),
                 dead,
+                // SQS counts what is not visible, not why.
+                expired: None,
                 oldest_sent_at_ms: None,
             })
         })

@@ -7,18 +7,21 @@ use super::*;
 /// not processed): the oldest of them is the queue's oldest message.
 const LIVE: [&str; 4] = ["pending", "sleeping", "processing", "awaiting_release"];
 
-/// One status's count, and its oldest row's send time.
+/// One status's count, its oldest row's send time, and how many of its rows
+/// are held past their lease.
 pub(crate) struct StatusCount {
     pub(crate) status: String,
     pub(crate) count: u64,
     pub(crate) oldest_sent_at: Option<i64>,
+    pub(crate) expired: u64,
 }
 
 impl<D: Dialect> SqlStore<D> {
-    /// The number of rows of `queue` per status, each with its oldest send time.
-    pub(crate) async fn counts(&self, queue: &str) -> Result<Vec<StatusCount>, TransportError> {
+    /// The number of rows of `queue` per status at `now`, each with its
+    /// oldest send time and its rows held past their lease.
+    pub(crate) async fn counts(&self, queue: &str, now: i64) -> Result<Vec<StatusCount>, TransportError> {
         let what = "counting messages";
-        let found = self.query(what, &[sql::COUNTS], &[queue.into()]).await?;
+        let found = self.query(what, &[sql::COUNTS], &[queue.into(), now.into()]).await?;
         found
             .iter()
             .map(|r| {
@@ -26,6 +29,7 @@ impl<D: Dialect> SqlStore<D> {
                     status: D::text(r, 0)?.unwrap_or_default(),
                     count: D::int(r, 1)?.unwrap_or(0).max(0) as u64,
                     oldest_sent_at: D::int(r, 2)?,
+                    expired: D::int(r, 3)?.unwrap_or(0).max(0) as u64,
                 })
             })
             .collect::<Result<_, sqlx::Error>>()
