@@ -677,7 +677,9 @@ struct Observed {
     /// Deliveries whose body contains this are suspects (a database
     /// queue's mark of a message whose earlier lease ran out).
     suspect: Mutex<Option<String>>,
-    /// What happened, in order: `isolate`, `ack N` (receipts per call),
+    /// The acknowledgements of this queue take 50 ms.
+    slow_acks: Mutex<Option<String>>,
+    /// What happened, in order: `isolate`, `ack QUEUE N` (receipts per call, once done),
     /// and what handlers add.
     events: Mutex<Vec<String>>,
 }
@@ -734,12 +736,21 @@ impl messaging::transport::Transport for Observed {
     ) -> messaging::BoxFuture<'a, Vec<Result<(), messaging::TransportError>>> {
         self.calls.fetch_add(1, Ordering::SeqCst);
         self.receipts.fetch_add(receipts.len(), Ordering::SeqCst);
-        self.events.lock().unwrap().push(format!("ack {}", receipts.len()));
         if self.acks_fail.load(Ordering::SeqCst) {
+            self.events.lock().unwrap().push(format!("ack {queue} {}", receipts.len()));
             let away = || Err(messaging::TransportError::Backend("postgresql: connect failed: refused".into()));
             return Box::pin(std::future::ready(receipts.iter().map(|_| away()).collect()));
         }
-        self.inner.ack(queue, receipts)
+        let slow = self.slow_acks.lock().unwrap().as_deref() == Some(queue);
+        Box::pin(async move {
+            if slow {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            let n = receipts.len();
+            let results = self.inner.ack(queue, receipts).await;
+            self.events.lock().unwrap().push(format!("ack {queue} {n}"));
+            results
+        })
     }
     fn nack<'a>(
         &'a self,
@@ -958,8 +969,55 @@ async fn a_suspect_runs_alone_and_is_acknowledged_before_anything_else_starts() 
     assert!(isolate < start && start + 1 == end, "something ran beside the suspect: {events:?}");
     let next_start = events[end..].iter().position(|e| e.starts_with("start")).map(|i| end + i);
     let own_ack = events[end..].iter().position(|e| e.starts_with("ack")).map(|i| end + i);
-    assert_eq!(own_ack.map(|i| events[i].as_str()), Some("ack 1"), "{events:?}");
+    assert_eq!(own_ack.map(|i| events[i].as_str()), Some("ack suspects 1"), "{events:?}");
     assert!(next_start.is_none_or(|n| own_ack.is_some_and(|a| a < n)), "acknowledged after others began: {events:?}");
     // The others ran four at a time, as before.
     assert!((0..events.len()).any(|i| running_at(i) >= 2), "no concurrency left: {events:?}");
+}
+
+#[messaging::queue("bystanders", concurrency = 4, visibility = "10m")]
+struct Bystanders;
+
+#[messaging::handler(queue = Bystanders)]
+async fn bystander(job: Job, log: State<Arc<Observed>>) {
+    log.events.lock().unwrap().push(format!("start b{}", job.n));
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    log.events.lock().unwrap().push(format!("end b{}", job.n));
+}
+
+/// Before a suspect runs, the acknowledgements of the messages every queue
+/// of the process handled have gone out, not only its own queue's: if the
+/// suspect then stops the process, none of them comes back to be handled
+/// again (and to run alone as a suspect in turn).
+#[tokio::test]
+async fn a_suspect_runs_after_the_acknowledgements_of_every_queue() {
+    let transport = Arc::new(Observed::default());
+    *transport.suspect.lock().unwrap() = Some(r#""n":1006}"#.into());
+    // Each acknowledgement of the bystanders is under way for a while.
+    *transport.slow_acks.lock().unwrap() = Some("bystanders".into());
+    let mut app = messaging::App::new(transport.clone()).await.unwrap();
+    app.only_queues(&["suspects", "bystanders"]);
+    app.setup().provide(transport.clone());
+    let publisher = app.setup().publisher();
+    let running = app.start().unwrap();
+    let jobs: Vec<Job> = (0..40).map(|n| Job { n }).collect();
+    for result in publisher.send_batch::<Bystanders, _>(&jobs).await {
+        result.unwrap();
+    }
+    // The bystanders are under way (four at a time, 30 ms each) when the
+    // suspect comes.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    publisher.send::<Suspects, _>(&Job { n: 1006 }).await.unwrap();
+    let ended = || transport.events.lock().unwrap().iter().filter(|e| e.starts_with("end")).count();
+    fixtures::eventually(Duration::from_secs(30), || ended() == 41, || format!("{} of 41 handled", ended())).await;
+    running.stop().await;
+
+    let events = transport.events.lock().unwrap().clone();
+    let isolate = events.iter().position(|e| e == "isolate").unwrap_or_else(|| panic!("no isolate: {events:?}"));
+    let before = &events[..isolate];
+    let ended_before = before.iter().filter(|e| e.starts_with("end b")).count();
+    let acked_before: usize =
+        before.iter().filter_map(|e| e.strip_prefix("ack bystanders ")).map(|n| n.parse::<usize>().unwrap()).sum();
+    assert!(ended_before > 0, "no bystander ended before the suspect: {events:?}");
+    assert_eq!(acked_before, ended_before, "handled and not yet acknowledged when the suspect ran: {events:?}");
 }

@@ -15,12 +15,14 @@
 //! queue's next receive is not held up by the wait.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use tokio::sync::{mpsc, Notify};
 use tokio::task::JoinHandle;
+use tokio::time::Instant;
 
+use super::alone::GATE;
 use super::inflight::InFlight;
 use crate::error::TransportError;
 use crate::transport::{Receipt, Transport};
@@ -36,14 +38,15 @@ const LINGER: Duration = Duration::from_millis(200);
 /// How many times a batch of acknowledgements is tried before it is given up.
 const ATTEMPTS: u64 = 3;
 
+/// Every acker of the process, so that a suspect can wait for the
+/// acknowledgements of all queues' handled messages ([`all_settled`]).
+static ACKERS: Mutex<Vec<Weak<Counts>>> = Mutex::new(Vec::new());
+
 pub(crate) struct Acker {
     transport: Arc<dyn Transport>,
     queue: &'static str,
     tx: mpsc::UnboundedSender<Command>,
-    pending: Arc<AtomicUsize>,
-    /// Acks given up after [`ATTEMPTS`] failures.
-    lost: Arc<AtomicUsize>,
-    flushed: Arc<Notify>,
+    counts: Arc<Counts>,
     task: Mutex<Option<JoinHandle<()>>>,
 }
 
@@ -58,19 +61,21 @@ impl Acker {
     /// come (messages received and not settled).
     pub(crate) fn start(transport: Arc<dyn Transport>, queue: &'static str, held: Arc<InFlight>) -> Self {
         let (tx, rx) = mpsc::unbounded_channel();
-        let pending = Arc::new(AtomicUsize::new(0));
-        let lost = Arc::new(AtomicUsize::new(0));
-        let flushed = Arc::new(Notify::new());
-        let counts = Counts { pending: pending.clone(), lost: lost.clone(), flushed: flushed.clone() };
-        let task = tokio::spawn(flush_loop(transport.clone(), queue, rx, counts, held));
-        Acker { transport, queue, tx, pending, lost, flushed, task: Mutex::new(Some(task)) }
+        let counts = Arc::new(Counts::default());
+        {
+            let mut all = ACKERS.lock().unwrap_or_else(|p| p.into_inner());
+            all.retain(|c| c.strong_count() > 0);
+            all.push(Arc::downgrade(&counts));
+        }
+        let task = tokio::spawn(flush_loop(transport.clone(), queue, rx, counts.clone(), held));
+        Acker { transport, queue, tx, counts, task: Mutex::new(Some(task)) }
     }
 
     /// Queues a receipt for deletion.
     pub(crate) fn ack(&self, receipt: Receipt) {
-        self.pending.fetch_add(1, Ordering::SeqCst);
+        self.counts.pending.fetch_add(1, Ordering::SeqCst);
         if self.tx.send(Command::Ack(receipt)).is_err() {
-            self.pending.fetch_sub(1, Ordering::SeqCst);
+            self.counts.pending.fetch_sub(1, Ordering::SeqCst);
         }
     }
 
@@ -87,31 +92,20 @@ impl Acker {
 
     /// Acks queued but not yet confirmed by the transport.
     pub(crate) fn pending(&self) -> usize {
-        self.pending.load(Ordering::SeqCst)
+        self.counts.pending.load(Ordering::SeqCst)
     }
 
     /// Acks the transport failed [`ATTEMPTS`] times: their messages stay in
     /// the queue and come back after their visibility timeout.
     pub(crate) fn lost(&self) -> usize {
-        self.lost.load(Ordering::SeqCst)
+        self.counts.lost.load(Ordering::SeqCst)
     }
 
     /// Waits (at most `limit`) until every queued ack has reached the
     /// transport. A FIFO group stays locked until its messages are deleted, so
     /// receiving before that would only find the group busy.
     pub(crate) async fn settled(&self, limit: Duration) {
-        let deadline = tokio::time::Instant::now() + limit;
-        while self.pending() > 0 {
-            let flushed = self.flushed.notified();
-            tokio::pin!(flushed);
-            flushed.as_mut().enable();
-            if self.pending() == 0 {
-                return;
-            }
-            if tokio::time::timeout_at(deadline, flushed).await.is_err() {
-                return;
-            }
-        }
+        self.counts.settled(Instant::now() + limit).await;
     }
 
     /// Flushes everything queued and stops.
@@ -124,18 +118,53 @@ impl Acker {
     }
 }
 
-/// What the flush task shares with its [`Acker`].
+/// Waits (until `deadline` at most) for the acknowledgements queued by
+/// every worker of the process to reach their transports: a suspect's, so
+/// that a crash while it runs brings back no message handled before it, of
+/// any queue.
+pub(crate) async fn all_settled(deadline: Instant) {
+    let all: Vec<Arc<Counts>> = {
+        let mut all = ACKERS.lock().unwrap_or_else(|p| p.into_inner());
+        all.retain(|c| c.strong_count() > 0);
+        all.iter().filter_map(Weak::upgrade).collect()
+    };
+    for counts in all {
+        counts.settled(deadline).await;
+    }
+}
+
+/// What the flush task shares with its [`Acker`] (and [`all_settled`]).
+#[derive(Default)]
 struct Counts {
-    pending: Arc<AtomicUsize>,
-    lost: Arc<AtomicUsize>,
-    flushed: Arc<Notify>,
+    /// Acks queued and not yet confirmed or given up.
+    pending: AtomicUsize,
+    /// Acks given up after [`ATTEMPTS`] failures.
+    lost: AtomicUsize,
+    /// Told after each flush.
+    flushed: Notify,
+}
+
+impl Counts {
+    async fn settled(&self, deadline: Instant) {
+        while self.pending.load(Ordering::SeqCst) > 0 {
+            let flushed = self.flushed.notified();
+            tokio::pin!(flushed);
+            flushed.as_mut().enable();
+            if self.pending.load(Ordering::SeqCst) == 0 {
+                return;
+            }
+            if tokio::time::timeout_at(deadline, flushed).await.is_err() {
+                return;
+            }
+        }
+    }
 }
 
 async fn flush_loop(
     transport: Arc<dyn Transport>,
     queue: &'static str,
     mut rx: mpsc::UnboundedReceiver<Command>,
-    counts: Counts,
+    counts: Arc<Counts>,
     held: Arc<InFlight>,
 ) {
     let max = transport.max_batch().max(1);
@@ -163,14 +192,25 @@ async fn flush_loop(
             }
             take(&mut commands, &mut batch, &mut closing);
         }
-        // Wait for the acks of handlers still running, while they keep coming.
-        let until_at_most = tokio::time::Instant::now() + LINGER;
+        // Wait for the acks of handlers still running, while they keep
+        // coming; not while a suspect waits to run alone (the process's gate
+        // is closed): no handler starts then, and the suspect waits for these.
+        let until_at_most = Instant::now() + LINGER;
         while linger && !closing && !batch.is_empty() && batch.len() < max && held.has_unsettled() {
-            let until = until_at_most.min(tokio::time::Instant::now() + GAP);
-            match tokio::time::timeout_at(until, rx.recv_many(&mut commands, max - batch.len())).await {
-                Ok(0) => closing = true,
-                Ok(_) => take(&mut commands, &mut batch, &mut closing),
-                Err(_) => break,
+            let until = until_at_most.min(Instant::now() + GAP);
+            let closed = GATE.closing();
+            tokio::pin!(closed);
+            closed.as_mut().enable();
+            if GATE.is_closed() {
+                break;
+            }
+            tokio::select! {
+                more = tokio::time::timeout_at(until, rx.recv_many(&mut commands, max - batch.len())) => match more {
+                    Ok(0) => closing = true,
+                    Ok(_) => take(&mut commands, &mut batch, &mut closing),
+                    Err(_) => break,
+                },
+                () = &mut closed => break,
             }
         }
         if batch.is_empty() {

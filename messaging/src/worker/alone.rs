@@ -40,6 +40,8 @@ pub(crate) struct Gate {
     emptied: Notify,
     /// Wakes the handlers waiting for the suspect to end.
     opened: Notify,
+    /// Tells acknowledgements waiting for more to go now ([`Gate::closing`]).
+    closed: Notify,
     /// One suspect at a time.
     turn: Mutex<()>,
 }
@@ -63,6 +65,7 @@ impl Gate {
             state: AtomicUsize::new(0),
             emptied: Notify::const_new(),
             opened: Notify::const_new(),
+            closed: Notify::const_new(),
             turn: Mutex::const_new(()),
         }
     }
@@ -100,6 +103,7 @@ impl Gate {
         let turn = self.turn.lock().await;
         let deadline = tokio::time::Instant::now() + limit;
         self.state.fetch_or(CLOSED, Ordering::AcqRel);
+        self.closed.notify_waiters();
         loop {
             let emptied = self.emptied.notified();
             tokio::pin!(emptied);
@@ -110,6 +114,17 @@ impl Gate {
                 return Alone { gate: self, _turn: turn, beside };
             }
         }
+    }
+
+    /// Whether a suspect waits or runs.
+    pub(crate) fn is_closed(&self) -> bool {
+        self.state.load(Ordering::Acquire) & CLOSED != 0
+    }
+
+    /// Completes when a suspect next closes the gate (enable it, then check
+    /// [`Gate::is_closed`], so that a closing in between is not missed).
+    pub(crate) fn closing(&self) -> tokio::sync::futures::Notified<'_> {
+        self.closed.notified()
     }
 
     /// Handlers running now (tests).

@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use futures_util::FutureExt;
 
+use super::acker;
 use super::alone::{self, GATE};
 use super::inflight::Batch;
 use super::Worker;
@@ -30,9 +31,9 @@ const IN_PROGRESS_PAUSE: Duration = Duration::from_millis(50);
 /// [`alone`]: super::alone
 const ALONE_WAIT: Duration = Duration::from_secs(10);
 
-/// How long a suspect waits for the acknowledgements of handled messages to
-/// reach the transport before it runs: one that has not is a message the
-/// suspect's crash would bring back.
+/// How long a suspect waits for the acknowledgements of handled messages (of
+/// every queue of the process) to reach their transports before it runs:
+/// one that has not is a message the suspect's crash would bring back.
 const ACKS_WAIT: Duration = Duration::from_secs(2);
 
 /// When a suspect that could not be marked as running alone is tried again.
@@ -168,14 +169,14 @@ impl Worker {
 
     /// Closes the process's gate for a suspect: waits for the handlers
     /// running to end (at most [`ALONE_WAIT`]) and for the acknowledgements
-    /// of this worker's handled messages to go out, then tells the transport
+    /// of every worker's handled messages to go out, then tells the transport
     /// that it runs alone. A lost lease is given up (as a late settlement
     /// is); a transport that cannot take the mark now is asked again later,
     /// not counted as an attempt.
     async fn run_alone(&self, delivery: &Delivery) -> Result<alone::Alone, Step> {
         let queue = self.routes.spec().name;
         let alone = GATE.alone(ALONE_WAIT).await;
-        self.acker.settled(ACKS_WAIT).await;
+        acker::all_settled(tokio::time::Instant::now() + ACKS_WAIT).await;
         match self.transport.isolate(queue, &delivery.receipt).await {
             Ok(()) => {
                 if alone.beside == 0 {
