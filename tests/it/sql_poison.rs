@@ -3,15 +3,18 @@
 //! after every crash, as a supervisor would. The culprit spends only its own
 //! attempts and becomes a dead letter; every other message is handled, in
 //! order per group, and none is dead-lettered. (Before suspects ran alone,
-//! the heads of all six groups were dead letters after three restarts.) The
-//! test binary runs itself as the consumer (the ignored `poison_worker`
-//! entry point). On both databases.
+//! the heads of all six groups were dead letters after three restarts.) And
+//! a single crash (no culprit: a `SIGKILL`) leaves nothing to run alone:
+//! what the consumer held runs as usual after the restart. The test binary
+//! runs itself as the consumer (the ignored `*_worker` entry points). On
+//! both databases.
 #![cfg(all(feature = "postgres", feature = "sqlite", unix))]
 
 use crate::fixtures;
 
 use std::io::Write as _;
 use std::process::Stdio;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -116,7 +119,9 @@ fn a_message_that_kills_its_process_spends_only_its_own_attempts() {
                 break;
             }
             crashes += 1;
-            assert!(crashes <= 1 + MAX_RECEIVES, "{crashes} crashes: the culprit was not caught");
+            // One crash marks what was held, a second makes it a suspect, then
+            // the culprit's own attempts, each run alone.
+            assert!(crashes <= 2 + MAX_RECEIVES, "{crashes} crashes: the culprit was not caught");
         }
 
         let letters = runtime
@@ -149,6 +154,113 @@ fn a_message_that_kills_its_process_spends_only_its_own_attempts() {
             assert_eq!(seen, expected, "group {group} ({url})");
         }
         eprintln!("{url}: {crashes} crashes, {} entries booked", text.lines().count());
+        let _ = std::fs::remove_file(&booked);
+    }
+}
+
+#[messaging::queue("one-crash", concurrency = 4, visibility = "1s", max_receives = 3)]
+struct OneCrash;
+
+#[messaging::message(name = "test.one_crash", v = 1)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Chore {
+    n: u32,
+}
+
+/// Handlers of `one-crash` running in this process, and the most at once.
+static RUNNING: AtomicUsize = AtomicUsize::new(0);
+static MOST: AtomicUsize = AtomicUsize::new(0);
+
+/// Takes 300 ms; books the chore with the most handlers this process ran at once.
+#[messaging::handler(queue = OneCrash)]
+async fn chore(chore: Chore) -> Result<(), HandlerError> {
+    let running = RUNNING.fetch_add(1, Ordering::SeqCst) + 1;
+    MOST.fetch_max(running, Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    RUNNING.fetch_sub(1, Ordering::SeqCst);
+    let path = std::env::var("MESSAGING_TEST_BOOKED").map_err(HandlerError::permanent)?;
+    let mut file = std::fs::OpenOptions::new().create(true).append(true).open(path)?;
+    file.write_all(format!("{} {}\n", chore.n, MOST.load(Ordering::SeqCst)).as_bytes())?;
+    Ok(())
+}
+
+/// The consumer process of `one-crash`, until killed.
+#[test]
+#[ignore = "entry point of the consumer process started by after_one_crash_what_was_held_runs_as_usual"]
+fn one_crash_worker() {
+    let Ok(url) = std::env::var("MESSAGING_TEST_URL") else { return };
+    fixtures::runtime().block_on(async move {
+        let transport = messaging::transport::connect(&url).await.expect("connect");
+        let mut app = messaging::App::new(transport).await.expect("app");
+        app.only_queues(&["one-crash"]);
+        app.start().expect("start").wait().await;
+    });
+}
+
+#[test]
+fn after_one_crash_what_was_held_runs_as_usual() {
+    const CHORES: u32 = 8;
+    let runtime = fixtures::runtime();
+    for (url, _guard) in runtime.block_on(fixtures::both_databases("&migrate=true")) {
+        let booked = std::env::temp_dir().join(format!("one-crash-booked-{}.txt", std::process::id()));
+        let _ = std::fs::remove_file(&booked);
+        let transport = runtime.block_on(async {
+            let transport = messaging::transport::connect(&url).await.expect("connect");
+            transport.declare(&<OneCrash as Queue>::SPEC).await.expect("declare");
+            let chores: Vec<Chore> = (0..CHORES).map(|n| Chore { n }).collect();
+            for result in Publisher::new(Arc::clone(&transport)).send_batch::<OneCrash, _>(&chores).await {
+                result.expect("published");
+            }
+            transport
+        });
+        let queue = <OneCrash as Queue>::SPEC.name;
+        let spawn = || {
+            fixtures::entry_process(module_path!(), "one_crash_worker")
+                .env("MESSAGING_TEST_URL", &url)
+                .env("MESSAGING_TEST_BOOKED", &booked)
+                .env("RUST_LOG", "error")
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("spawn the consumer process")
+        };
+        let in_flight = || runtime.block_on(transport.counts(queue)).expect("counts").in_flight.unwrap_or(0);
+
+        // Killed while its first four handlers run (they take 300 ms).
+        let mut first = spawn();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while in_flight() < 4 {
+            assert!(Instant::now() < deadline, "the consumer received nothing");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        first.kill().expect("SIGKILL");
+        first.wait().expect("reaped");
+        let held = in_flight();
+        let _ = std::fs::remove_file(&booked);
+
+        // Started again: once the leases run out, what it held runs four at
+        // a time, as everything else.
+        let mut second = spawn();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while runtime.block_on(transport.depth(queue)).expect("depth") > 0 {
+            assert!(Instant::now() < deadline, "not drained after the restart");
+            assert!(second.try_wait().expect("poll").is_none(), "the restarted consumer stopped");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        second.kill().expect("SIGKILL");
+        second.wait().expect("reaped");
+
+        let text = std::fs::read_to_string(&booked).unwrap_or_default();
+        let mut done: Vec<u32> =
+            text.lines().filter_map(|l| l.split_once(' ')).map(|(n, _)| n.parse().unwrap()).collect();
+        let most = text.lines().filter_map(|l| l.split_once(' ')).map(|(_, m)| m.parse::<usize>().unwrap()).max();
+        done.sort_unstable();
+        done.dedup();
+        assert!(held >= 4, "{held} held at the kill");
+        assert_eq!(done.len(), CHORES as usize, "every chore done after the restart ({url}): {text}");
+        assert_eq!(most, Some(4), "the held chores ran four at a time, none alone ({url}): {text}");
+        let letters = runtime.block_on(transport.dead_letters().expect("dead letters").peek(queue, 10)).expect("peek");
+        assert!(letters.is_empty(), "nothing dead-lettered ({url})");
         let _ = std::fs::remove_file(&booked);
     }
 }

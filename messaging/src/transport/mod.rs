@@ -98,11 +98,12 @@ pub struct Delivery {
     pub attributes: Arc<Attributes>,
     /// When the message was first sent.
     pub sent_at: SystemTime,
-    /// Whether an earlier lease of this message ran out before it was
-    /// settled (database queues): its consumer may have died of it. The
-    /// worker runs a suspect alone in its process, after telling the
-    /// transport ([`Transport::isolate`]). Always `false` where the transport
-    /// cannot tell (SQS, `memory://`).
+    /// Whether earlier leases of this message ran out before it was settled,
+    /// twice while its consumer held other messages too or once while it ran
+    /// alone (database queues): its consumer may have died of it. The worker
+    /// runs a suspect alone in its process, after telling the transport
+    /// ([`Transport::isolate`]). Always `false` where the transport cannot
+    /// tell (SQS, `memory://`).
     pub suspect: bool,
 }
 
@@ -206,7 +207,7 @@ pub struct MessageReport {
     pub held_until_ms: Option<i64>,
     /// The reason of its last failure (a dead letter's reason).
     pub reason: Option<String>,
-    /// Whether it is a suspect: a lease of it ran out before it was settled,
+    /// Whether it is a suspect: leases of it ran out before it was settled,
     /// so it runs alone when next received (database queues; see
     /// [`Delivery::suspect`]).
     pub suspect: bool,

@@ -3,7 +3,9 @@
 //! A consumer that dies (an `abort`, a segfault, the OOM killer) lets every
 //! lease it held run out, and the database queues cannot tell the message
 //! that killed it from the others. So they give those leases' attempts back
-//! and mark the messages as suspects ([`Delivery::suspect`]); the worker runs
+//! and mark the messages; a message whose lease runs out a second time is a
+//! suspect ([`Delivery::suspect`]; once is what any crash does to every
+//! message held, and most crashes are not a message's doing); the worker runs
 //! a suspect with no other handler running in the process, and tells the
 //! transport so ([`Transport::isolate`]): if the process dies now, the
 //! message is the cause, and only its attempt counts. Without this, one

@@ -180,12 +180,12 @@ impl Worker {
         match self.transport.isolate(queue, &delivery.receipt).await {
             Ok(()) => {
                 if alone.beside == 0 {
-                    // Debug: a consumer killed holding a thousand messages
-                    // leaves a thousand suspects, and the take-back has
-                    // said so once already.
+                    // Debug: a consumer killed twice holding a thousand
+                    // messages leaves a thousand suspects, and the
+                    // take-back has said so once already.
                     tracing::debug!(queue, message.id = %delivery.message_id, receive_count = delivery.receive_count,
-                        "running a suspect alone: an earlier lease of this message ran out while its consumer held \
-                         others too (it may have stopped that process); if the process stops now, the attempt counts");
+                        "running a suspect alone: leases of this message ran out while its consumer held others \
+                         too (it may have stopped those processes); if the process stops now, the attempt counts");
                 } else {
                     tracing::warn!(queue, message.id = %delivery.message_id, running = alone.beside,
                         "running a suspect beside {} handler(s) that did not end within {ALONE_WAIT:?}; if the \

@@ -60,7 +60,7 @@ use crate::boxed::BoxFuture;
 use crate::error::TransportError;
 use crate::queue::QueueSpec;
 use crate::transport::schedules::ScheduleLedger;
-use crate::transport::sql::machine::{Enqueue, EnqueueOutcome, QueueRules, Row, RowId, Status, Suspect};
+use crate::transport::sql::machine::{Enqueue, EnqueueOutcome, QueueRules, Row, RowId, Status};
 use crate::transport::{
     Attributes, Browse, DeadLetter, DeadLetters, Delivery, FailedAttempt, Listing, MessageId, MessagePage,
     MessageReport, MessageStatus, Outgoing, PurgeOutcome, QueueCounts, Receipt, RedriveOptions, RedriveOutcome,
@@ -513,7 +513,7 @@ fn delivery(row: LeasedRow) -> Delivery {
         group_id: row.group,
         attributes: Arc::new(decode_attributes(&row.attributes)),
         sent_at: time_of(row.sent_at),
-        suspect: row.suspect != Suspect::No,
+        suspect: row.suspect.runs_alone(),
     }
 }
 
@@ -533,7 +533,7 @@ fn report_of(queue: &str, row: Row) -> MessageReport {
         process_at_ms: row.process_at,
         held_until_ms: if row.status.is_leased() { row.lease_expires } else { None },
         reason: row.error,
-        suspect: row.suspect != Suspect::No,
+        suspect: row.suspect.runs_alone(),
         history: row.history,
         attributes: decode_attributes(&row.attributes),
         body: row.payload.into(),

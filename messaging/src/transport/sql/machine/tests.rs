@@ -211,12 +211,18 @@ fn lease_expiry_is_abandonment() {
     let row = q.row(id).unwrap();
     assert_eq!(
         (row.status, row.attempts, row.suspect),
-        (Status::Pending, 0, Suspect::Yes),
-        "not run alone: given back"
+        (Status::Pending, 0, Suspect::Once),
+        "not run alone: given back, and handled as usual next"
     );
-    for round in 1..=2 {
+    // Its lease runs out again: given back again, and a suspect now.
+    let l = q.lease(LEASE, 1, LEASE).remove(0);
+    assert_eq!((l.attempts, l.suspect), (1, Suspect::Once));
+    assert_eq!(q.expire(2 * LEASE), vec![id]);
+    let row = q.row(id).unwrap();
+    assert_eq!((row.status, row.attempts, row.suspect), (Status::Pending, 0, Suspect::Yes));
+    for round in 2..=3 {
         let l = q.lease(round * LEASE, 1, LEASE).remove(0);
-        assert_eq!((l.attempts, l.suspect), (round as u32, Suspect::Yes));
+        assert_eq!((l.attempts, l.suspect), (round as u32 - 1, Suspect::Yes));
         q.isolate(round * LEASE, id, l.token).unwrap();
         q.expire((round + 1) * LEASE);
     }
@@ -369,23 +375,39 @@ fn a_release_keeps_the_attempts_its_holder_noted_as_failed() {
 fn a_suspect_s_mark_lasts_until_its_handler_answers() {
     let mut q = queue(QueueRules::default());
     let id = q.enqueue(0, msg(None, "x")).row().expect("a row");
+    // Once: a release keeps the mark, a second lease that runs out makes
+    // it a suspect.
     q.lease(0, 1, LEASE);
     q.expire(LEASE);
+    let l = q.lease(LEASE, 1, LEASE).remove(0);
+    q.release(LEASE + 1, id, l.token).unwrap();
+    assert_eq!(q.row(id).unwrap().suspect, Suspect::Once);
+    q.lease(LEASE + 1, 1, LEASE);
+    q.expire(2 * LEASE + 1);
+    assert_eq!(q.row(id).unwrap().suspect, Suspect::Yes);
+    let now = 2 * LEASE + 1;
     // A release (shutdown) keeps it a suspect, and one that ran alone goes
     // back to a plain suspect: it never ran.
-    let l = q.lease(LEASE, 1, LEASE).remove(0);
-    q.isolate(LEASE, id, l.token).unwrap();
+    let l = q.lease(now, 1, LEASE).remove(0);
+    q.isolate(now, id, l.token).unwrap();
     assert_eq!(q.row(id).unwrap().suspect, Suspect::Alone);
-    q.release(LEASE + 1, id, l.token).unwrap();
+    q.release(now + 1, id, l.token).unwrap();
     assert_eq!(q.row(id).unwrap().suspect, Suspect::Yes);
     // A recorded failure is an answer.
-    let l = q.lease(LEASE + 2, 1, LEASE).remove(0);
-    q.isolate(LEASE + 2, id, l.token).unwrap();
-    q.fail(LEASE + 3, id, l.token, LEASE + 3, "declined").unwrap();
+    let l = q.lease(now + 2, 1, LEASE).remove(0);
+    q.isolate(now + 2, id, l.token).unwrap();
+    q.fail(now + 3, id, l.token, now + 3, "declined").unwrap();
     let row = q.row(id).unwrap();
     assert_eq!((row.status, row.suspect, row.attempts), (Status::Pending, Suspect::No, 1));
     // A stale token cannot mark it.
-    assert_eq!(q.isolate(LEASE + 4, id, l.token), Err(LeaseLost));
+    assert_eq!(q.isolate(now + 4, id, l.token), Err(LeaseLost));
+    // An answer clears the first mark too.
+    q.lease(now + 5, 1, LEASE);
+    q.expire(now + 5 + LEASE);
+    assert_eq!(q.row(id).unwrap().suspect, Suspect::Once);
+    let l = q.lease(now + 6 + LEASE, 1, LEASE).remove(0);
+    q.fail(now + 7 + LEASE, id, l.token, now + 7 + LEASE, "declined").unwrap();
+    assert_eq!(q.row(id).unwrap().suspect, Suspect::No);
 }
 
 /// The case the mark exists for: a message that stops its process each

@@ -123,14 +123,17 @@ impl<D: Dialect> SqlStore<D> {
         self.store_rows(w, &taken.iter().collect::<Vec<_>>()).await?;
         if !taken.is_empty() {
             let dead = taken.iter().filter(|row| row.status == Status::Error).count();
+            let suspects = taken.iter().filter(|row| row.status != Status::Error && row.suspect.runs_alone()).count();
             tracing::warn!(
                 queue,
                 count = taken.len(),
                 ran_alone = alone,
+                suspects,
                 dead_lettered = dead,
                 "took back {} message(s) whose lease ran out: their consumer stopped or did not extend them in \
-                 time. Each is a suspect now, run alone when received again; {alone} had run alone (the attempt \
-                 counts), the others were held together (not counted); {dead} out of attempts are dead letters",
+                 time. {alone} had run alone (the attempt counts), the others were held together (not counted); \
+                 {suspects} will run alone, one at a time, as suspects (a lease of theirs had run out before); \
+                 {dead} out of attempts are dead letters",
                 taken.len()
             );
         }

@@ -478,9 +478,9 @@ async fn an_expired_lease_is_abandoned() {
     store.maintain("jobs", NOW + LEASE, retry).await.expect("maintain");
     store.maintain("lost", NOW + LEASE, give_up).await.expect("maintain");
     // Held with another message: the attempt is given back, and the
-    // message is a suspect.
+    // message is marked (a suspect if it happens again).
     let r = row(&store, "jobs", leased[0].id).await;
-    assert_eq!((r.status, r.lease_token, r.attempts, r.suspect), (Status::Pending, None, 0, Suspect::Yes));
+    assert_eq!((r.status, r.lease_token, r.attempts, r.suspect), (Status::Pending, None, 0, Suspect::Once));
     assert!(r.error.as_deref().is_some_and(|e| e.contains("lease expired")));
     // The deferred version applies on abandonment.
     let r = row(&store, "jobs", leased[1].id).await;
@@ -491,11 +491,19 @@ async fn an_expired_lease_is_abandoned() {
     assert!(matches!(late[0], Err(TransportError::StaleReceipt)));
     let again = store.lease("jobs", NOW + LEASE + 2, 10, LEASE, false).await.expect("lease");
     assert_eq!(payloads(&again), ["retried", "v2"]);
-    assert_eq!((again[0].attempts, again[0].suspect, again[1].suspect), (1, Suspect::Yes, Suspect::No));
+    assert_eq!((again[0].attempts, again[0].suspect, again[1].suspect), (1, Suspect::Once, Suspect::No));
+    // Their leases run out again: given back; the first is a suspect now.
+    let mut now = NOW + 2 * LEASE + 2;
+    store.maintain("jobs", now, retry).await.expect("maintain");
+    let r = row(&store, "jobs", again[1].id).await;
+    assert_eq!((r.status, r.attempts, r.suspect), (Status::Pending, 0, Suspect::Once));
+    let again = store.lease("jobs", now, 10, LEASE, false).await.expect("lease");
+    assert_eq!((again[0].attempts, again[0].suspect, again[1].suspect), (1, Suspect::Yes, Suspect::Once));
     // Run alone, its lease runs out again: that attempt counts (the other,
-    // not run alone, is given back).
-    store.isolate("jobs", NOW + LEASE + 3, again[0].id, again[0].token).await.expect("isolate");
-    store.maintain("jobs", NOW + 2 * LEASE + 2, retry).await.expect("maintain");
+    // not run alone, is given back, a suspect now too).
+    store.isolate("jobs", now + 1, again[0].id, again[0].token).await.expect("isolate");
+    now += LEASE;
+    store.maintain("jobs", now, retry).await.expect("maintain");
     let r = row(&store, "jobs", again[0].id).await;
     assert_eq!((r.status, r.attempts, r.suspect), (Status::Pending, 1, Suspect::Yes));
     assert!(r.history.last().is_some_and(|a| a.message.contains("ran alone")), "{:?}", r.history);
