@@ -155,7 +155,14 @@ pub fn init_logging() {
 /// The log filter without `RUST_LOG`: INFO for the application and the
 /// framework, WARN for the dependencies whose INFO lines are their own
 /// business (connection pools, exporters, HTTP stacks, the AWS SDK).
-const DEFAULT_FILTER: &str = "info,sqlx=warn,opentelemetry=warn,opentelemetry_sdk=warn,opentelemetry_otlp=warn,\
+///
+/// ERROR for sqlx's pool connections: their one warning is "error occurred
+/// while testing the connection on-release" (a ping after each statement),
+/// once per connection whenever the database goes away, beside the
+/// framework's own warning that says what failed and what happens to the
+/// messages (four of them in a row when PostgreSQL stopped under a
+/// consumer, tried from outside).
+const DEFAULT_FILTER: &str = "info,sqlx=warn,sqlx_core::pool::connection=error,opentelemetry=warn,opentelemetry_sdk=warn,opentelemetry_otlp=warn,\
     hyper=warn,hyper_util=warn,h2=warn,tower=warn,axum=warn,reqwest=warn,rustls=warn,aws_config=warn,\
     aws_smithy_runtime=warn,aws_sdk_sqs=warn";
 
@@ -275,5 +282,48 @@ mod otlp {
 
     pub(super) fn with_metric_exporter(builder: MeterProviderBuilder) -> (MeterProviderBuilder, bool) {
         (builder, false)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+
+    use super::*;
+
+    /// What a subscriber with [`DEFAULT_FILTER`] prints.
+    #[derive(Clone, Default)]
+    struct Printed(Arc<Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Printed {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn the_default_filter_keeps_sqlx_s_release_pings_out() {
+        let printed = Printed::default();
+        let writer = printed.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_env_filter(EnvFilter::new(DEFAULT_FILTER))
+            .with_writer(move || writer.clone())
+            .with_ansi(false)
+            .finish();
+        tracing::subscriber::with_default(subscriber, || {
+            tracing::warn!(target: "sqlx_core::pool::connection", "error occurred while testing the connection on-release");
+            tracing::warn!(target: "sqlx_core::pool::inner", "error from `before_acquire`");
+            tracing::info!(target: "sqlx::query", "a statement");
+            tracing::info!(target: "messaging::worker", "receiving again");
+        });
+        let text = String::from_utf8(printed.0.lock().unwrap().clone()).unwrap();
+        assert!(!text.contains("on-release"), "{text}");
+        assert!(!text.contains("a statement"), "{text}");
+        assert!(text.contains("before_acquire"), "other warnings of sqlx stay: {text}");
+        assert!(text.contains("receiving again"), "{text}");
     }
 }
