@@ -30,7 +30,7 @@ pub(crate) struct Job {
 
 /// A queue no test's app consumes while a message of it is held: see
 /// [`held_past_lease_on`].
-#[messaging::queue("console-held", visibility = "1s")]
+#[messaging::queue("console-held", visibility = "3s")]
 struct ConsoleHeld;
 
 /// Whether the "bug" that fails jobs is fixed, and how many jobs ran.
@@ -463,9 +463,9 @@ async fn held_past_lease_on(url: &str) {
     let counts = h.counts("console-held").await;
     assert_eq!((&counts["in_flight"], &counts["expired"]), (&json!(1), &json!(0)), "{counts}");
     assert!(!h.get("/").await.body.contains("held past"), "nothing held past its lease yet");
-    // The consumer stops: nothing acknowledges or extends the lease (1 s).
+    // The consumer stops: nothing acknowledges or extends the lease (3 s).
     drop(held);
-    tokio::time::sleep(Duration::from_millis(1_300)).await;
+    tokio::time::sleep(Duration::from_millis(3_300)).await;
     let counts = h.counts("console-held").await;
     assert_eq!((&counts["in_flight"], &counts["expired"]), (&json!(1), &json!(1)), "{counts}");
     let said = "1 message is held past its lease: the consumer that received it stopped";

@@ -989,7 +989,7 @@ async fn bystander(job: Job, log: State<Arc<Observed>>) {
 /// of the process handled have gone out, not only its own queue's: if the
 /// suspect then stops the process, none of them comes back to be handled
 /// again (and to run alone as a suspect in turn).
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_suspect_runs_after_the_acknowledgements_of_every_queue() {
     let transport = Arc::new(Observed::default());
     *transport.suspect.lock().unwrap() = Some(r#""n":1006}"#.into());

@@ -53,7 +53,7 @@ pub(super) async fn run(app: &App, args: ShowArgs) -> Result<(), Error> {
         out!("reason    {reason}");
     }
     if report.suspect {
-        out!("suspect   an earlier lease ran out before it was settled: it runs alone when next received");
+        out!("suspect   leases of it ran out before it was settled: it runs alone when next received");
     }
     for a in &report.history {
         out!("{a}");

@@ -402,7 +402,7 @@ async fn message(
         }
     }
     if value.get("suspect").and_then(Value::as_bool) == Some(true) {
-        let value = "an earlier lease ran out before it was settled: it runs alone when next received".to_owned();
+        let value = "leases of it ran out before it was settled: it runs alone when next received".to_owned();
         fields.push(Field { name: "suspect", value });
     }
     let waiting = matches!(status.as_str(), "sleeping" | "pending" | "delayed" | "visible");

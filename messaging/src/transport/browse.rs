@@ -63,6 +63,7 @@ impl std::fmt::Display for MessageStatus {
 /// cannot tell (SQS does not count what waits for a release; `memory://`
 /// and SQS keep no awaiting-release state at all and say 0).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+#[non_exhaustive]
 pub struct QueueCounts {
     /// Can be received now.
     pub pending: Option<u64>,
@@ -78,9 +79,8 @@ pub struct QueueCounts {
     /// visibility timeout) has run out unsettled: the consumer holding them
     /// stopped, lost touch with the queue, or runs a handler longer than the
     /// visibility timeout. They stay counted as in flight until a receive of
-    /// the queue takes them back (on the database queues they then run alone,
-    /// as suspects), so with no consumer running they stay there. `None`: not
-    /// known (SQS).
+    /// the queue takes them back, so with no consumer running they stay
+    /// there. `None`: not known (SQS).
     pub expired: Option<u64>,
     /// When the oldest message that is not a dead letter was sent, in
     /// milliseconds since the Unix epoch (`None`: none, or not known).

@@ -87,7 +87,7 @@ impl Worker {
         // after a failure here already answered: it did not stop us).
         // What the handler holds while it runs: its place among the
         // handlers of the process, or the gate closed around it.
-        let (entered, alone) = if delivery.suspect && tries == 0 {
+        let (_entered, alone) = if delivery.suspect && tries == 0 {
             match self.run_alone(delivery).await {
                 Ok(alone) => (None, Some(alone)),
                 Err(step) => return step,
@@ -101,9 +101,12 @@ impl Worker {
             .instrument(span.clone())
             .await
             .unwrap_or_else(|panic| Err(HandlerError::transient(Panic(panic_message(&panic)))));
-        // A handler that returned did not stop the process; a suspect's
-        // settlement is made before the gate opens (`alone` lives to the end).
-        drop(entered);
+        // A handler that returned did not stop the process. Its place at the
+        // gate (`_entered`) and a suspect's closed gate (`alone`) both live to
+        // the end of this call, so that its settlement is queued or made
+        // before a suspect waiting for the gate runs: dropped here, a
+        // suspect on another thread could find no acknowledgement pending
+        // yet, and a crash of its own brought this message back.
         let ended = Instant::now();
         let took = ended.duration_since(started);
         self.pace.record(took);
