@@ -405,6 +405,44 @@ fn dead_letters_are_counted_deleted_and_purged_from_the_command_line() {
     assert_eq!((depth.get(2), depth.get(5)), (Some(&"1"), Some(&"0")), "the redriven one is back, none dead: {line}");
 }
 
+/// A consumer that died holding a message leaves it in flight until some
+/// receive takes it back: `queues` says so (and `--json` counts it).
+#[cfg(feature = "sqlite")]
+#[test]
+fn queues_names_the_messages_held_past_their_lease() {
+    use sqlx::Connection as _;
+    let dir = WorkDir::new();
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    runtime.block_on(async {
+        let t = orders_fifo(&dir).await;
+        let out = messaging::transport::Outgoing {
+            body: PLANTED.to_vec().into(),
+            group_id: Some("zoe".into()),
+            ..Default::default()
+        };
+        t.send("orders.fifo", out).await.unwrap();
+        let held = t.receive("orders.fifo", 1, std::time::Duration::from_secs(1)).await.unwrap();
+        assert_eq!(held.len(), 1);
+        // The consumer is gone and its lease has run out (set in the past
+        // rather than waited for).
+        let mut conn = sqlx::SqliteConnection::connect(&dir.database()).await.unwrap();
+        sqlx::query("UPDATE messaging_messages SET lease_expires = 1 WHERE queue = 'orders.fifo'")
+            .execute(&mut conn)
+            .await
+            .unwrap();
+    });
+    let out = run(orders_in(&dir).arg("queues"));
+    let text = stdout(&out);
+    assert!(out.status.success(), "{text}");
+    let said = "  held past their lease: 1 (the consumer that received them stopped";
+    assert!(text.lines().any(|l| l.starts_with(said)), "{text}");
+    let lines = queues_json(&mut orders_in(&dir));
+    let orders = lines.iter().find(|l| l["name"] == "orders.fifo").expect("orders.fifo");
+    assert_eq!(orders["held_past_lease"], 1, "{orders}");
+    let emails = lines.iter().find(|l| l["name"] == "emails").expect("emails");
+    assert_eq!(emails["held_past_lease"], 0, "{emails}");
+}
+
 /// Plants `n` dead letters of `orders.fifo` in the example's SQLite
 /// database, quickly: published, then marked as dead letters in one
 /// statement.

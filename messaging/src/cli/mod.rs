@@ -601,6 +601,9 @@ struct QueueLine<'a> {
     dead: Option<Result<u64, String>>,
     /// Whether the queue is paused for every process (database queues).
     paused: Option<bool>,
+    /// Messages in flight past their lease (`QueueCounts::expired`), where
+    /// the transport can tell.
+    expired: Option<u64>,
 }
 
 async fn print_queues(app: &App, json: bool) {
@@ -616,10 +619,16 @@ async fn print_queues(app: &App, json: bool) {
             Some(browse) => browse.paused(spec.name).await.ok().flatten(),
             None => None,
         };
-        lines.push(QueueLine { spec, depth, dead, paused });
+        // After a crash, what the dead consumer held stays in flight until a
+        // receive takes it back: said here, as on the console.
+        let expired = match transport.browse() {
+            Some(browse) => browse.counts(spec.name).await.ok().and_then(|c| c.expired),
+            None => None,
+        };
+        lines.push(QueueLine { spec, depth, dead, paused, expired });
     }
     if json {
-        for QueueLine { spec, depth, dead, paused } in &lines {
+        for QueueLine { spec, depth, dead, paused, expired } in &lines {
             let value = serde_json::json!({
                 "name": spec.name,
                 "kind": if spec.fifo { "fifo" } else { "standard" },
@@ -631,13 +640,14 @@ async fn print_queues(app: &App, json: bool) {
                 "dead_letter_queue": spec.dlq,
                 "dead_letters": dead.as_ref().and_then(|d| d.as_ref().ok()),
                 "paused": paused,
+                "held_past_lease": expired,
             });
             out!("{value}");
         }
         return;
     }
     out!("{:<40} {:<9} {:>6} {:>8} {:>5}  dead letters", "queue", "kind", "depth", "visible", "conc");
-    for QueueLine { spec, depth, dead, paused } in &lines {
+    for QueueLine { spec, depth, dead, paused, expired } in &lines {
         let depth = depth.as_ref().map_or_else(|e| format!("? ({e})"), |d| d.to_string());
         let dead = match dead {
             Some(Ok(n)) => format!("{n} in {}", spec.dlq.unwrap_or("status error")),
@@ -653,6 +663,12 @@ async fn print_queues(app: &App, json: bool) {
             spec.concurrency,
             dead
         );
+        if let Some(n) = expired.filter(|&n| n > 0) {
+            out!(
+                "  held past their lease: {n} (the consumer that received them stopped or lost touch with the \
+                 queue; the next receive from it takes them back)"
+            );
+        }
     }
 }
 
