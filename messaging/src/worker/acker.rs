@@ -22,7 +22,7 @@ use tokio::sync::{mpsc, Notify};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use super::alone::GATE;
+use super::alone::{Gate, GATE};
 use super::inflight::InFlight;
 use crate::error::TransportError;
 use crate::transport::{Receipt, Transport};
@@ -60,6 +60,12 @@ impl Acker {
     /// Starts the flush task of `queue`; `held` tells whether acks may still
     /// come (messages received and not settled).
     pub(crate) fn start(transport: Arc<dyn Transport>, queue: &'static str, held: Arc<InFlight>) -> Self {
+        Acker::start_at(transport, queue, held, &GATE)
+    }
+
+    /// [`Acker::start`] beside `gate` (tests: the process's is shared by
+    /// every test running).
+    fn start_at(transport: Arc<dyn Transport>, queue: &'static str, held: Arc<InFlight>, gate: &'static Gate) -> Self {
         let (tx, rx) = mpsc::unbounded_channel();
         let counts = Arc::new(Counts::default());
         {
@@ -67,7 +73,7 @@ impl Acker {
             all.retain(|c| c.strong_count() > 0);
             all.push(Arc::downgrade(&counts));
         }
-        let task = tokio::spawn(flush_loop(transport.clone(), queue, rx, counts.clone(), held));
+        let task = tokio::spawn(flush_loop(transport.clone(), queue, rx, counts.clone(), held, gate));
         Acker { transport, queue, tx, counts, task: Mutex::new(Some(task)) }
     }
 
@@ -166,6 +172,7 @@ async fn flush_loop(
     mut rx: mpsc::UnboundedReceiver<Command>,
     counts: Arc<Counts>,
     held: Arc<InFlight>,
+    gate: &'static Gate,
 ) {
     let max = transport.max_batch().max(1);
     // A transport whose calls cost no round trip (memory) gains nothing from
@@ -198,10 +205,10 @@ async fn flush_loop(
         let until_at_most = Instant::now() + LINGER;
         while linger && !closing && !batch.is_empty() && batch.len() < max && held.has_unsettled() {
             let until = until_at_most.min(Instant::now() + GAP);
-            let closed = GATE.closing();
+            let closed = gate.closing();
             tokio::pin!(closed);
             closed.as_mut().enable();
-            if GATE.is_closed() {
+            if gate.is_closed() {
                 break;
             }
             tokio::select! {
@@ -278,5 +285,127 @@ fn take(commands: &mut Vec<Command>, batch: &mut Vec<Receipt>, closing: &mut boo
             Command::Ack(receipt) => batch.push(receipt),
             Command::Close => *closing = true,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use super::*;
+    use crate::boxed::BoxFuture;
+    use crate::queue::QueueSpec;
+    use crate::transport::memory::MemoryTransport;
+    use crate::transport::{Delivery, MessageId, Outgoing};
+    use crate::worker::inflight::Batch;
+
+    /// `memory://` with a database's batching (acks linger), noting when
+    /// each acknowledgement call is made.
+    #[derive(Default)]
+    struct Lingering {
+        inner: MemoryTransport,
+        acked_at: Mutex<Vec<Instant>>,
+    }
+
+    impl Transport for Lingering {
+        fn system(&self) -> &'static str {
+            "lingering"
+        }
+        fn declare<'a>(&'a self, spec: &'a QueueSpec) -> BoxFuture<'a, Result<(), TransportError>> {
+            self.inner.declare(spec)
+        }
+        fn send<'a>(&'a self, queue: &'a str, message: Outgoing) -> BoxFuture<'a, Result<MessageId, TransportError>> {
+            self.inner.send(queue, message)
+        }
+        fn send_batch<'a>(
+            &'a self,
+            queue: &'a str,
+            messages: Vec<Outgoing>,
+        ) -> BoxFuture<'a, Vec<Result<MessageId, TransportError>>> {
+            self.inner.send_batch(queue, messages)
+        }
+        fn receive<'a>(
+            &'a self,
+            queue: &'a str,
+            max: usize,
+            wait: Duration,
+        ) -> BoxFuture<'a, Result<Vec<Delivery>, TransportError>> {
+            self.inner.receive(queue, max, wait)
+        }
+        fn ack<'a>(&'a self, queue: &'a str, receipts: Vec<Receipt>) -> BoxFuture<'a, Vec<Result<(), TransportError>>> {
+            self.acked_at.lock().unwrap().push(Instant::now());
+            self.inner.ack(queue, receipts)
+        }
+        fn nack<'a>(
+            &'a self,
+            queue: &'a str,
+            receipt: Receipt,
+            delay: Duration,
+        ) -> BoxFuture<'a, Result<(), TransportError>> {
+            self.inner.nack(queue, receipt, delay)
+        }
+        fn extend<'a>(
+            &'a self,
+            queue: &'a str,
+            receipt: &'a Receipt,
+            visibility: Duration,
+        ) -> BoxFuture<'a, Result<(), TransportError>> {
+            self.inner.extend(queue, receipt, visibility)
+        }
+        fn depth<'a>(&'a self, queue: &'a str) -> BoxFuture<'a, Result<u64, TransportError>> {
+            self.inner.depth(queue)
+        }
+        fn concurrent_receives(&self) -> usize {
+            1
+        }
+    }
+
+    /// When the one acknowledgement of a worker that still holds another
+    /// message goes out, after the gate was closed (by a suspect) `closing_after`
+    /// from the ack, or never.
+    async fn first_ack_after(closing_after: Option<Duration>) -> Duration {
+        let gate: &'static Gate = Box::leak(Box::new(Gate::new()));
+        let transport = Arc::new(Lingering::default());
+        transport.declare(&QueueSpec::standard("q")).await.unwrap();
+        for _ in 0..2 {
+            transport.send("q", Outgoing { body: b"{}".to_vec().into(), ..Outgoing::default() }).await.unwrap();
+        }
+        let deliveries = transport.receive("q", 2, Duration::ZERO).await.unwrap();
+        assert_eq!(deliveries.len(), 2);
+        let batch = Arc::new(Batch::new(deliveries, false, Instant::now(), Duration::from_secs(60)));
+        let held = Arc::new(InFlight::default());
+        held.hold(batch.clone());
+        let acker = Acker::start_at(transport.clone(), "q", held, gate);
+        let started = Instant::now();
+        let suspect = closing_after.map(|after| {
+            tokio::spawn(async move {
+                tokio::time::sleep(after).await;
+                let alone = gate.alone(Duration::from_secs(1)).await;
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                drop(alone);
+            })
+        });
+        // The first message is handled; the second is still held.
+        batch.settle(0);
+        acker.ack(batch.deliveries[0].receipt.clone());
+        acker.settled(Duration::from_secs(1)).await;
+        let at = transport.acked_at.lock().unwrap().first().copied().expect("acknowledged");
+        if let Some(suspect) = suspect {
+            suspect.await.unwrap();
+        }
+        acker.close().await;
+        at - started
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_ack_waits_for_more_unless_a_suspect_closes_the_gate() {
+        // Open: it waits for the acknowledgements of handlers still running,
+        // one gap at most when none comes.
+        assert_eq!(first_ack_after(None).await, GAP);
+        // A suspect closes the gate while it waits: no handler starts now,
+        // and the suspect waits for this ack, so it goes at once.
+        assert_eq!(first_ack_after(Some(Duration::from_millis(5))).await, Duration::from_millis(5));
+        // Closed already: no wait at all.
+        assert_eq!(first_ack_after(Some(Duration::ZERO)).await, Duration::ZERO);
     }
 }

@@ -62,7 +62,7 @@ pub(crate) struct Alone {
 }
 
 impl Gate {
-    const fn new() -> Gate {
+    pub(super) const fn new() -> Gate {
         Gate {
             state: AtomicUsize::new(0),
             emptied: Notify::const_new(),
