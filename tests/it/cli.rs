@@ -434,7 +434,7 @@ fn queues_names_the_messages_held_past_their_lease() {
     let out = run(orders_in(&dir).arg("queues"));
     let text = stdout(&out);
     assert!(out.status.success(), "{text}");
-    let said = "  held past their lease: 1 (the consumer that received them stopped";
+    let said = "  1 message is held past its lease: the consumer that received it stopped";
     assert!(text.lines().any(|l| l.starts_with(said)), "{text}");
     let lines = queues_json(&mut orders_in(&dir));
     let orders = lines.iter().find(|l| l["name"] == "orders.fifo").expect("orders.fifo");

@@ -663,11 +663,8 @@ async fn print_queues(app: &App, json: bool) {
             spec.concurrency,
             dead
         );
-        if let Some(n) = expired.filter(|&n| n > 0) {
-            out!(
-                "  held past their lease: {n} (the consumer that received them stopped or lost touch with the \
-                 queue; the next receive from it takes them back)"
-            );
+        if let Some(note) = expired.and_then(transport::held_past_lease) {
+            out!("  {note}");
         }
     }
 }

@@ -20,7 +20,7 @@ use super::api::{default_status, listing_of};
 use super::mount::base;
 use super::view::{Action, Filter, QueueView};
 use super::{Failure, Shared};
-use crate::transport::{rfc3339, MessageId, MessageStatus};
+use crate::transport::{held_past_lease, rfc3339, MessageId, MessageStatus};
 
 /// The stylesheet, served from the binary.
 const STYLESHEET: &str = include_str!("console.css");
@@ -114,16 +114,6 @@ fn rate(per_min: Option<f64>) -> String {
     per_min.map_or_else(|| "–".to_owned(), |r| if r >= 10.0 { format!("{r:.0}") } else { format!("{r:.1}") })
 }
 
-/// What `n` messages in flight past their lease mean, for an operator: after
-/// a crash nothing else says why they stay in flight with no consumer running.
-fn held_past_lease(n: u64) -> String {
-    let (messages, their, them) = if n == 1 { ("message is", "its", "it") } else { ("messages are", "their", "them") };
-    format!(
-        "{n} {messages} held past {their} lease: the consumer that received {them} stopped or lost touch with the \
-         queue. The next receive from this queue takes {them} back."
-    )
-}
-
 /// One queue's line of the overview.
 struct QueueLine {
     name: String,
@@ -149,7 +139,7 @@ impl QueueLine {
             kind: view.kind,
             counts,
             error: view.counts_error.clone(),
-            expired: view.counts.as_ref().and_then(|c| c.expired).filter(|&n| n > 0).map(held_past_lease),
+            expired: view.counts.as_ref().and_then(|c| c.expired).and_then(held_past_lease),
             oldest: age(view.oldest_age_ms),
             handled: rate(view.rates.handled_per_min),
             failed: rate(view.rates.failed_per_min),

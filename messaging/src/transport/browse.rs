@@ -122,6 +122,21 @@ impl QueueCounts {
     }
 }
 
+/// What `n` messages in flight past their lease ([`QueueCounts::expired`])
+/// mean, for an operator (the console, `app queues`); `None` for none. After
+/// a crash nothing else says why they stay in flight with no consumer
+/// running.
+pub(crate) fn held_past_lease(n: u64) -> Option<String> {
+    if n == 0 {
+        return None;
+    }
+    let (messages, their, them) = if n == 1 { ("message is", "its", "it") } else { ("messages are", "their", "them") };
+    Some(format!(
+        "{n} {messages} held past {their} lease: the consumer that received {them} stopped or lost touch with the \
+         queue. The next receive from this queue takes {them} back."
+    ))
+}
+
 /// Which messages of a queue to list: one status, oldest first, a page at a
 /// time (keyset pagination: `after` is the previous page's
 /// [`MessagePage::next`]), optionally only those of an envelope type, an

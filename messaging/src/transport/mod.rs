@@ -24,7 +24,7 @@ pub(crate) mod sql;
 pub mod sqs;
 mod url;
 
-pub(crate) use browse::bad_cursor;
+pub(crate) use browse::{bad_cursor, held_past_lease};
 pub use browse::{Browse, Listing, MessagePage, MessageStatus, PauseScope, QueueCounts};
 pub use bytes::Bytes;
 pub use id::MessageId;
