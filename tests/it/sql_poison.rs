@@ -66,8 +66,9 @@ fn poison_worker() {
     });
 }
 
-fn spawn_worker(url: &str, booked: &std::path::Path) -> std::process::Child {
-    fixtures::entry_process(module_path!(), "poison_worker")
+/// The consumer process of entry point `entry`, booking into `booked`.
+fn spawn_worker(entry: &str, url: &str, booked: &std::path::Path) -> std::process::Child {
+    fixtures::entry_process(module_path!(), entry)
         .env("MESSAGING_TEST_URL", url)
         .env("MESSAGING_TEST_BOOKED", booked)
         .env("RUST_LOG", "error")
@@ -101,7 +102,7 @@ fn a_message_that_kills_its_process_spends_only_its_own_attempts() {
         let mut crashes = 0;
         let deadline = Instant::now() + Duration::from_secs(90);
         loop {
-            let mut worker = spawn_worker(&url, &booked);
+            let mut worker = spawn_worker("poison_worker", &url, &booked);
             let crashed = loop {
                 if let Some(status) = worker.try_wait().expect("poll") {
                     assert!(!status.success(), "the consumer ended by itself without crashing: {status:?}");
@@ -215,16 +216,7 @@ fn after_one_crash_what_was_held_runs_as_usual() {
             transport
         });
         let queue = <OneCrash as Queue>::SPEC.name;
-        let spawn = |run: u32| {
-            fixtures::entry_process(module_path!(), "one_crash_worker")
-                .env("MESSAGING_TEST_URL", &url)
-                .env("MESSAGING_TEST_BOOKED", booked(run))
-                .env("RUST_LOG", "error")
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .expect("spawn the consumer process")
-        };
+        let spawn = |run: u32| spawn_worker("one_crash_worker", &url, &booked(run));
         let in_flight = || runtime.block_on(transport.counts(queue)).expect("counts").in_flight.unwrap_or(0);
 
         // Killed while it holds every chore and its first four handlers run
