@@ -56,9 +56,18 @@ pub enum TransportError {
          `transport.declare(&Queue::SPEC)` first"
     )]
     QueueNotFound(String),
-    /// The message was rejected before it was sent (size, delay, missing group id...).
-    #[error("message rejected: {0}")]
+    /// The transport refuses the request as given: a message too large, a
+    /// delay on a FIFO queue, a missing group id, a queue that exists unlike
+    /// its declaration, a transaction on another database... The text is a
+    /// whole sentence naming what was refused and why. (It read "message
+    /// rejected: ..." before, which misnamed every refusal that was not of a
+    /// message.)
+    #[error("{0}")]
     Rejected(String),
+    /// The transport does not offer this operation (`dlq purge` on SQS,
+    /// say): nothing was done, and trying again does the same.
+    #[error("{0}")]
+    Unsupported(String),
     /// The receipt of a delivery is no longer valid (its visibility expired and
     /// it was delivered again, or it was already acknowledged).
     #[error("the receipt is stale: the message was redelivered or already settled")]

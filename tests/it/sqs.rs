@@ -275,13 +275,13 @@ async fn startup_errors_are_clear_and_quick() {
     as_fifo.fifo = true;
     as_fifo.dlq = None;
     let err = t.declare(&as_fifo).await.expect_err("kind").to_string();
-    assert_eq!(err, "message rejected: queue `sqs-mail` is a standard queue on SQS but is declared FIFO");
+    assert_eq!(err, "queue `sqs-mail` is a standard queue on SQS but is declared FIFO");
     // No redrive policy: the declared DLQ exists, the queue does not send to it.
     admin.declare(&messaging::QueueSpec::standard("sqs-mail-dlq")).await.expect("the DLQ, created");
     let err = t.declare(&<Mail as Queue>::SPEC).await.expect_err("no redrive policy").to_string();
     assert_eq!(
         err,
-        "message rejected: queue `sqs-mail` has no redrive policy, but `sqs-mail-dlq` is declared as its \
+        "queue `sqs-mail` has no redrive policy, but `sqs-mail-dlq` is declared as its \
          dead-letter queue; set RedrivePolicy deadLetterTargetArn to `sqs-mail-dlq`'s ARN"
     );
     // A redrive policy that would dead-letter before the worker has spent
@@ -295,7 +295,7 @@ async fn startup_errors_are_clear_and_quick() {
     t.declare(&short).await.expect("4 is above 2");
     short.max_receives = 4;
     let err = t.declare(&short).await.expect_err("4 is not above 4").to_string();
-    assert!(err.starts_with("message rejected: queue `sqs-short`: "), "{err}");
+    assert!(err.starts_with("queue `sqs-short`: "), "{err}");
     assert!(err.contains("maxReceiveCount is 4, which must be above max_receives = 4"), "{err}");
     assert!(err.contains("Set maxReceiveCount to 8"), "{err}");
     // A redrive policy to another queue than the declared DLQ.
@@ -304,7 +304,7 @@ async fn startup_errors_are_clear_and_quick() {
     let err = t.declare(&short).await.expect_err("another DLQ").to_string();
     assert_eq!(
         err,
-        "message rejected: queue `sqs-short` sends its dead letters to `sqs-short-dlq`, but `sqs-mail-dlq` is \
+        "queue `sqs-short` sends its dead letters to `sqs-short-dlq`, but `sqs-mail-dlq` is \
          declared; fix the redrive policy or the `dlq` option"
     );
 }

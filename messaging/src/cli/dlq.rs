@@ -143,6 +143,9 @@ impl Walk<'_> {
     ) -> Result<O, Error> {
         match ended {
             Ended::Done(Ok(outcome)) => Ok(outcome),
+            // Refused as a whole: nothing was done, and running it again
+            // would be refused again.
+            Ended::Done(Err(e @ crate::error::TransportError::Unsupported(_))) => Err(Error::Command(e.to_string())),
             Ended::Done(Err(e)) => Err(stopped(self.dlq, self.queue, self.before, e, self.command, self.done).await),
             Ended::Interrupted(ended) => Err(self.interrupted(ended.and_then(Result::ok).map(|o| count(&o))).await),
         }

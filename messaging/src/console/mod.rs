@@ -157,6 +157,7 @@ impl From<crate::error::TransportError> for Failure {
         let status = match &e {
             E::QueueNotFound(_) => StatusCode::NOT_FOUND,
             E::Rejected(_) => StatusCode::BAD_REQUEST,
+            E::Unsupported(_) => StatusCode::NOT_IMPLEMENTED,
             _ => StatusCode::BAD_GATEWAY,
         };
         Failure::new(status, e.to_string())

@@ -525,7 +525,7 @@ pub trait Transport: Send + Sync + 'static {
     ) -> BoxFuture<'a, Result<Option<MessageReport>, TransportError>> {
         let _ = id;
         Box::pin(async move {
-            Err(TransportError::Rejected(format!(
+            Err(TransportError::Unsupported(format!(
                 "looking up one message of `{queue}` is not supported by the {} transport",
                 self.system()
             )))
@@ -624,7 +624,7 @@ pub struct PurgeOutcome {
 
 /// The error of a dead-letter operation a transport does not offer.
 fn unsupported(what: &str, queue: &str) -> TransportError {
-    TransportError::Rejected(format!("{what} the dead letters of `{queue}` is not supported by this transport"))
+    TransportError::Unsupported(format!("{what} the dead letters of `{queue}` is not supported by this transport"))
 }
 
 /// Dead-letter operations of a backend.

@@ -390,7 +390,7 @@ impl DeadLetters for SqsTransport {
             if options.dry_run {
                 // Counting would receive every letter (and hide them while
                 // it does); `depth` gives the total without a filter.
-                return Err(TransportError::Rejected(format!(
+                return Err(TransportError::Unsupported(format!(
                     "a dry run of a redrive of `{queue}` is not supported on SQS; `dlq peek` shows the letters"
                 )));
             }
