@@ -266,7 +266,7 @@ async fn orders_fifo(dir: &WorkDir) -> std::sync::Arc<dyn messaging::transport::
 }
 
 /// The body of every planted letter.
-#[cfg(feature = "sqlite")]
+#[cfg(any(feature = "sqlite", feature = "sqs"))]
 const PLANTED: &[u8] = br#"{"type":"orders.placed","v":2,"data":{"order_id":"Z9","customer_id":"zoe","coupon":null}}"#;
 
 /// Plants one dead letter in the example's SQLite database, as a permanently
@@ -622,6 +622,68 @@ fn the_same_app_runs_on_sqs_by_configuration() {
     {
         assert!(text.contains(line), "missing `{line}` in:\n{text}");
     }
+    // What SQS does not offer is refused as such: the reason alone, not a
+    // "message rejected" nor the advice to run it again for the rest.
+    for (args, said) in [
+        (
+            &["dlq", "redrive", "orders.fifo", "--dry-run"][..],
+            "error: a dry run of a redrive of `orders.fifo` is not supported on SQS; `dlq peek` shows the letters\n",
+        ),
+        (
+            &["dlq", "purge", "orders.fifo", "--yes"][..],
+            "error: purging the dead letters of `orders.fifo` is not supported by this transport\n",
+        ),
+    ] {
+        let out = run(example("sqs_orders")
+            .args(args)
+            .env("MESSAGING_URL", moto.url(false))
+            .env("AWS_ACCESS_KEY_ID", "test")
+            .env("AWS_SECRET_ACCESS_KEY", "test"));
+        assert_eq!(out.status.code(), Some(1), "{args:?}");
+        assert_eq!(String::from_utf8_lossy(&out.stderr), said, "{args:?}");
+    }
+    // `show` on SQS finds a dead letter by the id the logs gave.
+    let id = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+        let t = messaging::transport::connect(&moto.url(false)).await.unwrap();
+        let spec = messaging::QueueSpec {
+            fifo: true,
+            dlq: Some("orders-dlq.fifo"),
+            default_group: Some("orders"),
+            ..messaging::QueueSpec::standard("orders.fifo")
+        };
+        t.declare(&spec).await.unwrap();
+        let out = messaging::transport::Outgoing {
+            body: PLANTED.to_vec().into(),
+            group_id: Some("zoe".into()),
+            ..Default::default()
+        };
+        let id = t.send("orders.fifo", out).await.unwrap();
+        let d = t.receive("orders.fifo", 1, std::time::Duration::from_secs(5)).await.unwrap().remove(0);
+        assert_eq!(d.message_id, id);
+        let failure = messaging::transport::FailedAttempt::new(1, "Declined", "card declined");
+        t.dead_letters().unwrap().dead_letter("orders.fifo", &d, failure).await.unwrap();
+        id.to_string()
+    });
+    let show = |id: &str| {
+        run(example("sqs_orders")
+            .args(["show", "orders.fifo", id])
+            .env("MESSAGING_URL", moto.url(false))
+            .env("AWS_ACCESS_KEY_ID", "test")
+            .env("AWS_SECRET_ACCESS_KEY", "test"))
+    };
+    let out = show(&id);
+    let text = stdout(&out);
+    assert!(out.status.success(), "{text}{}", String::from_utf8_lossy(&out.stderr));
+    for line in [&format!("message   {id}")[..], "status    dead", "group     zoe", "reason    card declined"] {
+        assert!(text.lines().any(|l| l.starts_with(line)), "missing `{line}` in:\n{text}");
+    }
+    let out = show("not-a-letter");
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("on this transport `show` finds dead letters only"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let dir = WorkDir::new();
     let mut elsewhere = example("sqs_orders");
     elsewhere.current_dir(&dir.0).env_remove("MESSAGING_URL");
