@@ -10,6 +10,11 @@
 //! The mark is the process's, for every PostgreSQL pool in it: a pool on
 //! another server reconnects once for nothing, which is cheap beside
 //! writes failing for half an hour.
+//!
+//! The LISTEN connection writes nothing, so no error of its own tells it
+//! apart: on the old primary it hears none of the new primary's NOTIFYs,
+//! and idle receivers would wait for their poll. [`marked`] wakes its task,
+//! which replaces it when it is [`stale`].
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
@@ -44,6 +49,7 @@ pub(super) fn noticed(e: &sqlx::Error) {
         // At least 1: 0 means none.
         let now = nanos_since_origin(Instant::now()).max(1);
         STALE_BEFORE.fetch_max(now, Ordering::SeqCst);
+        MARKED.notify_waiters();
         // Once per ten seconds at most: while a server stays read-only every
         // write fails so (15 warnings in 10 s in a trial), and each failure
         // is logged by its caller anyway.
@@ -58,6 +64,22 @@ pub(super) fn noticed(e: &sqlx::Error) {
     }
 }
 
+/// Told when [`noticed`] marks connections stale.
+static MARKED: tokio::sync::Notify = tokio::sync::Notify::const_new();
+
+/// Completes at the next read-only error's mark (one after this is
+/// called and polled).
+pub(super) fn marked() -> tokio::sync::futures::Notified<'static> {
+    MARKED.notified()
+}
+
+/// Whether a connection opened at `opened` is older than the last
+/// read-only error.
+pub(super) fn stale(opened: Instant) -> bool {
+    let stale_before = STALE_BEFORE.load(Ordering::SeqCst);
+    stale_before != 0 && nanos_since_origin(opened) < stale_before
+}
+
 /// When [`noticed`] last warned (nanoseconds after [`origin`]; 0: never).
 static WARNED: AtomicU64 = AtomicU64::new(0);
 
@@ -67,10 +89,6 @@ const WARN_EVERY: std::time::Duration = std::time::Duration::from_secs(10);
 /// Whether a pooled connection of age `meta.age` may be handed out: it was
 /// opened after the last read-only error.
 pub(super) fn usable(meta: &PoolConnectionMetadata) -> bool {
-    let stale_before = STALE_BEFORE.load(Ordering::SeqCst);
-    if stale_before == 0 {
-        return true;
-    }
     let opened = Instant::now().checked_sub(meta.age).unwrap_or_else(origin);
-    nanos_since_origin(opened) >= stale_before
+    !stale(opened)
 }

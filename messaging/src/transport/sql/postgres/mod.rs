@@ -69,35 +69,62 @@ fn start(pool: &PgPool, clock: Clock) -> PgState {
     PgState { changes, clock, _tasks: stop }
 }
 
-/// Forwards NOTIFYs to `changes` and samples the clock, until `stop` fires.
-async fn background(pool: PgPool, changes: broadcast::Sender<String>, clock: Clock, mut stop: oneshot::Receiver<()>) {
-    let mut listener = match PgListener::connect_with(&pool).await {
+/// A LISTEN connection on `pool`, or `None` (said once per outage,
+/// `warned`): idle receivers poll meanwhile.
+async fn listen(pool: &PgPool, warned: &mut bool) -> Option<(PgListener, std::time::Instant)> {
+    let opened = std::time::Instant::now();
+    let failed = match PgListener::connect_with(pool).await {
         Ok(mut l) => match l.listen(CHANNEL).await {
-            Ok(()) => Some(l),
-            Err(e) => {
-                tracing::warn!("LISTEN failed ({e}); idle receivers fall back to polling");
-                None
+            Ok(()) => {
+                if std::mem::take(warned) {
+                    tracing::info!("LISTEN connection back; idle receivers are woken by new messages again");
+                }
+                return Some((l, opened));
             }
+            Err(e) => format!("LISTEN failed ({e})"),
         },
-        Err(e) => {
-            tracing::warn!("no LISTEN connection ({e}); idle receivers fall back to polling");
-            None
-        }
+        Err(e) => format!("no LISTEN connection ({e})"),
     };
+    if !std::mem::replace(warned, true) {
+        tracing::warn!("{failed}; idle receivers fall back to polling, and it is tried again every 30 s");
+    }
+    None
+}
+
+/// Forwards NOTIFYs to `changes` and samples the clock, until `stop` fires.
+/// The LISTEN connection is made again when it could not be made (tried on
+/// each clock tick), and at once when a read-only error marks the
+/// connections opened before it stale (a failover: it would listen on the
+/// old primary, and hear nothing).
+async fn background(pool: PgPool, changes: broadcast::Sender<String>, clock: Clock, mut stop: oneshot::Receiver<()>) {
+    let mut warned = false;
+    let mut listener = listen(&pool, &mut warned).await;
     let mut tick = tokio::time::interval(super::clock::EVERY);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         let note = async {
             match &mut listener {
-                Some(l) => l.recv().await,
+                Some((l, _)) => l.recv().await,
                 None => std::future::pending().await,
             }
         };
         tokio::select! {
             _ = &mut stop => return,
+            () = failover::marked() => {
+                if listener.as_ref().is_some_and(|(_, opened)| failover::stale(*opened)) {
+                    tracing::info!("postgresql: the LISTEN connection predates a read-only error; making it again");
+                    // Back to the pool (which closes it) before another is taken.
+                    drop(listener.take());
+                    listener = listen(&pool, &mut warned).await;
+                }
+            }
             _ = tick.tick() => {
                 if let Err(e) = clock.sample(|| database_ms(&pool)).await {
                     tracing::debug!("postgresql: reading the database clock failed ({e}); keeping the last offset");
+                }
+                if listener.as_ref().is_none_or(|(_, opened)| failover::stale(*opened)) {
+                    drop(listener.take());
+                    listener = listen(&pool, &mut warned).await;
                 }
             }
             received = note => match received {

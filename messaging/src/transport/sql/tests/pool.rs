@@ -185,3 +185,53 @@ fn postgres_connections_to_a_server_turned_read_only_are_replaced() {
         write().await.expect("a new connection, not read-only");
     });
 }
+
+/// After a read-only error (a failover), the LISTEN connection is made again
+/// at once: on the old primary it would hear none of the new primary's
+/// NOTIFYs, and idle receivers would wait for their poll.
+#[test]
+fn postgres_the_listen_connection_is_made_again_after_a_read_only_error() {
+    let db = super::Postgres::new();
+    let name = super::unique("listen");
+    super::runtime().block_on(async {
+        let url = format!("{}&max_connections=3&migrate=true&application_name={name}", db.url);
+        let (store, _) = crate::transport::sql::open::<sqlx::Postgres>(&url).await.expect("connect");
+        // The backend listening for this store, told apart by its application name.
+        let listening = || async {
+            let mut watcher = store.pool.acquire().await.unwrap();
+            sqlx::query_scalar::<_, i32>(
+                "SELECT pid FROM pg_stat_activity WHERE application_name = $1 AND query LIKE 'LISTEN%' \
+                 AND state = 'idle'",
+            )
+            .bind(&name)
+            .fetch_optional(&mut *watcher)
+            .await
+            .unwrap()
+        };
+        let mut before = None;
+        for _ in 0..50 {
+            before = listening().await;
+            if before.is_some() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let before = before.expect("a LISTEN connection");
+        let mut open = vec![store.pool.acquire().await.unwrap(), store.pool.acquire().await.unwrap()];
+        for conn in &mut open {
+            sqlx::query("SET SESSION default_transaction_read_only = on").execute(&mut **conn).await.unwrap();
+        }
+        drop(open);
+        let write = || store.exec("declaring", &["INSERT INTO messaging_queues VALUES ('jobs', false, 0)"], &[]);
+        write().await.expect_err("the connection is read-only");
+        let mut after = Some(before);
+        for _ in 0..50 {
+            after = listening().await;
+            if after.is_some_and(|pid| pid != before) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert!(after.is_some_and(|pid| pid != before), "still listening on {before} (now {after:?})");
+    });
+}
