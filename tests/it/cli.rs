@@ -453,17 +453,9 @@ fn queues_counts_depth_and_dead_letters_in_one_snapshot() {
     use std::sync::atomic::{AtomicBool, Ordering};
     const MESSAGES: u64 = 5_000;
     let dir = WorkDir::new();
-    plant_dead_letters(&dir, MESSAGES as usize);
+    plant(&dir, MESSAGES as usize, "pending");
     let url = dir.database();
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-    // Back to pending, all of them: the mover below dead-letters them again.
-    runtime.block_on(async {
-        let mut conn = sqlx::SqliteConnection::connect(&url).await.unwrap();
-        sqlx::query("UPDATE messaging_messages SET status = 'pending' WHERE queue = 'orders.fifo'")
-            .execute(&mut conn)
-            .await
-            .unwrap();
-    });
     // Counted once before anything moves (which also builds the example
     // first, when the test runs on its own).
     let orders = |lines: Vec<serde_json::Value>| {
@@ -506,6 +498,13 @@ fn queues_counts_depth_and_dead_letters_in_one_snapshot() {
 /// statement.
 #[cfg(feature = "sqlite")]
 fn plant_dead_letters(dir: &WorkDir, n: usize) {
+    plant(dir, n, "error");
+}
+
+/// Plants `n` messages of `orders.fifo` in the example's SQLite database,
+/// quickly: published, then given `status` in one statement.
+#[cfg(feature = "sqlite")]
+fn plant(dir: &WorkDir, n: usize, status: &str) {
     use sqlx::Connection as _;
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     runtime.block_on(async {
@@ -525,7 +524,8 @@ fn plant_dead_letters(dir: &WorkDir, n: usize) {
         }
         let url = dir.database();
         let mut conn = sqlx::SqliteConnection::connect(&url).await.unwrap();
-        sqlx::query("UPDATE messaging_messages SET status = 'error' WHERE queue = 'orders.fifo'")
+        sqlx::query("UPDATE messaging_messages SET status = ?1 WHERE queue = 'orders.fifo'")
+            .bind(status)
             .execute(&mut conn)
             .await
             .unwrap();
