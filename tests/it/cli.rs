@@ -253,8 +253,14 @@ fn the_telemetry_example_handles_its_readings() {
 /// declares it.
 #[cfg(feature = "sqlite")]
 async fn orders_fifo(dir: &WorkDir) -> std::sync::Arc<dyn messaging::transport::Transport> {
-    let url = format!("{}?migrate=true", dir.database());
-    let t = messaging::transport::connect(&url).await.unwrap();
+    orders_fifo_at(&format!("{}?migrate=true", dir.database())).await
+}
+
+/// The transport at `url` with `orders.fifo` declared as the example
+/// declares it.
+#[cfg(any(feature = "sqlite", feature = "sqs"))]
+async fn orders_fifo_at(url: &str) -> std::sync::Arc<dyn messaging::transport::Transport> {
+    let t = messaging::transport::connect(url).await.unwrap();
     let spec = messaging::QueueSpec {
         fifo: true,
         dlq: Some("orders-dlq.fifo"),
@@ -644,14 +650,7 @@ fn the_same_app_runs_on_sqs_by_configuration() {
     }
     // `show` on SQS finds a dead letter by the id the logs gave.
     let id = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
-        let t = messaging::transport::connect(&moto.url(false)).await.unwrap();
-        let spec = messaging::QueueSpec {
-            fifo: true,
-            dlq: Some("orders-dlq.fifo"),
-            default_group: Some("orders"),
-            ..messaging::QueueSpec::standard("orders.fifo")
-        };
-        t.declare(&spec).await.unwrap();
+        let t = orders_fifo_at(&moto.url(false)).await;
         let out = messaging::transport::Outgoing {
             body: PLANTED.to_vec().into(),
             group_id: Some("zoe".into()),
