@@ -133,6 +133,42 @@ struct Walk<'a> {
 }
 
 impl Walk<'_> {
+    /// Runs the walk that `start` begins with the options (`max`, `filter`
+    /// counted on a progress bar `doing` the letters, the dry run) until it
+    /// ends or a signal comes: its outcome (as [`Walk::outcome`]) and the
+    /// dead letters left after it.
+    async fn run<O, F>(
+        &self,
+        doing: &str,
+        max: Option<usize>,
+        filter: Option<DeadLetterFilter>,
+        start: impl FnOnce(RedriveOptions) -> F,
+        count: impl Fn(&O) -> usize,
+    ) -> Result<(O, Option<u64>), Error>
+    where
+        F: std::future::Future<Output = Result<O, crate::error::TransportError>>,
+    {
+        let bar = progress(self.before, format!("{doing} `{}`", self.queue));
+        let gate = Arc::new(AtomicBool::new(false));
+        let options = RedriveOptions { max, filter: Some(counting(filter, &bar, &gate)), dry_run: self.dry_run };
+        let ended = until_signal(start(options), &gate).await;
+        bar.finish_and_clear();
+        let outcome = self.outcome(ended, count).await?;
+        Ok((outcome, self.dlq.depth(self.queue).await.ok()))
+    }
+
+    /// With `--json`, prints the walk's report (`done` letters taken,
+    /// `skipped` by the filter, `left`) and says so.
+    fn printed_json(&self, done: usize, skipped: usize, left: Option<u64>) -> bool {
+        if self.json {
+            let value = serde_json::json!({
+                "queue": self.queue, "dry_run": self.dry_run, self.done: done, "skipped": skipped, "left": left,
+            });
+            out!("{value}");
+        }
+        self.json
+    }
+
     /// The outcome of a walk that `ended` on its own; else the error that
     /// says where a failed or interrupted one stands (`count` reads how
     /// many letters an outcome took).
@@ -294,19 +330,10 @@ pub(super) async fn run(app: &App, command: DlqCommand) -> Result<(), Error> {
             let dlq = capability(app, &queue)?;
             let filter = type_filter(type_name.as_deref())?;
             let total = dlq.depth(&queue).await?;
-            let bar = progress(total, format!("redriving `{queue}`"));
-            let gate = Arc::new(AtomicBool::new(false));
-            let options = RedriveOptions { max, filter: Some(counting(filter, &bar, &gate)), dry_run };
-            let ended = until_signal(dlq.redrive(&queue, options), &gate).await;
-            bar.finish_and_clear();
             let walk = Walk { dlq, queue: &queue, before: total, command: "redrive", done: "moved", dry_run, json };
-            let outcome = walk.outcome(ended, |o| o.moved).await?;
-            let left = dlq.depth(&queue).await.ok();
-            if json {
-                let value = serde_json::json!({
-                    "queue": queue, "dry_run": dry_run, "moved": outcome.moved, "skipped": outcome.skipped, "left": left,
-                });
-                out!("{value}");
+            let (outcome, left) =
+                walk.run("redriving", max, filter, |options| dlq.redrive(&queue, options), |o| o.moved).await?;
+            if walk.printed_json(outcome.moved, outcome.skipped, left) {
                 return Ok(());
             }
             let left = left.map_or_else(|| "?".to_owned(), |n| n.to_string());
@@ -376,19 +403,10 @@ pub(super) async fn run(app: &App, command: DlqCommand) -> Result<(), Error> {
                      or --dry-run to count what it would delete"
                 )));
             }
-            let bar = progress(total, format!("purging `{queue}`"));
-            let gate = Arc::new(AtomicBool::new(false));
-            let options = RedriveOptions { max: None, filter: Some(counting(filter, &bar, &gate)), dry_run };
-            let ended = until_signal(dlq.purge(&queue, options), &gate).await;
-            bar.finish_and_clear();
             let walk = Walk { dlq, queue: &queue, before: total, command: "purge", done: "deleted", dry_run, json };
-            let outcome = walk.outcome(ended, |o| o.deleted).await?;
-            let left = dlq.depth(&queue).await.ok();
-            if json {
-                let value = serde_json::json!({
-                    "queue": queue, "dry_run": dry_run, "deleted": outcome.deleted, "skipped": outcome.skipped, "left": left,
-                });
-                out!("{value}");
+            let (outcome, left) =
+                walk.run("purging", None, filter, |options| dlq.purge(&queue, options), |o| o.deleted).await?;
+            if walk.printed_json(outcome.deleted, outcome.skipped, left) {
                 return Ok(());
             }
             let left = left.map_or_else(|| "?".to_owned(), |n| n.to_string());

@@ -424,19 +424,16 @@ fn stop_summary(stopped: &crate::Stopped) -> Option<String> {
         ));
     }
     let left = left.iter().map(|l| format!("; {l}")).collect::<String>();
-    if stopped.forced {
-        return Some(format!(
-            "stopped at once (second signal): {} handler(s) stopped, {} message(s) released, {} left to come back \
-             after their visibility timeout{left}",
-            stopped.handlers_stopped, stopped.released, stopped.not_released
-        ));
-    }
-    if stopped.handlers_stopped == 0 && stopped.not_released == 0 && left.is_empty() {
+    let (how, when) = if stopped.forced {
+        ("stopped at once (second signal)", "")
+    } else if stopped.handlers_stopped == 0 && stopped.not_released == 0 && left.is_empty() {
         return None;
-    }
+    } else {
+        ("stopped", " at the end of the grace period")
+    };
     Some(format!(
-        "stopped: {} handler(s) stopped at the end of the grace period, {} message(s) released, {} left to come back \
-         after their visibility timeout{left}",
+        "{how}: {} handler(s) stopped{when}, {} message(s) released, {} left to come back after their visibility \
+         timeout{left}",
         stopped.handlers_stopped, stopped.released, stopped.not_released
     ))
 }
