@@ -262,6 +262,15 @@ fn as_str<S: serde::Serializer>(id: &MessageId, s: S) -> Result<S::Ok, S::Error>
     s.serialize_str(id.as_str())
 }
 
+/// What [`Transport::send_now`] did with a message.
+#[derive(Debug)]
+pub enum SendNow {
+    /// Sent, or refused, at once: what [`Transport::send`] would return.
+    Done(Result<MessageId, TransportError>),
+    /// Not sent: the message, given back for [`Transport::send`].
+    Later(Outgoing),
+}
+
 /// A queue backend. Calls name the queue by its declared name.
 ///
 /// The worker relies on SQS-like semantics: a received message is invisible
@@ -278,6 +287,17 @@ pub trait Transport: Send + Sync + 'static {
 
     /// Sends one message; returns its id.
     fn send<'a>(&'a self, queue: &'a str, message: Outgoing) -> BoxFuture<'a, Result<MessageId, TransportError>>;
+
+    /// Sends one message at once, when the backend can without waiting
+    /// (`memory://` without a capacity): [`SendNow::Done`] with what
+    /// [`Transport::send`] would have returned, or [`SendNow::Later`] with the
+    /// message, for `send`. A typed send calls it from its first poll, so a
+    /// backend that sends at once spares each message the boxed future of
+    /// `send` and the moves into it. The default sends nothing now.
+    fn send_now(&self, queue: &str, message: Outgoing) -> SendNow {
+        let _ = queue;
+        SendNow::Later(message)
+    }
 
     /// Sends several messages; one result per input, in input order.
     fn send_batch<'a>(

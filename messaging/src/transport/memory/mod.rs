@@ -323,21 +323,33 @@ impl Transport for MemoryTransport {
 
     fn send<'a>(&'a self, queue: &'a str, message: Outgoing) -> BoxFuture<'a, Result<MessageId, TransportError>> {
         Box::pin(async move {
+            let message = match self.send_now(queue, message) {
+                super::SendNow::Done(sent) => return sent,
+                super::SendNow::Later(message) => message,
+            };
             let q = self.queue(queue)?;
+            let stored = self.store(queue, &q, vec![message]).await.pop();
+            stored.unwrap_or_else(|| Err(self.full(queue, Duration::ZERO)))
+        })
+    }
+
+    /// At once unless the queue is bounded (a send may wait for room).
+    fn send_now(&self, queue: &str, message: Outgoing) -> super::SendNow {
+        if self.bound.is_some() {
+            return super::SendNow::Later(message);
+        }
+        let sent = self.queue(queue).and_then(|q| {
             share(&message);
-            if !q.fifo && self.bound.is_none() {
+            if !q.fifo {
                 let id = MessageId::random();
                 q.post(state::Posted::new(id.clone(), message));
                 return Ok(id);
             }
-            if self.bound.is_some() {
-                let stored = self.store(queue, &q, vec![message]).await.pop();
-                return stored.unwrap_or_else(|| Err(self.full(queue, Duration::ZERO)));
-            }
             let id = q.lock().send(message, &mut state::Clock::default())?;
             q.wake();
             Ok(id)
-        })
+        });
+        super::SendNow::Done(sent)
     }
 
     fn send_batch<'a>(
