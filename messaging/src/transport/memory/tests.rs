@@ -359,3 +359,22 @@ async fn single_sends_and_batches_keep_their_order_and_are_seen_at_once() {
     assert_eq!(texts(&got), ["1", "2", "3", "4", "5", "6"]);
     assert_eq!(got[0].message_id, first);
 }
+
+/// A send needs no future where no queue can be full: `send_now` sends it
+/// (or refuses it) at once; a bounded transport, whose send may wait for
+/// room, gives the message back for `send`.
+#[tokio::test(start_paused = true)]
+async fn send_now_sends_at_once_unless_the_queue_may_be_full() {
+    use crate::transport::SendNow;
+    let t = setup(standard("q")).await;
+    let SendNow::Done(Ok(id)) = t.send_now("q", body("a")) else { panic!("not sent at once") };
+    let got = t.receive("q", 10, SECOND).await.unwrap();
+    assert_eq!((got.len(), &got[0].message_id), (1, &id));
+    let fifo_t = setup(fifo("q.fifo")).await;
+    assert!(matches!(fifo_t.send_now("q.fifo", grouped("b", "g")), SendNow::Done(Ok(_))));
+    assert!(matches!(t.send_now("nowhere", body("c")), SendNow::Done(Err(TransportError::QueueNotFound(_)))));
+    let bounded = MemoryTransport::bounded(1, SECOND);
+    bounded.declare(&standard("q")).await.unwrap();
+    let SendNow::Later(back) = bounded.send_now("q", body("d")) else { panic!("a bounded queue sent at once") };
+    assert_eq!(&back.body[..], b"d");
+}
