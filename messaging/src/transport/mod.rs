@@ -264,6 +264,7 @@ fn as_str<S: serde::Serializer>(id: &MessageId, s: S) -> Result<S::Ok, S::Error>
 
 /// What [`Transport::send_now`] did with a message.
 #[derive(Debug)]
+#[non_exhaustive]
 pub enum SendNow {
     /// Sent, or refused, at once: what [`Transport::send`] would return.
     Done(Result<MessageId, TransportError>),
