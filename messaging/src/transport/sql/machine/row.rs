@@ -623,16 +623,17 @@ impl Row {
             return;
         }
         self.clear_lease();
-        let before = self.suspect;
-        match before {
-            Suspect::Alone => self.record(now, 0, "LeaseExpired", LEASE_EXPIRED),
-            Suspect::No => self.record(now, 0, "LeaseExpired", LEASE_EXPIRED_ONCE),
-            Suspect::Once | Suspect::Yes => self.record(now, 0, "LeaseExpired", LEASE_EXPIRED_SHARED),
-        }
-        if before != Suspect::Alone {
+        // What the expiry says, whether its attempt counts, and the mark after it.
+        let (error, counted, mark) = match self.suspect {
+            Suspect::Alone => (LEASE_EXPIRED, true, Suspect::Yes),
+            Suspect::No => (LEASE_EXPIRED_ONCE, false, Suspect::Once),
+            Suspect::Once | Suspect::Yes => (LEASE_EXPIRED_SHARED, false, Suspect::Yes),
+        };
+        self.record(now, 0, "LeaseExpired", error);
+        if !counted {
             self.attempts = self.attempts.saturating_sub(1);
         }
-        self.suspect = if before == Suspect::No { Suspect::Once } else { Suspect::Yes };
+        self.suspect = mark;
         self.status =
             if rules.retry_abandoned && self.attempts < rules.max_attempts { Status::Pending } else { Status::Error };
     }

@@ -108,35 +108,40 @@ async fn background(pool: PgPool, changes: broadcast::Sender<String>, clock: Clo
                 None => std::future::pending().await,
             }
         };
-        tokio::select! {
+        let stale = |listener: &Option<(PgListener, std::time::Instant)>| {
+            listener.as_ref().is_some_and(|(_, opened)| failover::stale(*opened))
+        };
+        // Whether to make the LISTEN connection (again).
+        let remake = tokio::select! {
             _ = &mut stop => return,
-            () = failover::marked() => {
-                if listener.as_ref().is_some_and(|(_, opened)| failover::stale(*opened)) {
-                    tracing::info!("postgresql: the LISTEN connection predates a read-only error; making it again");
-                    // Back to the pool (which closes it) before another is taken.
-                    drop(listener.take());
-                    listener = listen(&pool, &mut warned).await;
-                }
-            }
+            () = failover::marked() => stale(&listener),
             _ = tick.tick() => {
                 if let Err(e) = clock.sample(|| database_ms(&pool)).await {
                     tracing::debug!("postgresql: reading the database clock failed ({e}); keeping the last offset");
                 }
-                if listener.as_ref().is_none_or(|(_, opened)| failover::stale(*opened)) {
-                    drop(listener.take());
-                    listener = listen(&pool, &mut warned).await;
-                }
+                listener.is_none() || stale(&listener)
             }
-            received = note => match received {
-                Ok(note) => {
-                    let _ = changes.send(note.payload().to_owned());
+            received = note => {
+                match received {
+                    Ok(note) => {
+                        let _ = changes.send(note.payload().to_owned());
+                    }
+                    // The listener reconnects by itself; meanwhile polling covers.
+                    Err(e) => {
+                        tracing::debug!("LISTEN connection lost ({e}); reconnecting");
+                        tokio::time::sleep(Duration::from_millis(200)).await;
+                    }
                 }
-                // The listener reconnects by itself; meanwhile polling covers.
-                Err(e) => {
-                    tracing::debug!("LISTEN connection lost ({e}); reconnecting");
-                    tokio::time::sleep(Duration::from_millis(200)).await;
-                }
-            },
+                false
+            }
+        };
+        if remake {
+            if listener.is_some() {
+                tracing::info!("postgresql: the LISTEN connection predates a read-only error; making it again");
+            }
+            // Back to the pool (which closes it) before another is taken.
+            drop(listener.take());
+            listener = listen(&pool, &mut warned).await;
         }
     }
 }
