@@ -43,13 +43,7 @@ async fn book(entry: Entry) -> Result<(), HandlerError> {
         std::process::abort();
     }
     tokio::time::sleep(Duration::from_millis(200)).await;
-    let path = std::env::var("MESSAGING_TEST_BOOKED").map_err(HandlerError::permanent)?;
-    let mut file = std::fs::OpenOptions::new().create(true).append(true).open(path)?;
-    // One write per line: `writeln!` on a file writes each formatted piece
-    // with a call of its own, and the pieces of handlers running at once
-    // interleaved ("25 2", " 0"), which lost lines (seen once in CI).
-    file.write_all(format!("{} {}\n", entry.group, entry.n).as_bytes())?;
-    Ok(())
+    book_line(format!("{} {}", entry.group, entry.n))
 }
 
 /// The consumer process: consumes `poison-ledger.fifo` until killed (or
@@ -57,13 +51,30 @@ async fn book(entry: Entry) -> Result<(), HandlerError> {
 #[test]
 #[ignore = "entry point of the consumer process started by a_message_that_kills_its_process_spends_only_its_own_attempts"]
 fn poison_worker() {
+    consume_until_killed("poison-ledger.fifo");
+}
+
+/// A consumer process's body: consumes `queue` on `MESSAGING_TEST_URL` (none
+/// when run as a plain test) until killed.
+fn consume_until_killed(queue: &'static str) {
     let Ok(url) = std::env::var("MESSAGING_TEST_URL") else { return };
     fixtures::runtime().block_on(async move {
         let transport = messaging::transport::connect(&url).await.expect("connect");
         let mut app = messaging::App::new(transport).await.expect("app");
-        app.only_queues(&["poison-ledger.fifo"]);
+        app.only_queues(&[queue]);
         app.start().expect("start").wait().await;
     });
+}
+
+/// Appends `line` to the file `MESSAGING_TEST_BOOKED` names, in one write:
+/// `writeln!` on a file writes each formatted piece with a call of its own,
+/// and the pieces of handlers running at once interleaved ("25 2", " 0"),
+/// which lost lines (seen once in CI).
+fn book_line(line: String) -> Result<(), HandlerError> {
+    let path = std::env::var("MESSAGING_TEST_BOOKED").map_err(HandlerError::permanent)?;
+    let mut file = std::fs::OpenOptions::new().create(true).append(true).open(path)?;
+    file.write_all(format!("{line}\n").as_bytes())?;
+    Ok(())
 }
 
 /// The consumer process of entry point `entry`, booking into `booked`.
@@ -179,23 +190,14 @@ async fn chore(chore: Chore) -> Result<(), HandlerError> {
     MOST.fetch_max(running, Ordering::SeqCst);
     tokio::time::sleep(Duration::from_millis(500)).await;
     RUNNING.fetch_sub(1, Ordering::SeqCst);
-    let path = std::env::var("MESSAGING_TEST_BOOKED").map_err(HandlerError::permanent)?;
-    let mut file = std::fs::OpenOptions::new().create(true).append(true).open(path)?;
-    file.write_all(format!("{} {}\n", chore.n, MOST.load(Ordering::SeqCst)).as_bytes())?;
-    Ok(())
+    book_line(format!("{} {}", chore.n, MOST.load(Ordering::SeqCst)))
 }
 
 /// The consumer process of `one-crash`, until killed.
 #[test]
 #[ignore = "entry point of the consumer process started by after_one_crash_what_was_held_runs_as_usual"]
 fn one_crash_worker() {
-    let Ok(url) = std::env::var("MESSAGING_TEST_URL") else { return };
-    fixtures::runtime().block_on(async move {
-        let transport = messaging::transport::connect(&url).await.expect("connect");
-        let mut app = messaging::App::new(transport).await.expect("app");
-        app.only_queues(&["one-crash"]);
-        app.start().expect("start").wait().await;
-    });
+    consume_until_killed("one-crash");
 }
 
 #[test]
