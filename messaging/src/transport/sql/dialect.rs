@@ -68,6 +68,11 @@ pub trait Dialect: Driver + sealed::Sealed + Sized {
     const CONCURRENT_LEASES: u32;
     /// Lists (table, column) of the framework's tables.
     const SCHEMA_COLUMNS: &'static str;
+    /// Reads the increment of the sequence `messaging_seq` (no row: there is
+    /// none), and the least increment this version needs: PostgreSQL numbers
+    /// up to that many rows of an append from one draw. `None` where the
+    /// database has no such sequence (SQLite).
+    const SEQUENCE_STEP: Option<(&'static str, i64)>;
     /// Whether the tables can live in a named schema (`schema=`): PostgreSQL.
     /// The columns statement above then reads that schema for
     /// `current_schema()`, and the migrations run with it as `search_path`.

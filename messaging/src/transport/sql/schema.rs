@@ -16,8 +16,14 @@ const EXPECTED: &[(&str, &str)] = &[
     ),
 ];
 
-/// Compares the columns found per table with [`EXPECTED`].
-pub(crate) fn compare(system: &str, found: &[(String, String)]) -> Result<(), TransportError> {
+/// Compares the columns found per table with [`EXPECTED`], and the step of
+/// `messaging_seq` (`None`: no sequence found) with the least this version
+/// needs, where the database has the sequence.
+pub(crate) fn compare(
+    system: &str,
+    found: &[(String, String)],
+    step: Option<(Option<i64>, i64)>,
+) -> Result<(), TransportError> {
     let mut problems = Vec::new();
     for (table, columns) in EXPECTED {
         let present: Vec<&str> = found.iter().filter(|(t, _)| t == table).map(|(_, c)| c.as_str()).collect();
@@ -29,6 +35,15 @@ pub(crate) fn compare(system: &str, found: &[(String, String)]) -> Result<(), Tr
         if !missing.is_empty() {
             problems.push(format!("table `{table}` lacks column(s) {}", missing.join(", ")));
         }
+    }
+    match step {
+        Some((None, _)) => problems.push("sequence `messaging_seq` is missing".to_owned()),
+        Some((Some(step), least)) if step < least => problems.push(format!(
+            "sequence `messaging_seq` draws blocks of {step} value(s), where this version numbers up to {least} \
+             rows from one draw (migration 20261210000001_seq_blocks.sql: `ALTER SEQUENCE messaging_seq \
+             INCREMENT BY {least}`)"
+        )),
+        _ => {}
     }
     if problems.is_empty() {
         Ok(())

@@ -10,7 +10,8 @@
 //! arrays with the notification in the statement 10.9 ms.
 //!
 //! Messages without identity are appended: nothing comes back, and the
-//! enqueue order is drawn as the unnested rows come. Against an insert of
+//! rows are numbered in input order from one draw of the sequence per
+//! block of rows (see [`statement`]). Against an insert of
 //! the same columns with constants (`bench_shape` of the SQL benchmark), in
 //! `pgbench` with the forms interleaved, medians of 200 per form, three
 //! runs: returning the ids and sequence values as two arrays 1.16-1.23 of
@@ -25,7 +26,7 @@ use sqlx::postgres::{PgArguments, PgConnection, PgHasArrayType};
 use sqlx::query::QueryAs;
 use sqlx::{Arguments as _, Encode, Postgres, Type};
 
-use super::CHANNEL;
+use super::{CHANNEL, SEQ_BLOCK};
 use crate::error::TransportError;
 use crate::transport::sql::dialect::{fail, in_input_order, text_eq};
 use crate::transport::sql::machine::{Enqueue, Row, RowId, Written};
@@ -110,7 +111,8 @@ where
 /// What a statement of [`statement`] does with its rows.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Form {
-    /// Rows without identity: the sequence drawn in input order, nothing returned.
+    /// Rows without identity: numbered in input order from the sequence's
+    /// draws, nothing returned.
     Append,
     /// Rows with an identity and their own sequence values: a row whose
     /// identity exists is skipped; (id, seq) of the others come back.
@@ -194,34 +196,41 @@ fn statement(tables: &Tables, values: &Values<'_>, form: Form) -> String {
     columns.column("pa", "bigint", uniform[4]);
     columns.column("s", "text", uniform[5]);
     columns.computed("0");
-    // Each row's id is its sequence value: one draw of `messaging_seq` for
-    // both, where the column's former `BIGSERIAL` default drew a second
-    // sequence per row. In `pgbench`, appends of 1,000 rows into the
-    // framework's table, the two forms interleaved, five runs of 15 s: one
-    // draw took 0.86-1.01 of the time of two (median 0.95). The ids of
-    // either form come from here, not from the column's default.
-    let drawn = match form {
-        // The only scan is the unnest's, which gives the arrays' elements in
-        // order, and nothing sits between it and the insert that could
-        // reorder them (the plan is checked in `tests::plans`): each row
-        // draws its sequence value as it comes, in input order. An
-        // `ORDER BY` of the ordinality, which said so to the planner, cost
-        // a sort of the rows (see the module's figures).
-        Form::Append => {
-            columns.computed("o");
-            "o"
+    // Each row's id is its sequence value, written to both columns. An
+    // append draws `messaging_seq` once per block of rows (`SEQ_BLOCK`, the
+    // sequence's increment) and numbers the rows from the value drawn by
+    // their ordinality: the input order whatever the plan. Drawn per row, it
+    // took 1.05-1.07 of the time (pgbench, appends of 1,000 rows into the
+    // framework's table, the forms interleaved, six runs), and the order
+    // rested on the plan reading the unnest straight into the insert. The
+    // draw is a materialized CTE, read as often as the plan likes and drawn
+    // once.
+    let rows = values.message_id.len();
+    let (drawn, draw) = match form {
+        Form::Append if rows as i64 <= SEQ_BLOCK => {
+            ("b + n - 1".to_owned(), "drawn AS MATERIALIZED (SELECT nextval('messaging_seq') AS b), ".to_owned())
         }
+        Form::Append => (
+            format!("b[(n - 1) / {SEQ_BLOCK} + 1] + (n - 1) % {SEQ_BLOCK}"),
+            format!(
+                "drawn AS MATERIALIZED (SELECT array_agg(nextval('messaging_seq') ORDER BY k) AS b \
+                 FROM generate_series(1, {}) AS k), ",
+                rows.div_ceil(SEQ_BLOCK as usize)
+            ),
+        ),
         Form::Insert => {
             columns.column("q", "bigint", false);
-            "q"
+            ("q".to_owned(), String::new())
         }
     };
+    if form == Form::Append {
+        columns.computed(&drawn);
+    }
     let channel = columns.next;
     let (arrays, aliases): (Vec<String>, Vec<&str>) = columns.arrays.into_iter().unzip();
     let (arrays, aliases) = (arrays.join(", "), aliases.join(", "));
     let rows = match form {
-        // The draw sits in a subquery, so that the id and the seq share it.
-        Form::Append => format!("(SELECT nextval('messaging_seq') AS o, * FROM UNNEST({arrays}) AS t({aliases})) AS d"),
+        Form::Append => format!("drawn, UNNEST({arrays}) WITH ORDINALITY AS t({aliases}, n)"),
         Form::Insert => format!("UNNEST({arrays}) AS t({aliases})"),
     };
     let insert = format!(
@@ -236,7 +245,7 @@ fn statement(tables: &Tables, values: &Values<'_>, form: Form) -> String {
     // row inserted, no notification.
     let sql = match form {
         Form::Append => {
-            format!("WITH appended AS ({insert}), woken AS (SELECT pg_notify(${channel}, $1)) SELECT 1 FROM woken")
+            format!("WITH {draw}appended AS ({insert}), woken AS (SELECT pg_notify(${channel}, $1)) SELECT 1 FROM woken")
         }
         Form::Insert => format!(
             "WITH inserted AS ({insert} ON CONFLICT (queue, identity) WHERE identity IS NOT NULL DO NOTHING \
@@ -294,23 +303,6 @@ pub(super) async fn append(
         sqlx::query_as_with(&sql, arguments(queue, now, values, None).map_err(unencodable)?);
     query.fetch_one(&mut *conn).await.map_err(fail::<sqlx::Postgres>("enqueue"))?;
     Ok(())
-}
-
-/// The plan PostgreSQL picks for the append of `items` to `queue`, as text.
-#[cfg(all(test, feature = "sqlite"))]
-pub(crate) async fn append_plan(
-    conn: &mut PgConnection,
-    tables: &Tables,
-    queue: &str,
-    now: i64,
-    items: &[Enqueue],
-) -> String {
-    let values = Values::of(items.iter().map(|e| e.written(now)));
-    let explain = format!("EXPLAIN {}", statement(tables, &values, Form::Append));
-    let args = arguments(queue, now, values, None).expect("encode the append's arguments");
-    let query: Insert<'_, (String,)> = sqlx::query_as_with(&explain, args);
-    let lines = query.fetch_all(&mut *conn).await.expect("explain the append");
-    lines.into_iter().map(|(line,)| line).collect::<Vec<_>>().join("\n")
 }
 
 /// Inserts `rows` (not empty) of `queue`, each with its identity and its own

@@ -23,12 +23,15 @@ use crate::transport::sql::machine::{Enqueue, Row, RowId};
 
 mod failover;
 mod insert;
-// Test helpers for the tests that run on both stores.
-#[cfg(all(test, feature = "sqlite"))]
-pub(crate) use insert::append_plan;
 
 /// The notification channel enqueues signal on (payload: the queue name).
 const CHANNEL: &str = "messaging_enqueued";
+
+/// The values each draw of `messaging_seq` reserves (its `INCREMENT BY`,
+/// migration `20261210000001_seq_blocks.sql`): an append numbers up to this
+/// many rows from one draw, and rows with an identity take their sequence
+/// values the same way ([`Dialect::next_seqs`]).
+const SEQ_BLOCK: i64 = 1024;
 
 /// Rows in PostgreSQL.
 #[cfg(all(test, feature = "sqlite"))]
@@ -279,6 +282,10 @@ impl Dialect for Postgres {
     const CONCURRENT_LEASES: u32 = 2;
     const SCHEMA_COLUMNS: &'static str = "SELECT table_name::text, column_name::text FROM information_schema.columns \
         WHERE table_schema = current_schema() AND table_name LIKE 'messaging\\_%'";
+    const SEQUENCE_STEP: Option<(&'static str, i64)> = Some((
+        "SELECT increment_by FROM pg_sequences WHERE schemaname = current_schema() AND sequencename = 'messaging_seq'",
+        SEQ_BLOCK,
+    ));
     const SCHEMAS: bool = true;
     const AUTOCOMMIT: bool = true;
     // SQLSTATE 42P01 (undefined_table), whatever the server's language.
@@ -378,15 +385,15 @@ impl Dialect for Postgres {
         pool.begin().await
     }
 
+    // One draw per block of values (`SEQ_BLOCK`), the values of a block in
+    // turn.
     async fn next_seqs(conn: &mut PgConnection, tables: &Tables, n: usize) -> Result<Vec<u64>, TransportError> {
         let sql = tables.sql(&["SELECT nextval('messaging_seq') FROM generate_series(1, $1)"]);
-        let mut seqs: Vec<i64> = sqlx::query_scalar(&sql)
-            .bind(i64::try_from(n).unwrap_or(i64::MAX))
-            .fetch_all(conn)
-            .await
-            .map_err(fail::<Self>("nextval"))?;
-        seqs.sort_unstable();
-        Ok(seqs.into_iter().map(|s| s as u64).collect())
+        let blocks = i64::try_from(n.div_ceil(SEQ_BLOCK as usize)).unwrap_or(i64::MAX);
+        let mut firsts: Vec<i64> =
+            sqlx::query_scalar(&sql).bind(blocks).fetch_all(conn).await.map_err(fail::<Self>("nextval"))?;
+        firsts.sort_unstable();
+        Ok(firsts.into_iter().flat_map(|first| (first..first + SEQ_BLOCK).map(|s| s as u64)).take(n).collect())
     }
 
     // One index lookup per identity (a LATERAL with LIMIT is not flattened

@@ -35,24 +35,33 @@ impl<D: Dialect> SqlStore<D> {
         rows::<D>(&self.query("reading messages", &[template], &args[..1 + usize::from(limit.is_some())]).await?)
     }
 
-    /// Checks the tables and columns (see [`super::schema`]).
+    /// Checks the tables and columns, and the sequence's step where there is
+    /// one (see [`super::schema`]).
     pub(crate) async fn check(&self) -> Result<(), TransportError> {
         let what = "reading the schema";
         // A named schema is a checked identifier (`options::schema_name`),
         // safe to write as a literal. Run as written: qualifying table names
         // would also rewrite a schema name that contains `messaging_`.
-        let columns = match self.tables.schema() {
-            Some(schema) => D::SCHEMA_COLUMNS.replace("current_schema()", &format!("'{schema}'")),
-            None => D::SCHEMA_COLUMNS.to_owned(),
+        let in_schema = |sql: &str| match self.tables.schema() {
+            Some(schema) => sql.replace("current_schema()", &format!("'{schema}'")),
+            None => sql.to_owned(),
         };
         let mut conn = self.acquire(what).await?;
-        let rows = D::fetch_all(&mut conn, &columns, &[]).await.map_err(fail::<D>(what))?;
+        let rows = D::fetch_all(&mut conn, &in_schema(D::SCHEMA_COLUMNS), &[]).await.map_err(fail::<D>(what))?;
         let found = rows
             .iter()
             .map(|r| Ok((D::text(r, 0)?.unwrap_or_default(), D::text(r, 1)?.unwrap_or_default())))
             .collect::<Result<Vec<_>, sqlx::Error>>()
             .map_err(fail::<D>(what))?;
-        super::schema::compare(D::SYSTEM, &found)
+        let step = match D::SEQUENCE_STEP {
+            Some((read, least)) => {
+                let rows = D::fetch_all(&mut conn, &in_schema(read), &[]).await.map_err(fail::<D>(what))?;
+                let step = rows.first().map(|r| D::int(r, 0)).transpose().map_err(fail::<D>(what))?.flatten();
+                Some((step, least))
+            }
+            None => None,
+        };
+        super::schema::compare(D::SYSTEM, &found, step)
     }
 
     /// Records `queue` with its kind; fails if it exists with the other kind.

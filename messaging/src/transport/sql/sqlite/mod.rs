@@ -222,6 +222,7 @@ impl Dialect for Sqlite {
     const LOCK_SKIP: &'static str = "";
     const CONCURRENT_LEASES: u32 = 1;
     const SCHEMAS: bool = false;
+    const SEQUENCE_STEP: Option<(&'static str, i64)> = None;
     const SCHEMA_COLUMNS: &'static str = "SELECT m.name, p.name FROM sqlite_master m JOIN pragma_table_info(m.name) p \
         WHERE m.type = 'table' AND m.name LIKE 'messaging\\_%' ESCAPE '\\'";
     const AUTOCOMMIT: bool = false;

@@ -1,7 +1,7 @@
-//! On PostgreSQL a message's id is drawn from `messaging_seq` with its
-//! enqueue order, one value for both columns, by every insert. A database
-//! an earlier version filled (ids from the column's own sequence) keeps its
-//! rows, and no id is given twice.
+//! On PostgreSQL a message's id is its enqueue order, one value of
+//! `messaging_seq` for both columns, numbered from one draw per block of
+//! 1,024 rows. A database an earlier version filled (ids from the column's
+//! own sequence) keeps its rows, and no id is given twice.
 
 use crate::transport::sql::machine::Enqueue;
 use crate::transport::sql::migrate::MigrationsBefore;
@@ -89,21 +89,114 @@ fn postgres_ids_come_from_the_enqueue_order_and_an_upgraded_table_gives_none_twi
     });
 }
 
+/// The next value of `messaging_seq`, drawn.
+async fn draw(store: &PostgresStore) -> i64 {
+    sqlx::query_scalar("SELECT nextval('messaging_seq')").fetch_one(&store.pool).await.unwrap()
+}
+
+/// Enqueues `batch` on queue `q`, every message accepted.
+async fn enqueued(store: &PostgresStore, batch: Vec<Enqueue>) {
+    for result in store.enqueue("q", START, batch, false).await {
+        result.unwrap();
+    }
+}
+
+/// (id, seq) of the rows of `q` whose message id starts with `prefix`, in
+/// the order the queue gives them (`seq`), with their message ids.
+async fn numbered(store: &PostgresStore, prefix: &str) -> Vec<(i64, i64, String)> {
+    sqlx::query_as(
+        "SELECT id, seq, message_id FROM messaging_messages WHERE queue = 'q' AND message_id LIKE $1 || '%' \
+         ORDER BY seq",
+    )
+    .bind(prefix)
+    .fetch_all(&store.pool)
+    .await
+    .unwrap()
+}
+
 #[test]
-fn postgres_a_fresh_table_draws_one_value_per_row_for_its_id_and_order() {
+fn postgres_an_append_numbers_its_rows_in_input_order_from_one_draw_per_block() {
     let db = super::Postgres::new();
     super::runtime().block_on(async {
         let store = PostgresStore::connect(&db.url).await.unwrap();
         store.migrate().await.unwrap();
         store.declare("q", false, START).await.unwrap();
-        let before: i64 = sqlx::query_scalar("SELECT nextval('messaging_seq')").fetch_one(&store.pool).await.unwrap();
-        let plain = (0..100).map(|i| Enqueue::test(&format!("m-{i}"), None, "x")).collect();
-        for result in store.enqueue("q", START, plain, false).await {
-            result.unwrap();
+        // Rows that agree on every column bound once, rows that differ in
+        // each (every column an array), and more rows than a block holds.
+        let agreeing: Vec<Enqueue> = (0..1_000).map(|i| Enqueue::test(&format!("a{i:04}"), None, "x")).collect();
+        let differing: Vec<Enqueue> = (0..1_000)
+            .map(|i| Enqueue {
+                priority: i % 3,
+                process_at: (i % 2 == 0).then_some(START - 1),
+                group: (i % 5 != 0).then(|| format!("g{}", i % 7)),
+                attributes: format!("{{\"n\":{i}}}"),
+                ..Enqueue::test(&format!("d{i:04}"), None, &format!("payload {i}"))
+            })
+            .collect();
+        let many: Vec<Enqueue> = (0..2_500).map(|i| Enqueue::test(&format!("z{i:04}"), None, "x")).collect();
+        for (prefix, batch, blocks) in [("a", agreeing, 1), ("d", differing, 1), ("z", many, 3)] {
+            let sent: Vec<String> = batch.iter().map(|e| e.message_id.clone()).collect();
+            let before = draw(&store).await;
+            enqueued(&store, batch).await;
+            let after = draw(&store).await;
+            assert_eq!(after - before, (blocks + 1) * 1024, "{prefix}: one draw per block of 1,024 rows");
+            let rows = numbered(&store, prefix).await;
+            let order: Vec<&str> = rows.iter().map(|(_, _, m)| m.as_str()).collect();
+            assert_eq!(order, sent, "{prefix}: the enqueue order is the input order");
+            for (i, (id, seq, message)) in rows.iter().enumerate() {
+                assert_eq!(id, seq, "{message}: the id is the enqueue order");
+                let (block, offset) = ((i / 1024) as i64, (i % 1024) as i64);
+                assert_eq!(*seq, before + (block + 1) * 1024 + offset, "{message}: numbered from its block's draw");
+            }
         }
-        let after: i64 = sqlx::query_scalar("SELECT nextval('messaging_seq')").fetch_one(&store.pool).await.unwrap();
-        assert_eq!(after - before, 101, "one draw per row");
-        let rows = ids(&store).await;
-        assert!(rows.iter().all(|(id, seq, _)| id == seq), "{rows:?}");
+        store.close().await;
+    });
+}
+
+#[test]
+fn postgres_identity_rows_take_their_values_from_blocks_and_order_holds_beside_single_draws() {
+    let db = super::Postgres::new();
+    super::runtime().block_on(async {
+        let store = PostgresStore::connect(&db.url).await.unwrap();
+        store.migrate().await.unwrap();
+        store.declare("q", false, START).await.unwrap();
+        // Identities (values from `next_seqs`), a plain append, a lease
+        // token drawn, then identities again: every value unique, and the
+        // queue's order the order of the enqueues.
+        let keyed = |from: usize, to: usize| (from..to).map(|i| Enqueue::test(&format!("k{i:04}"), Some(&format!("{i}")), "x"));
+        let before = draw(&store).await;
+        enqueued(&store, keyed(0, 1_100).collect()).await;
+        assert_eq!(draw(&store).await - before, 3 * 1024, "two blocks for 1,100 identities");
+        enqueued(&store, (0..10).map(|i| Enqueue::test(&format!("k{:04}", 1_100 + i), None, "x")).collect()).await;
+        let leased = store.lease("q", START, 1, 60_000, false).await.unwrap();
+        assert_eq!(leased.len(), 1);
+        enqueued(&store, keyed(1_110, 1_120).collect()).await;
+        let rows = numbered(&store, "k").await;
+        let order: Vec<String> = rows.iter().map(|(_, _, m)| m.clone()).collect();
+        let sent: Vec<String> = (0..1_120).map(|i| format!("k{i:04}")).collect();
+        assert_eq!(order, sent, "the enqueue order");
+        let mut ids: Vec<i64> = rows.iter().map(|(id, _, _)| *id).collect();
+        ids.dedup();
+        assert_eq!(ids.len(), 1_120, "no id given twice");
+        store.close().await;
+    });
+}
+
+#[test]
+fn postgres_a_sequence_drawing_one_value_at_a_time_is_refused_with_the_migration_to_run() {
+    let db = super::Postgres::new();
+    super::runtime().block_on(async {
+        let store = PostgresStore::connect(&db.url).await.unwrap();
+        store.migrate().await.unwrap();
+        store.check().await.unwrap();
+        sqlx::query("ALTER SEQUENCE messaging_seq INCREMENT BY 1").execute(&store.pool).await.unwrap();
+        let refused = store.check().await.unwrap_err().to_string();
+        assert!(refused.contains("sequence `messaging_seq` draws blocks of 1 value(s)"), "{refused}");
+        assert!(refused.contains("20261210000001_seq_blocks.sql"), "{refused}");
+        assert!(refused.contains("run the `migrate` command"), "{refused}");
+        sqlx::query("DROP SEQUENCE messaging_seq CASCADE").execute(&store.pool).await.unwrap();
+        let refused = store.check().await.unwrap_err().to_string();
+        assert!(refused.contains("sequence `messaging_seq` is missing"), "{refused}");
+        store.close().await;
     });
 }

@@ -125,61 +125,6 @@ fn postgres_completes_by_tuple_id_on_a_table_never_analyzed() {
     });
 }
 
-/// The append draws each row's enqueue order as the unnest gives the rows,
-/// so its plan must hold nothing between the two that could reorder them.
-#[test]
-fn postgres_appends_in_input_order_straight_from_the_unnest() {
-    let db = super::Postgres::new();
-    super::runtime().block_on(async {
-        let store = PostgresStore::connect(&db.url).await.unwrap();
-        store.migrate().await.unwrap();
-        store.declare("appended", false, START).await.unwrap();
-        // Every column bound once (the rows agree), and every column an array.
-        let agreeing: Vec<Enqueue> = (0..1_000).map(|i| Enqueue::test(&format!("a{i:04}"), None, "x")).collect();
-        let differing: Vec<Enqueue> = (0..1_000)
-            .map(|i| Enqueue {
-                priority: i % 3,
-                process_at: (i % 2 == 0).then_some(START - 1),
-                group: (i % 5 != 0).then(|| format!("g{}", i % 7)),
-                attributes: format!("{{\"n\":{i}}}"),
-                ..Enqueue::test(&format!("d{i:04}"), None, &format!("payload {i}"))
-            })
-            .collect();
-        for batch in [&agreeing, &differing] {
-            let mut conn = store.pool.acquire().await.unwrap();
-            let plan =
-                crate::transport::sql::postgres::append_plan(&mut conn, &store.tables, "appended", START, batch).await;
-            drop(conn);
-            // Between the insert and the unnest only nodes that pass rows on
-            // as they come.
-            let below: Vec<&str> = plan.lines().skip_while(|l| !l.contains("Insert on")).skip(1).collect();
-            let scan = below.iter().position(|l| l.contains("Function Scan on t")).unwrap_or_else(|| panic!("{plan}"));
-            assert!(
-                below[..scan].iter().all(|l| l.contains("Subquery Scan") || l.contains("->  Result")),
-                "the insert reads the unnest directly:\n{plan}"
-            );
-            for node in ["Sort", "Join", "Nested Loop", "Gather", "Append", "Hash", "Materialize"] {
-                assert!(!plan.contains(node), "no {node} in the plan:\n{plan}");
-            }
-            for result in store.enqueue("appended", START, batch.clone(), false).await {
-                result.unwrap();
-            }
-            let prefix = &batch[0].message_id[..1];
-            let order: Vec<String> = sqlx::query_scalar(
-                "SELECT message_id FROM messaging_messages WHERE queue = 'appended' AND message_id LIKE $1 || '%' \
-                 ORDER BY seq",
-            )
-            .bind(prefix)
-            .fetch_all(&store.pool)
-            .await
-            .unwrap();
-            let sent: Vec<&str> = batch.iter().map(|e| e.message_id.as_str()).collect();
-            assert_eq!(order, sent, "the enqueue order is the input order");
-        }
-        store.close().await;
-    });
-}
-
 /// A standard queue's lease updates the rows it locked by tuple id, with
 /// statistics or without: joined back by `id`, it was planned as a hash join
 /// over a scan of the whole table once the table was analyzed.
