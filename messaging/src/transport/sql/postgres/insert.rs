@@ -245,7 +245,9 @@ fn statement(tables: &Tables, values: &Values<'_>, form: Form) -> String {
     // row inserted, no notification.
     let sql = match form {
         Form::Append => {
-            format!("WITH {draw}appended AS ({insert}), woken AS (SELECT pg_notify(${channel}, $1)) SELECT 1 FROM woken")
+            format!(
+                "WITH {draw}appended AS ({insert}), woken AS (SELECT pg_notify(${channel}, $1)) SELECT 1 FROM woken"
+            )
         }
         Form::Insert => format!(
             "WITH inserted AS ({insert} ON CONFLICT (queue, identity) WHERE identity IS NOT NULL DO NOTHING \

@@ -163,7 +163,8 @@ fn postgres_identity_rows_take_their_values_from_blocks_and_order_holds_beside_s
         // Identities (values from `next_seqs`), a plain append, a lease
         // token drawn, then identities again: every value unique, and the
         // queue's order the order of the enqueues.
-        let keyed = |from: usize, to: usize| (from..to).map(|i| Enqueue::test(&format!("k{i:04}"), Some(&format!("{i}")), "x"));
+        let keyed =
+            |from: usize, to: usize| (from..to).map(|i| Enqueue::test(&format!("k{i:04}"), Some(&format!("{i}")), "x"));
         let before = draw(&store).await;
         enqueued(&store, keyed(0, 1_100).collect()).await;
         assert_eq!(draw(&store).await - before, 3 * 1024, "two blocks for 1,100 identities");
