@@ -22,24 +22,19 @@ async fn main(setup: &mut Setup) -> Result<(), PublishError> {
     // The demo publishes a few orders and exits once everything is handled;
     // `run --serve` keeps consuming afterwards.
     setup.run_mode(RunMode::Drain);
+    // Published from `main` itself, as the README's quick start does. `main`
+    // also runs for `validate`, `console`, `outbox` and `schedules`, which
+    // check and count these sends but make none (only `run` sends).
     let publisher = setup.publisher();
-    setup.spawn(async move {
-        let orders = [
-            OrderPlaced { order_id: "A1".into(), customer_id: "ada".into(), coupon: Some("WELCOME".into()) },
-            OrderPlaced { order_id: "A2".into(), customer_id: "grace".into(), coupon: None },
-        ];
-        for order in &orders {
-            match publisher.send::<Orders, _>(order).await {
-                Ok(id) => println!("published order {} as {id}", order.order_id),
-                Err(e) => eprintln!("could not publish order {}: {e}", order.order_id),
-            }
-        }
-        // An old producer still sends v1; the handler receives it as v2.
-        let old = OrderPlacedV1 { order_id: "A3".into(), customer_id: "linus".into() };
-        match publisher.send::<Orders, _>(&old).group("linus").await {
-            Ok(id) => println!("published order A3 as v1 ({id})"),
-            Err(e) => eprintln!("could not publish order A3: {e}"),
-        }
-    });
+    let orders = [
+        OrderPlaced { order_id: "A1".into(), customer_id: "ada".into(), coupon: Some("WELCOME".into()) },
+        OrderPlaced { order_id: "A2".into(), customer_id: "grace".into(), coupon: None },
+    ];
+    for order in &orders {
+        publisher.send::<Orders, _>(order).await?;
+    }
+    // An old producer still sends v1; the handler receives it as v2.
+    let old = OrderPlacedV1 { order_id: "A3".into(), customer_id: "linus".into() };
+    publisher.send::<Orders, _>(&old).group("linus").await?;
     Ok(())
 }

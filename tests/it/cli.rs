@@ -118,6 +118,20 @@ fn validate_and_queues() {
     let out = run(orders_in(&dir).arg("validate"));
     assert!(out.status.success());
     assert!(stdout(&out).starts_with("ok: 2 queue(s), 2 handler(s) on sqlite"), "{}", stdout(&out));
+    // The example's `main` publishes three orders; `validate` runs it to
+    // check the setup and sends none of them, saying so.
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains(
+            "note: main published 3 message(s) (3 to `orders.fifo`) while setting up; `validate` sends nothing, so \
+             none was sent (only `run` publishes what main sends)"
+        ),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = run(orders_in(&dir).args(["queues", "--json"]));
+    let line = stdout(&out).lines().find(|l| l.contains("\"name\":\"orders.fifo\"")).map(str::to_owned);
+    let queue: serde_json::Value = serde_json::from_str(&line.unwrap_or_default()).unwrap();
+    assert_eq!(queue["depth"], 0, "validate published nothing: {queue}");
     let out = run(orders().args(["--transport", "memory://", "queues"]));
     assert!(out.status.success());
     let text = stdout(&out);

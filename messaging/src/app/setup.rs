@@ -67,6 +67,9 @@ pub struct Setup {
     pub(crate) clock: crate::scheduler::Clock,
     /// The schedules' ledger when no database keeps it: this process's.
     pub(crate) local_ledger: Arc<crate::transport::schedules::MemoryLedger>,
+    /// Where this setup's publishers count their sends instead of making
+    /// them: set for the commands other than `run` ([`Setup::withhold_sends`]).
+    pub(crate) withheld: Option<Arc<crate::publish::Withheld>>,
 }
 
 impl std::fmt::Debug for Setup {
@@ -102,7 +105,15 @@ impl Setup {
             counters: Default::default(),
             clock: Default::default(),
             local_ledger: Default::default(),
+            withheld: None,
         }
+    }
+
+    /// Makes the publishers this setup gives from now on count their sends
+    /// instead of making them (what a command other than `run` does with
+    /// `main`); what they counted.
+    pub(crate) fn withhold_sends(&mut self) -> Arc<crate::publish::Withheld> {
+        self.withheld.get_or_insert_with(Default::default).clone()
     }
 
     /// Where the schedules' ledger is: the transport's database (database
@@ -139,8 +150,14 @@ impl Setup {
     }
 
     /// A publisher on the app's transport.
+    ///
+    /// `main` runs for `validate`, `console`, `outbox` and `schedules` too
+    /// (they need what it sets up); there the publishers it takes check and
+    /// encode each message but send none, and the command says how many it
+    /// left unsent. Only `run` (and an [`App`](crate::App) started in code)
+    /// sends what `main` publishes.
     pub fn publisher(&self) -> Publisher {
-        Publisher::of_app(self.transport.clone(), self.telemetry.clone(), self.outbox.clone())
+        Publisher::of_app(self.transport.clone(), self.telemetry.clone(), self.outbox.clone(), self.withheld.clone())
     }
 
     /// Gives the app an outbox (what `--outbox URL` / `MESSAGING_OUTBOX_URL`

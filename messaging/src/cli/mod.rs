@@ -236,6 +236,18 @@ fn uses_existing(command: &Command) -> bool {
     }
 }
 
+/// Runs `main` (`hook`) for `command`, a command other than `run`: the
+/// publishers it takes send nothing ([`crate::publish::Withheld`]), and what
+/// they would have sent is said on standard error.
+async fn set_up_without_sending(app: &mut App, hook: SetupHook, command: &str) -> Result<(), Error> {
+    let withheld = app.setup().withhold_sends();
+    let done = hook(app.setup()).await.map_err(Error::Setup);
+    if let Some(note) = withheld.summary(command) {
+        eprintln!("note: {note}");
+    }
+    done
+}
+
 async fn execute(cli: Cli, hook: SetupHook) -> Result<(), Error> {
     let url = cli.transport.unwrap_or_else(|| transport::DEFAULT_URL.to_owned());
     let access = ConsoleAccess { token: cli.admin_token.filter(|t| !t.is_empty()), read_only: cli.read_only };
@@ -299,7 +311,7 @@ async fn execute(cli: Cli, hook: SetupHook) -> Result<(), Error> {
             let outbox = match outbox {
                 Some(outbox) => Some(outbox),
                 None => {
-                    hook(app.setup()).await.map_err(Error::Setup)?;
+                    set_up_without_sending(&mut app, hook, "outbox").await?;
                     app.setup().publisher().outbox()
                 }
             };
@@ -310,7 +322,7 @@ async fn execute(cli: Cli, hook: SetupHook) -> Result<(), Error> {
             // An outbox the app gives itself in `main` keeps the ledger of
             // a transport without a database.
             if app.setup_transport().schedule_ledger().is_none() && outbox.is_none() {
-                hook(app.setup()).await.map_err(Error::Setup)?;
+                set_up_without_sending(&mut app, hook, "schedules").await?;
             }
             schedules::run(&app, args).await
         }
@@ -321,13 +333,13 @@ async fn execute(cli: Cli, hook: SetupHook) -> Result<(), Error> {
             Ok(())
         }
         Command::Console(args) => {
-            hook(app.setup()).await.map_err(Error::Setup)?;
+            set_up_without_sending(&mut app, hook, "console").await?;
             console(&app, args.http, access).await
         }
         Command::Validate(JsonArg { json }) => {
-            let checked = match hook(app.setup()).await {
+            let checked = match set_up_without_sending(&mut app, hook, "validate").await {
                 Ok(()) => app.validate(),
-                Err(e) => Err(Error::Setup(e)),
+                Err(e) => Err(e),
             };
             if let Err(e) = checked {
                 if json {

@@ -13,6 +13,7 @@ mod checks;
 mod encoded;
 mod single;
 mod state;
+mod withheld;
 
 use std::sync::Arc;
 
@@ -21,6 +22,7 @@ pub use checks::{MAX_ATTRIBUTES, MAX_ID_LEN};
 pub(crate) use encoded::EncodedSend;
 pub use single::SendBuilder;
 pub use state::{DelaySupported, GroupResolved, Grouped, ScheduleGroupResolved, Ungrouped};
+pub(crate) use withheld::Withheld;
 
 use crate::envelope::Encoded;
 use crate::error::PublishError;
@@ -40,6 +42,9 @@ pub struct Publisher {
     /// not take; shared by every publisher of one app, so that one set after
     /// a publisher was made still serves it.
     outbox: OutboxSlot,
+    /// Where sends are counted instead of made: the publishers of a setup
+    /// that a command other than `run` runs ([`Withheld`]).
+    withheld: Option<Arc<Withheld>>,
 }
 
 /// Where the publishers of an app find its outbox.
@@ -74,7 +79,12 @@ impl Publisher {
     /// A publisher on a transport. Queues must have been declared on it
     /// (the app does that at startup).
     pub fn new(transport: Arc<dyn Transport>) -> Self {
-        Publisher { transport, telemetry: Arc::new(Telemetry::default()), outbox: OutboxSlot::default() }
+        Publisher {
+            transport,
+            telemetry: Arc::new(Telemetry::default()),
+            outbox: OutboxSlot::default(),
+            withheld: None,
+        }
     }
 
     /// This publisher with `outbox`: publishes inside a transaction on the
@@ -88,8 +98,13 @@ impl Publisher {
     }
 
     /// A publisher of an app: its metrics, its outbox.
-    pub(crate) fn of_app(transport: Arc<dyn Transport>, telemetry: Arc<Telemetry>, outbox: OutboxSlot) -> Self {
-        Publisher { transport, telemetry, outbox }
+    pub(crate) fn of_app(
+        transport: Arc<dyn Transport>,
+        telemetry: Arc<Telemetry>,
+        outbox: OutboxSlot,
+        withheld: Option<Arc<Withheld>>,
+    ) -> Self {
+        Publisher { transport, telemetry, outbox, withheld }
     }
 
     /// The outbox, if one is configured.
