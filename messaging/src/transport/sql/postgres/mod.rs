@@ -22,6 +22,7 @@ use crate::error::TransportError;
 use crate::transport::sql::machine::{Enqueue, Row, RowId};
 
 mod failover;
+pub(crate) mod horizon;
 mod insert;
 
 /// The notification channel enqueues signal on (payload: the queue name).
@@ -94,13 +95,15 @@ async fn listen(pool: &PgPool, warned: &mut bool) -> Option<(PgListener, std::ti
     None
 }
 
-/// Forwards NOTIFYs to `changes` and samples the clock, until `stop` fires.
+/// Forwards NOTIFYs to `changes`, samples the clock and looks for a
+/// transaction holding back cleanup ([`horizon`]), until `stop` fires.
 /// The LISTEN connection is made again when it could not be made (tried on
 /// each clock tick), and at once when a read-only error marks the
 /// connections opened before it stale (a failover: it would listen on the
 /// old primary, and hear nothing).
 async fn background(pool: PgPool, changes: broadcast::Sender<String>, clock: Clock, mut stop: oneshot::Receiver<()>) {
     let mut warned = false;
+    let mut reported = horizon::Reported::default();
     let mut listener = listen(&pool, &mut warned).await;
     let mut tick = tokio::time::interval(super::clock::EVERY);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -122,6 +125,7 @@ async fn background(pool: PgPool, changes: broadcast::Sender<String>, clock: Clo
                 if let Err(e) = clock.sample(|| database_ms(&pool)).await {
                     tracing::debug!("postgresql: reading the database clock failed ({e}); keeping the last offset");
                 }
+                reported.check(&pool).await;
                 listener.is_none() || stale(&listener)
             }
             received = note => {

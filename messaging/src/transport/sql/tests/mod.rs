@@ -8,6 +8,7 @@
 
 mod claims;
 mod fifo;
+mod horizon;
 mod ids;
 mod model;
 mod notify;
