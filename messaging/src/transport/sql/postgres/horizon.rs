@@ -66,11 +66,17 @@ impl Holder {
     pub(crate) fn warning(&self) -> String {
         let minutes = self.open_ms / 60_000;
         let application = if self.application.is_empty() { String::new() } else { format!(" `{}`", self.application) };
+        // A session waiting between statements, or one statement running.
+        let bound = if self.state.starts_with("idle in transaction") {
+            "idle_in_transaction_session_timeout"
+        } else {
+            "statement_timeout"
+        };
         format!(
-            "postgresql: the transaction of session {pid}{application} ({client}, {state}) \
-             has been open for {minutes} min; while it is, rows completed since it began cannot be cleaned up and \
-             every lease walks past them, so consumers slow down the longer it stays open. End it (`SELECT \
-             pg_terminate_backend({pid})`), or bound such sessions with `idle_in_transaction_session_timeout`",
+            "postgresql: the transaction of session {pid}{application} ({client}, {state}) has been open for \
+             {minutes} min; while it is, rows completed since it began cannot be cleaned up and every lease walks \
+             past them, so consumers slow down the longer it stays open. End it (`SELECT \
+             pg_terminate_backend({pid})`), or bound such sessions with `{bound}`",
             pid = self.pid,
             client = self.client,
             state = self.state,

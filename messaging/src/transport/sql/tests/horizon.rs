@@ -70,6 +70,9 @@ fn postgres_a_transaction_holding_back_cleanup_is_named_with_what_to_do() {
             assert!(warning.contains(part), "`{part}` in: {warning}");
         }
 
+        let running = Holder { state: "active".to_owned(), ..found.clone() };
+        assert!(running.warning().ends_with("bound such sessions with `statement_timeout`"), "{}", running.warning());
+
         run(&mut report, "COMMIT").await;
         let found = oldest(&pool, held).await.unwrap().expect("the writer's transaction");
         assert_eq!(found.pid, writer_pid);
