@@ -337,10 +337,7 @@ async fn execute(cli: Cli, hook: SetupHook) -> Result<(), Error> {
             console(&app, args.http, access).await
         }
         Command::Validate(JsonArg { json }) => {
-            let checked = match set_up_without_sending(&mut app, hook, "validate").await {
-                Ok(()) => app.validate(),
-                Err(e) => Err(e),
-            };
+            let checked = set_up_without_sending(&mut app, hook, "validate").await.and_then(|()| app.validate());
             if let Err(e) = checked {
                 if json {
                     print_validation(&problems_of(&e));

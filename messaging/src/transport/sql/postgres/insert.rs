@@ -205,9 +205,10 @@ fn statement(tables: &Tables, values: &Values<'_>, form: Form) -> String {
     // rested on the plan reading the unnest straight into the insert. The
     // draw is a materialized CTE, read as often as the plan likes and drawn
     // once.
-    let rows = values.message_id.len();
-    let (drawn, draw) = match form {
-        Form::Append if rows as i64 <= SEQ_BLOCK => {
+    let count = values.message_id.len();
+    // Each row's id expression, and the CTE that draws what it reads.
+    let (numbered, drawing) = match form {
+        Form::Append if count as i64 <= SEQ_BLOCK => {
             ("b + n - 1".to_owned(), "drawn AS MATERIALIZED (SELECT nextval('messaging_seq') AS b), ".to_owned())
         }
         Form::Append => (
@@ -215,16 +216,15 @@ fn statement(tables: &Tables, values: &Values<'_>, form: Form) -> String {
             format!(
                 "drawn AS MATERIALIZED (SELECT array_agg(nextval('messaging_seq') ORDER BY k) AS b \
                  FROM generate_series(1, {}) AS k), ",
-                rows.div_ceil(SEQ_BLOCK as usize)
+                count.div_ceil(SEQ_BLOCK as usize)
             ),
         ),
-        Form::Insert => {
-            columns.column("q", "bigint", false);
-            ("q".to_owned(), String::new())
-        }
+        Form::Insert => ("q".to_owned(), String::new()),
     };
-    if form == Form::Append {
-        columns.computed(&drawn);
+    // The `seq` column: the same value as the id.
+    match form {
+        Form::Append => columns.computed(&numbered),
+        Form::Insert => columns.column("q", "bigint", false),
     }
     let channel = columns.next;
     let (arrays, aliases): (Vec<String>, Vec<&str>) = columns.arrays.into_iter().unzip();
@@ -235,7 +235,7 @@ fn statement(tables: &Tables, values: &Values<'_>, form: Form) -> String {
     };
     let insert = format!(
         "INSERT INTO messaging_messages (id, queue, identity, group_id, message_id, payload, attributes, priority, \
-         process_at, status, attempts, seq, sent_at) SELECT {drawn}, $1, {select}, $2 FROM {rows}",
+         process_at, status, attempts, seq, sent_at) SELECT {numbered}, $1, {select}, $2 FROM {rows}",
         select = columns.select.join(", "),
     );
     // The notification is one per statement, sent at commit (a statement of
@@ -246,7 +246,7 @@ fn statement(tables: &Tables, values: &Values<'_>, form: Form) -> String {
     let sql = match form {
         Form::Append => {
             format!(
-                "WITH {draw}appended AS ({insert}), woken AS (SELECT pg_notify(${channel}, $1)) SELECT 1 FROM woken"
+                "WITH {drawing}appended AS ({insert}), woken AS (SELECT pg_notify(${channel}, $1)) SELECT 1 FROM woken"
             )
         }
         Form::Insert => format!(
