@@ -169,8 +169,8 @@ pub trait Dialect: Driver + sealed::Sealed + Sized {
 
     /// Inserts `items` (no identity) as new rows in one statement per
     /// chunk, the sequence assigned in input order, without reading their
-    /// ids back. The payloads may be taken (bound without a copy): the
-    /// caller reads only the message ids afterwards. Other processes are
+    /// ids back. The payloads and message ids may be taken (bound without
+    /// a copy): the caller has read the ids before. Other processes are
     /// told of `queue` when the rows commit, as by [`Dialect::notify_in`]
     /// (PostgreSQL, in the insert's own statement).
     fn append<'a>(

@@ -621,7 +621,7 @@ impl<D: Dialect> Transport for SqlTransport<D> {
                     if let EnqueueOutcome::Discarded(_) | EnqueueOutcome::Unchanged = e.outcome {
                         tracing::debug!(queue, "enqueue discarded: the payload equals the stored version");
                     }
-                    Ok(MessageId::from(e.message_id))
+                    Ok(e.message_id)
                 }
                 Some(Err(e)) => Err(e),
                 None => Err(TransportError::Backend("the database returned too few results".into())),
@@ -655,7 +655,7 @@ impl<D: Dialect> Transport for SqlTransport<D> {
                 items.push(self.enqueue_of(message, now));
             }
             let stored = self.store.enqueue_on(conn, queue, now, items, q.rules.idempotent).await?;
-            Ok(stored.into_iter().map(|e| MessageId::from(e.message_id)).collect())
+            Ok(stored.into_iter().map(|e| e.message_id).collect())
         })
     }
 

@@ -2,7 +2,7 @@
 //! transitions of one leased row.
 
 use crate::transport::sql::machine::{EnqueueOutcome, Row};
-use crate::transport::FailedAttempt;
+use crate::transport::{FailedAttempt, MessageId};
 
 /// What an enqueue stored.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -10,7 +10,7 @@ pub(crate) struct Enqueued {
     /// What happened.
     pub outcome: EnqueueOutcome,
     /// The id of the newest stored version (the existing one when discarded).
-    pub message_id: String,
+    pub message_id: MessageId,
 }
 
 /// A transition of one leased row, checked against its token.

@@ -4,6 +4,7 @@ use std::collections::HashMap;
 
 use super::*;
 use crate::transport::sql::machine::{EnqueueOutcome, Status};
+use crate::transport::MessageId;
 
 /// An identity's row while a run of enqueues is decided in memory.
 enum Slot {
@@ -26,8 +27,8 @@ impl Slot {
         };
         let outcome = row.enqueue(now, seq, e, idempotent);
         let message_id = match (&row.status, &row.deferred) {
-            (Status::AwaitingRelease, Some(d)) => d.message_id.clone(),
-            _ => row.message_id.clone(),
+            (Status::AwaitingRelease, Some(d)) => MessageId::from(d.message_id.as_str()),
+            _ => MessageId::from(row.message_id.as_str()),
         };
         if let Slot::Stored { changed, .. } = self {
             *changed |= !matches!(outcome, EnqueueOutcome::Discarded(_));
@@ -36,9 +37,17 @@ impl Slot {
     }
 }
 
-/// What an append of `items` stored: a new row each, its id not read back.
-fn appended(items: Vec<Enqueue>) -> Vec<Enqueued> {
-    items.into_iter().map(|e| Enqueued { outcome: EnqueueOutcome::Appended, message_id: e.message_id }).collect()
+/// What an append of `items` stores: a new row each, its id not read back.
+/// Taken before the append, which may take the message ids' text: SQLite
+/// then binds it without a copy. Callgrind of the benchmark's `send_batch`
+/// on SQLite: the transport's instructions a message went from 1,838 to
+/// 1,423 (the driver's copy of each id and the id turned back from a
+/// `String` afterwards); the publish, eight pairs in turn, 0.848 → 0.862
+/// of the shaped insert (medians).
+fn appending(items: &[Enqueue]) -> impl Iterator<Item = Enqueued> + '_ {
+    items
+        .iter()
+        .map(|e| Enqueued { outcome: EnqueueOutcome::Appended, message_id: MessageId::from(e.message_id.as_str()) })
 }
 
 impl<D: Dialect> SqlStore<D> {
@@ -85,8 +94,9 @@ impl<D: Dialect> SqlStore<D> {
         now: i64,
         mut items: Vec<Enqueue>,
     ) -> Result<Vec<Enqueued>, TransportError> {
+        let out = appending(&items).collect();
         D::enqueue_plain(self, queue, now, &mut items).await?;
-        Ok(appended(items))
+        Ok(out)
     }
 
     async fn insert_plain(
@@ -97,9 +107,9 @@ impl<D: Dialect> SqlStore<D> {
         mut run: Vec<Enqueue>,
         out: &mut Vec<Enqueued>,
     ) -> Result<(), TransportError> {
-        D::append(w.conn(), &self.tables, queue, now, &mut run).await?;
-        out.extend(appended(run));
-        Ok(())
+        // On failure the caller drops `out` with the error.
+        out.extend(appending(&run));
+        D::append(w.conn(), &self.tables, queue, now, &mut run).await
     }
 
     /// Enqueues messages with an identity, in order, as if one by one: each
@@ -138,11 +148,12 @@ impl<D: Dialect> SqlStore<D> {
             let enqueued = match slots.get_mut(&key) {
                 Some(slot) => slot.enqueue(i, now, seq, e, idempotent),
                 None => match previous.get(&key) {
-                    Some((message_id, payload)) if *payload == e.payload => {
-                        Enqueued { outcome: EnqueueOutcome::Unchanged, message_id: message_id.clone() }
-                    }
+                    Some((message_id, payload)) if *payload == e.payload => Enqueued {
+                        outcome: EnqueueOutcome::Unchanged,
+                        message_id: MessageId::from(message_id.as_str()),
+                    },
                     _ => {
-                        let message_id = e.message_id.clone();
+                        let message_id = MessageId::from(e.message_id.as_str());
                         let row = Row::new(0, seq, now, e.clone());
                         slots.insert(key.clone(), Slot::New { row, versions: vec![(i, seq, e)] });
                         new.push(key);

@@ -114,7 +114,7 @@ pub(super) fn text(shapes: &[Shape]) -> String {
 
 /// The arguments of [`text`]`(shapes)` (the shapes of `items`), after
 /// `lead` (the arguments of any statements before them): the enqueue of
-/// `items` (taking their payloads) into `queue` at `now`, once the counter
+/// `items` (taking their message ids and payloads) into `queue` at `now`, once the counter
 /// has moved by their number in the same transaction.
 pub(super) fn arguments<'q>(
     lead: &[i64],
@@ -151,7 +151,7 @@ pub(super) fn arguments<'q>(
         args.add(n)?;
         args.add(now)?;
         for (i, item) in chunk.iter_mut().enumerate() {
-            args.add(item.message_id.as_str())?;
+            args.add(std::mem::take(&mut item.message_id))?;
             args.add(std::mem::take(&mut item.payload))?;
             if !agreed[0] {
                 args.add(item.group.as_deref())?;

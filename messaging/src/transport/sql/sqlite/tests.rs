@@ -302,7 +302,7 @@ async fn priority_then_enqueue_order_and_batches_in_input_order() {
         Enqueue { process_at: Some(NOW + 10), ..msg(None, "later") },
     ];
     let results = store.enqueue("jobs", NOW, items, false).await;
-    let message_ids: Vec<String> = results.into_iter().map(|r| r.expect("enqueued").message_id).collect();
+    let message_ids: Vec<String> = results.into_iter().map(|r| r.expect("enqueued").message_id.to_string()).collect();
     let rows = store.rows("jobs").await.expect("rows");
     let of = |m: &String| rows.iter().find(|r| r.message_id == *m).expect("row");
     let seqs: Vec<u64> = message_ids.iter().map(|m| of(m).seq).collect();

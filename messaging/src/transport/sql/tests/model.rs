@@ -544,7 +544,7 @@ async fn an_unchanged_version_is_not_handled_again<D: Dialect>(store: &SqlStore<
     assert!(store.rows("nightly").await.expect("rows").is_empty(), "processed rows are deleted");
     let again = send("v1").await.remove(0).expect("enqueue");
     assert_eq!(again.outcome, EnqueueOutcome::Unchanged, "the processed version again");
-    assert_eq!(again.message_id, leased.message_id, "named by the processed version's id");
+    assert_eq!(again.message_id.as_str(), leased.message_id, "named by the processed version's id");
     assert!(store.lease("nightly", START + 2, 1, 30_000, false).await.expect("lease").is_empty(), "nothing to handle");
     assert!(matches!(send("v2").await.remove(0).expect("enqueue").outcome, EnqueueOutcome::Inserted(_)));
 }
