@@ -285,6 +285,18 @@ async fn run_case<D: Dialect>(store: &SqlStore<D>, queue: &str, rules: QueueRule
                 let expected: Vec<EnqueueOutcome> = batch.iter().map(|e| model.enqueue(now, e.clone())).collect();
                 for ((e, g), item) in expected.into_iter().zip(got).zip(&batch) {
                     let g = g.map_err(|err| at(err.to_string()))?;
+                    // A new row or version is named by the message's own id
+                    // (read before the append takes its text).
+                    let new_version = matches!(
+                        g.outcome,
+                        EnqueueOutcome::Inserted(_)
+                            | EnqueueOutcome::Appended
+                            | EnqueueOutcome::Updated(_)
+                            | EnqueueOutcome::Deferred(_)
+                    );
+                    if new_version && g.message_id.as_str() != item.message_id {
+                        return Err(at(format!("batch: stored as {}, sent as {}", g.message_id, item.message_id)));
+                    }
                     match (e, g.outcome) {
                         (EnqueueOutcome::Inserted(m), EnqueueOutcome::Inserted(s)) => {
                             ids.insert(m, s);
