@@ -1,6 +1,7 @@
 //! PostgreSQL tells other processes of every enqueue (`NOTIFY`), whichever
 //! statement wrote it: a plain batch's insert, identity versions, a send in
-//! the application's transaction (at its commit, not before).
+//! the application's transaction (at its commit, not before). A LISTEN
+//! connection that could not be made is made again later.
 
 use std::time::Duration;
 
@@ -99,6 +100,57 @@ fn postgres_every_enqueue_tells_the_other_processes_once_it_commits() {
         let mut stored: Vec<(&str, i32)> = rows.iter().map(|r| (r.message_id.as_str(), r.priority)).collect();
         stored.sort_unstable();
         assert_eq!(stored, [("a", 0), ("b", 5), ("c", 0), ("x2", 0), ("y2", 0)]);
+    });
+    drop(db);
+}
+
+/// Whether `changes` hears a probe that `other` notifies (every 200 ms)
+/// within `within`.
+async fn heard(other: &PostgresStore, changes: &mut Receiver<String>, within: Duration) -> bool {
+    let deadline = tokio::time::Instant::now() + within;
+    while tokio::time::Instant::now() < deadline {
+        sqlx::Postgres::notify(&other.pool, "probe").await;
+        if let Ok(Ok(name)) = tokio::time::timeout(Duration::from_millis(200), changes.recv()).await {
+            if name == "probe" {
+                return true;
+            }
+        }
+    }
+    false
+}
+
+/// A LISTEN connection that cannot be made at startup (the pool it comes
+/// from has no connection to give, as when the server allows no more) is
+/// made again on a later tick of the background task; meanwhile nothing is
+/// heard, and idle receivers poll.
+#[test]
+fn postgres_a_listen_connection_refused_at_startup_is_made_again_later() {
+    let runtime = super::runtime();
+    let db = super::Postgres::new();
+    runtime.block_on(async {
+        let pool = sqlx::postgres::PgPoolOptions::new()
+            .max_connections(1)
+            .acquire_timeout(Duration::from_secs(1))
+            .connect(&db.url)
+            .await
+            .expect("connect");
+        // The pool's one connection is busy: LISTEN cannot have it.
+        let held = pool.acquire().await.expect("the pool's connection");
+        let state = <sqlx::Postgres as Dialect>::adopt(&pool);
+        let mut changes = sqlx::Postgres::changes(&state).expect("PostgreSQL listens");
+        let other = PostgresStore::connect(&db.url).await.expect("connect");
+        // Held for longer than the task's attempts at startup take (the
+        // LISTEN, then the first tick's clock sample, horizon check and
+        // LISTEN again, each waiting out the pool's 1 s).
+        assert!(!heard(&other, &mut changes, Duration::from_secs(8)).await, "no LISTEN connection to be had");
+        drop(held);
+        // The next tick of the background task (`clock::EVERY`) makes it
+        // (heard 23 s after the connection was free; without the retry, never).
+        let retry = crate::transport::sql::clock::EVERY + Duration::from_secs(10);
+        assert!(heard(&other, &mut changes, retry).await, "the LISTEN connection made again within {retry:?}");
+        drop(state);
+        pool.close().await;
+        other.pool.close().await;
     });
     drop(db);
 }
