@@ -117,7 +117,7 @@ impl<D: Dialect> TickWriter for TestWriter<D> {
             if self.fail {
                 return Err(PublishError::Transport(TransportError::Backend("the broker said no".into())));
             }
-            Ok(stored.into_iter().map(|e| MessageId::from(e.message_id)).collect())
+            Ok(stored.into_iter().map(|e| e.message_id).collect())
         })
     }
 }
