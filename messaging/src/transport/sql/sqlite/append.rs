@@ -114,8 +114,8 @@ pub(super) fn text(shapes: &[Shape]) -> String {
 
 /// The arguments of [`text`]`(shapes)` (the shapes of `items`), after
 /// `lead` (the arguments of any statements before them): the enqueue of
-/// `items` (taking their message ids and payloads) into `queue` at `now`, once the counter
-/// has moved by their number in the same transaction.
+/// `items` (taking their message ids and payloads) into `queue` at `now`,
+/// once the counter has moved by their number in the same transaction.
 pub(super) fn arguments<'q>(
     lead: &[i64],
     queue: &'q str,

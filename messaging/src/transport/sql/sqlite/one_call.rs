@@ -36,7 +36,7 @@ fn counter_missing(rows: &[SqliteRow]) -> bool {
 
 /// Inserts plain `items` (no identity) as new rows of `queue` in one
 /// transaction, the enqueue order assigned in input order from the counter.
-/// Their payloads are taken.
+/// Their message ids and payloads are taken.
 pub(super) async fn enqueue_plain(
     store: &SqlStore<Sqlite>,
     queue: &str,
