@@ -262,7 +262,13 @@ async fn run_case<D: Dialect>(store: &SqlStore<D>, queue: &str, rules: QueueRule
                     .enumerate()
                     .map(|(i, (identity, payload, priority, delay, group, attributes))| Enqueue {
                         identity: identity.map(|k| format!("k{k}")),
-                        message_id: format!("m{step}.{i}"),
+                        // Every other batch with ids of a UUID's length,
+                        // which SQLite binds packed.
+                        message_id: if step % 2 == 0 {
+                            format!("{:->36}", format!("m{step}.{i}"))
+                        } else {
+                            format!("m{step}.{i}")
+                        },
                         payload: vec![b'b', *payload],
                         priority: *priority,
                         process_at: delay.map(|d| now + d),
