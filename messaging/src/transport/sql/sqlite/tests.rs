@@ -317,6 +317,39 @@ async fn priority_then_enqueue_order_and_batches_in_input_order() {
     close(store, db).await;
 }
 
+/// A plain batch longer than one insert statement, its chunks' ids bound
+/// packed (ids of a UUID's length) or one by one (a shorter id among them),
+/// inside a transaction of its own and inside the caller's: every row keeps
+/// its own id, in input order, with consecutive sequence values.
+#[tokio::test]
+async fn a_batch_of_several_inserts_keeps_each_message_id_in_input_order() {
+    let (store, db) = store().await;
+    let id = |i: usize| if i == 1_500 { format!("short-{i}") } else { format!("{i:->36}") };
+    for (queue, in_transaction) in [("whole", false), ("caller", true)] {
+        let items: Vec<Enqueue> = (0..2_500).map(|i| Enqueue::test(&id(i), None, &i.to_string())).collect();
+        let reported: Vec<String> = if in_transaction {
+            let mut tx = sqlx::Sqlite::begin(&store.pool).await.expect("begin");
+            let stored = store.enqueue_on(&mut tx, queue, NOW, items, false).await.expect("enqueue");
+            tx.commit().await.expect("commit");
+            stored.into_iter().map(|e| e.message_id.to_string()).collect()
+        } else {
+            let results = store.enqueue(queue, NOW, items, false).await;
+            results.into_iter().map(|r| r.expect("enqueued").message_id.to_string()).collect()
+        };
+        let mut rows = store.rows(queue).await.expect("rows");
+        rows.sort_by_key(|r| r.seq);
+        let stored: Vec<(&str, &[u8])> = rows.iter().map(|r| (r.message_id.as_str(), r.payload.as_slice())).collect();
+        let sent: Vec<String> = (0..2_500).map(id).collect();
+        let bodies: Vec<String> = (0..2_500).map(|i| i.to_string()).collect();
+        let expected: Vec<(&str, &[u8])> =
+            sent.iter().map(String::as_str).zip(bodies.iter().map(String::as_bytes)).collect();
+        assert!(stored == expected, "{queue}: rows in input order with their own ids");
+        assert_eq!(reported, sent, "{queue}: the results name the ids sent");
+        assert!(rows.windows(2).all(|w| w[1].seq == w[0].seq + 1), "{queue}: consecutive sequence values");
+    }
+    close(store, db).await;
+}
+
 /// Plain batches of one length whose rows agree on different columns: each
 /// shape has a statement text of its own (kept between calls), and every
 /// row stores its own values whichever text was kept before.
