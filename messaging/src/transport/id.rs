@@ -19,13 +19,14 @@ enum Repr {
     /// `Arc<str>` was a 64-byte allocation per queued message on
     /// `memory://`, and one per message published or leased on the
     /// database queues).
-    Inline([u8; INLINE]),
+    Inline([u8; ID_LEN]),
     /// Any other id (SQS's, an application's).
     Shared(Arc<str>),
 }
 
-/// The length of an id held inline: a hyphenated UUID's.
-const INLINE: usize = uuid::fmt::Hyphenated::LENGTH;
+/// The length of every id made here and of an id held inline: a
+/// hyphenated UUID's.
+pub(crate) const ID_LEN: usize = uuid::fmt::Hyphenated::LENGTH;
 
 impl MessageId {
     /// Wraps an id.
@@ -35,7 +36,7 @@ impl MessageId {
 
     /// A new random (UUID v4) id.
     pub fn random() -> Self {
-        let mut buf = [0u8; INLINE];
+        let mut buf = [0u8; ID_LEN];
         uuid::Uuid::new_v4().hyphenated().encode_lower(&mut buf);
         MessageId(Repr::Inline(buf))
     }
@@ -46,7 +47,7 @@ impl MessageId {
     /// [`random`]: MessageId::random
     #[cfg(any(feature = "postgres", feature = "sqlite"))]
     pub(crate) fn random_text() -> String {
-        let mut buf = [0u8; INLINE];
+        let mut buf = [0u8; ID_LEN];
         uuid::Uuid::new_v4().hyphenated().encode_lower(&mut buf).to_owned()
     }
 
@@ -62,7 +63,7 @@ impl MessageId {
 
     /// `id` inline when it has a UUID's length, else shared.
     fn of_str(id: &str) -> Option<Self> {
-        let buf: [u8; INLINE] = id.as_bytes().try_into().ok()?;
+        let buf: [u8; ID_LEN] = id.as_bytes().try_into().ok()?;
         Some(MessageId(Repr::Inline(buf)))
     }
 }

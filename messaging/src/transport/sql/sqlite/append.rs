@@ -18,6 +18,7 @@ use sqlx::{Arguments as _, Row as _};
 
 use super::int;
 use crate::error::TransportError;
+use crate::transport::id::ID_LEN;
 use crate::transport::sql::dialect::text_eq;
 use crate::transport::sql::machine::Enqueue;
 
@@ -43,12 +44,8 @@ fn agreed(chunk: &[Enqueue], now: i64) -> [bool; 5] {
     agreed
 }
 
-/// The length of every message id the framework makes (a hyphenated
-/// UUID's text), which a chunk's ids must all have to be bound packed.
-const ID_LEN: usize = 36;
-
-/// Whether every id of `chunk` has [`ID_LEN`] bytes, so that the chunk's
-/// ids can be bound as one blob (see [`push_insert`]).
+/// Whether every id of `chunk` has [`ID_LEN`] bytes (every id the framework
+/// makes), so that the chunk's ids can be bound as one blob (see [`push_insert`]).
 fn packable(chunk: &[Enqueue]) -> bool {
     chunk.iter().all(|e| e.message_id.len() == ID_LEN)
 }
