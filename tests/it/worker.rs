@@ -677,8 +677,8 @@ struct Observed {
     /// Deliveries whose body contains this are suspects (a database
     /// queue's mark of a message whose earlier lease ran out).
     suspect: Mutex<Option<String>>,
-    /// The acknowledgements of this queue take 50 ms.
-    slow_acks: Mutex<Option<String>>,
+    /// The acknowledgements of this queue take this long.
+    slow_acks: Mutex<Option<(String, Duration)>>,
     /// What happened, in order: `isolate`, `ack QUEUE N` (receipts per call, once done),
     /// and what handlers add.
     events: Mutex<Vec<String>>,
@@ -741,10 +741,10 @@ impl messaging::transport::Transport for Observed {
             let away = || Err(messaging::TransportError::Backend("postgresql: connect failed: refused".into()));
             return Box::pin(std::future::ready(receipts.iter().map(|_| away()).collect()));
         }
-        let slow = self.slow_acks.lock().unwrap().as_deref() == Some(queue);
+        let slow = self.slow_acks.lock().unwrap().as_ref().filter(|(q, _)| q == queue).map(|&(_, took)| took);
         Box::pin(async move {
-            if slow {
-                tokio::time::sleep(Duration::from_millis(50)).await;
+            if let Some(took) = slow {
+                tokio::time::sleep(took).await;
             }
             let n = receipts.len();
             let results = self.inner.ack(queue, receipts).await;
@@ -782,6 +782,54 @@ impl messaging::transport::Transport for Observed {
     fn depth<'a>(&'a self, queue: &'a str) -> messaging::BoxFuture<'a, Result<u64, messaging::TransportError>> {
         self.inner.depth(queue)
     }
+}
+
+#[messaging::queue("slow-acks", visibility = "1s")]
+struct SlowAcks;
+
+#[messaging::handler(queue = SlowAcks)]
+async fn slow_acks(_job: Job, transport: State<Arc<Observed>>) {
+    transport.events.lock().unwrap().push("handled".into());
+}
+
+/// A handled message whose acknowledgement is still under way when its
+/// visibility would run out stays invisible: the heartbeat keeps extending
+/// it until the transport has taken the ack. Before, a handled message was
+/// no longer extended, and an ack slower than what was left of its
+/// visibility (a backlog of acks on a loaded machine, a retried one) let it
+/// be received and handled again (one of 300 in a CI run of the SQS test of
+/// handlers slower than the visibility).
+#[tokio::test]
+async fn a_handled_message_stays_invisible_while_its_acknowledgement_is_under_way() {
+    let transport = Arc::new(Observed::default());
+    *transport.slow_acks.lock().unwrap() = Some(("slow-acks".into(), Duration::from_millis(2_500)));
+    let mut app = messaging::App::new(transport.clone()).await.unwrap();
+    app.only_queues(&["slow-acks"]);
+    app.setup().provide(transport.clone());
+    let publisher = app.setup().publisher();
+    let running = app.start().unwrap();
+    publisher.send::<SlowAcks, _>(&Job { n: 1 }).await.unwrap();
+    let events = || transport.events.lock().unwrap().clone();
+    let handled = || events().iter().filter(|e| *e == "handled").count();
+    fixtures::eventually(Duration::from_secs(10), || handled() == 1, || "not handled in 10 s".into()).await;
+    // Past the 1 s visibility, the ack still under way: no consumer gets it,
+    // neither this worker (it was handled three times in 2.5 s) nor another.
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    assert_eq!(handled(), 1, "{:?}", events());
+    let again = messaging::transport::Transport::receive(&transport.inner, "slow-acks", 10, Duration::from_millis(200))
+        .await
+        .unwrap();
+    assert!(again.is_empty(), "received again while its ack was under way: {:?}", events());
+    let acked = || events().iter().any(|e| e == "ack slow-acks 1");
+    fixtures::eventually(Duration::from_secs(10), acked, || format!("not acknowledged in 10 s: {:?}", events())).await;
+    assert_eq!(
+        messaging::transport::Transport::depth(&transport.inner, "slow-acks").await.unwrap(),
+        0,
+        "acknowledged: {:?}",
+        events()
+    );
+    running.stop().await;
+    assert_eq!(handled(), 1, "{:?}", events());
 }
 
 #[messaging::queue("acked", concurrency = 8)]
@@ -994,7 +1042,7 @@ async fn a_suspect_runs_after_the_acknowledgements_of_every_queue() {
     let transport = Arc::new(Observed::default());
     *transport.suspect.lock().unwrap() = Some(r#""n":1006}"#.into());
     // Each acknowledgement of the bystanders is under way for a while.
-    *transport.slow_acks.lock().unwrap() = Some("bystanders".into());
+    *transport.slow_acks.lock().unwrap() = Some(("bystanders".into(), Duration::from_millis(50)));
     let mut app = messaging::App::new(transport.clone()).await.unwrap();
     app.only_queues(&["suspects", "bystanders"]);
     app.setup().provide(transport.clone());

@@ -23,7 +23,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use super::alone::{Gate, GATE};
-use super::inflight::InFlight;
+use super::inflight::{Batch, InFlight};
 use crate::error::TransportError;
 use crate::transport::{Receipt, Transport};
 
@@ -38,6 +38,28 @@ const LINGER: Duration = Duration::from_millis(200);
 /// How many times a batch of acknowledgements is tried before it is given up.
 const ATTEMPTS: u64 = 3;
 
+/// A handled message whose acknowledgement is queued or under way. Its batch
+/// stays held, and the heartbeat keeps it invisible, until the transport has
+/// taken the ack: a message no longer extended once handled came back while a
+/// slow ack was still on its way, and was handled again.
+struct Handled {
+    batch: Arc<Batch>,
+    index: usize,
+}
+
+impl Handled {
+    fn receipt(&self) -> &Receipt {
+        &self.batch.deliveries[self.index].receipt
+    }
+
+    /// The transport has the ack (or it was given up): done with the message.
+    fn done(self, held: &InFlight) {
+        if self.batch.settle(self.index) {
+            held.release_batch(&self.batch);
+        }
+    }
+}
+
 /// Every acker of the process, so that a suspect can wait for the
 /// acknowledgements of all queues' handled messages ([`all_settled`]).
 static ACKERS: Mutex<Vec<Weak<Counts>>> = Mutex::new(Vec::new());
@@ -45,20 +67,22 @@ static ACKERS: Mutex<Vec<Weak<Counts>>> = Mutex::new(Vec::new());
 pub(crate) struct Acker {
     transport: Arc<dyn Transport>,
     queue: &'static str,
+    held: Arc<InFlight>,
     tx: mpsc::UnboundedSender<Command>,
     counts: Arc<Counts>,
     task: Mutex<Option<JoinHandle<()>>>,
 }
 
 enum Command {
-    Ack(Receipt),
+    Ack(Handled),
     /// Flush what came before, then stop.
     Close,
 }
 
 impl Acker {
-    /// Starts the flush task of `queue`; `held` tells whether acks may still
-    /// come (messages received and not settled).
+    /// Starts the flush task of `queue`. `held` is the worker's batches: it
+    /// tells whether acks may still come (messages received and not settled),
+    /// and a batch leaves it once the transport has its last ack.
     pub(crate) fn start(transport: Arc<dyn Transport>, queue: &'static str, held: Arc<InFlight>) -> Self {
         // A transport whose calls cost no round trip (memory) gains nothing
         // from fuller acks, and the wait's timers and checks cost it a third
@@ -77,26 +101,43 @@ impl Acker {
             all.retain(|c| c.strong_count() > 0);
             all.push(Arc::downgrade(&counts));
         }
-        let task = tokio::spawn(flush_loop(transport.clone(), queue, rx, counts.clone(), held, waits));
-        Acker { transport, queue, tx, counts, task: Mutex::new(Some(task)) }
+        let task = tokio::spawn(flush_loop(transport.clone(), queue, rx, counts.clone(), held.clone(), waits));
+        Acker { transport, queue, held, tx, counts, task: Mutex::new(Some(task)) }
     }
 
-    /// Queues a receipt for deletion.
-    pub(crate) fn ack(&self, receipt: Receipt) {
+    /// Marks message `index` of `batch` handled and queues its deletion.
+    ///
+    /// Marked first: the flush goes at once when nothing held is left
+    /// unsettled, which it could not see if the last ack arrived before its
+    /// message was marked.
+    pub(crate) fn ack(&self, batch: &Arc<Batch>, index: usize) {
+        batch.settle_later(index);
+        self.queue_ack(Handled { batch: batch.clone(), index });
+    }
+
+    fn queue_ack(&self, handled: Handled) {
         self.counts.pending.fetch_add(1, Ordering::SeqCst);
-        if self.tx.send(Command::Ack(receipt)).is_err() {
+        if let Err(mpsc::error::SendError(Command::Ack(handled))) = self.tx.send(Command::Ack(handled)) {
+            // The flush task is gone (the worker stopped): the message comes
+            // back when its visibility runs out.
             self.counts.pending.fetch_sub(1, Ordering::SeqCst);
+            handled.done(&self.held);
         }
     }
 
-    /// Acknowledges a receipt now, in a call of its own (a suspect's, before
-    /// the gate it ran behind opens); a refusal for now queues it as
-    /// [`Acker::ack`] does, to be tried again.
-    pub(crate) async fn ack_now(&self, receipt: Receipt) {
-        match self.transport.ack(self.queue, vec![receipt.clone()]).await.pop() {
-            Some(Ok(())) => {}
-            Some(Err(TransportError::StaleReceipt)) => too_late(self.queue),
-            Some(Err(_)) | None => self.ack(receipt),
+    /// [`Acker::ack`], now, in a call of its own (a suspect's, before the gate
+    /// it ran behind opens); a refusal for now queues it as [`Acker::ack`]
+    /// does, to be tried again.
+    pub(crate) async fn ack_now(&self, batch: &Arc<Batch>, index: usize) {
+        batch.settle_later(index);
+        let handled = Handled { batch: batch.clone(), index };
+        match self.transport.ack(self.queue, vec![handled.receipt().clone()]).await.pop() {
+            Some(Ok(())) => handled.done(&self.held),
+            Some(Err(TransportError::StaleReceipt)) => {
+                too_late(self.queue);
+                handled.done(&self.held);
+            }
+            Some(Err(_)) | None => self.queue_ack(handled),
         }
     }
 
@@ -234,16 +275,21 @@ async fn flush_loop(
         let count = batch.len();
         let mut attempt = 0;
         loop {
-            let results = transport.ack(queue, batch.clone()).await;
+            let receipts = batch.iter().map(|handled| handled.receipt().clone()).collect();
+            let mut results = transport.ack(queue, receipts).await.into_iter();
             let mut retry = Vec::new();
             let mut failure = None;
-            for (receipt, result) in batch.drain(..).zip(results) {
-                match result {
-                    Ok(()) => {}
-                    Err(TransportError::StaleReceipt) => too_late(queue),
+            for handled in batch.drain(..) {
+                let missing = || Err(TransportError::Backend("the transport answered no result for this ack".into()));
+                match results.next().unwrap_or_else(missing) {
+                    Ok(()) => handled.done(&held),
+                    Err(TransportError::StaleReceipt) => {
+                        too_late(queue);
+                        handled.done(&held);
+                    }
                     Err(e) => {
                         failure.get_or_insert(e);
-                        retry.push(receipt);
+                        retry.push(handled);
                     }
                 }
             }
@@ -260,6 +306,9 @@ async fn flush_loop(
                      queue and are received and handled again once their visibility timeout runs out",
                     retry.len()
                 );
+                for handled in retry {
+                    handled.done(&held);
+                }
                 break;
             }
             tracing::warn!(
@@ -287,10 +336,10 @@ fn too_late(queue: &str) {
 }
 
 /// Moves received commands into the batch of receipts.
-fn take(commands: &mut Vec<Command>, batch: &mut Vec<Receipt>, closing: &mut bool) {
+fn take(commands: &mut Vec<Command>, batch: &mut Vec<Handled>, closing: &mut bool) {
     for command in commands.drain(..) {
         match command {
-            Command::Ack(receipt) => batch.push(receipt),
+            Command::Ack(handled) => batch.push(handled),
             Command::Close => *closing = true,
         }
     }
@@ -331,8 +380,7 @@ mod tests {
             })
         });
         // The first message is handled; the second is still held.
-        batch.settle(0);
-        acker.ack(batch.deliveries[0].receipt.clone());
+        acker.ack(&batch, 0);
         // Settled the moment the transport took the ack (`memory://` answers
         // at once).
         acker.settled(Duration::from_secs(1)).await;

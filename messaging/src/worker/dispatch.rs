@@ -118,17 +118,13 @@ impl Worker {
         match result {
             Ok(()) => {
                 *clock = Some(ended); // acking only queues: the next message starts now
-                                      // Settled first: the acker flushes at once when nothing held
-                                      // is left unsettled, which it could not see if the last ack
-                                      // arrived before its message was marked settled.
-                self.settle(batch, i);
                 if alone.is_some() {
                     // Acknowledged before the gate opens: a lingering ack
                     // of a suspect marked as running alone would count
                     // against it if another message stopped the process.
-                    self.acker.ack_now(delivery.receipt.clone()).await;
+                    self.acker.ack_now(batch, i).await;
                 } else {
-                    self.acker.ack(delivery.receipt.clone());
+                    self.acker.ack(batch, i);
                 }
                 self.report(delivery, Outcome::Handled);
                 Step::Handled

@@ -1,11 +1,12 @@
-//! The batches a worker holds (received, not all settled), and the heartbeat
-//! that keeps their unsettled messages invisible while they wait or run.
+//! The batches a worker holds (received, not all done with), and the
+//! heartbeat that keeps their messages invisible while they wait, run, or
+//! wait for their acknowledgement to reach the transport.
 //!
-//! Bookkeeping is per batch: settling one message is two atomic operations,
+//! Bookkeeping is per batch: settling one message is a few atomic operations,
 //! and the shared list is touched once when a batch arrives and once when its
-//! last message is settled.
+//! last message is done with.
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -22,9 +23,13 @@ pub(crate) struct Batch {
     /// for standard queues, where each message is its own unit of work.
     chains: Vec<Vec<usize>>,
     next: AtomicUsize,
-    settled: Vec<AtomicBool>,
+    /// Each message's [`HELD`], [`SETTLING`] or [`DONE`].
+    states: Vec<AtomicU8>,
+    /// Messages still [`HELD`]: waiting for a lane or being handled.
     unsettled: AtomicUsize,
-    /// When the visibility of the unsettled messages was last set: just
+    /// Messages not [`DONE`] with: the batch is held while there are any.
+    open: AtomicUsize,
+    /// When the visibility of the open messages was last set: just
     /// before the receive was sent, then before each heartbeat's extensions.
     /// The transport's own deadline is never earlier than this plus
     /// `visibility`.
@@ -34,6 +39,17 @@ pub(crate) struct Batch {
     /// the heartbeat extends with the messages' visibility.
     claims: Mutex<Vec<HeldClaim>>,
 }
+
+/// A message waiting for a lane or being handled.
+const HELD: u8 = 0;
+/// A message whose outcome is decided and on its way to the transport (an
+/// acknowledgement queued or under way): still kept invisible, since until
+/// the transport has it the message would otherwise come back and be handled
+/// again.
+const SETTLING: u8 = 1;
+/// A message the worker is done with: the transport has its outcome, or it
+/// was given back.
+const DONE: u8 = 2;
 
 /// An idempotency claim a running handler holds.
 struct HeldClaim {
@@ -52,15 +68,16 @@ impl Batch {
             deliveries,
             chains,
             next: AtomicUsize::new(0),
-            settled: (0..n).map(|_| AtomicBool::new(false)).collect(),
+            states: (0..n).map(|_| AtomicU8::new(HELD)).collect(),
             unsettled: AtomicUsize::new(n),
+            open: AtomicUsize::new(n),
             extended_at: Mutex::new(received_at),
             visibility,
             claims: Mutex::new(Vec::new()),
         }
     }
 
-    /// How long the batch's unsettled messages stay invisible at least (the
+    /// How long the batch's open messages stay invisible at least (the
     /// heartbeat pushes this out): an idempotency claim taken now must not
     /// outlive it, or a redelivery after a crash would find it still held.
     pub(crate) fn visible_for(&self) -> Duration {
@@ -102,16 +119,44 @@ impl Batch {
         &self.chains[u]
     }
 
-    /// Marks message `i` settled; returns true when it was the batch's last.
+    /// Marks message `i` done with (given back, or its outcome already with
+    /// the transport); returns true when it was the batch's last.
     pub(crate) fn settle(&self, i: usize) -> bool {
-        if self.settled[i].swap(true, Ordering::AcqRel) {
-            return false;
+        match self.states[i].swap(DONE, Ordering::AcqRel) {
+            HELD => {
+                self.unsettled.fetch_sub(1, Ordering::AcqRel);
+            }
+            SETTLING => {}
+            _ => return false,
         }
-        self.unsettled.fetch_sub(1, Ordering::AcqRel) == 1
+        self.open.fetch_sub(1, Ordering::AcqRel) == 1
     }
 
-    fn unsettled_receipts(&self) -> impl Iterator<Item = &Receipt> + '_ {
-        self.deliveries.iter().zip(&self.settled).filter(|(_, s)| !s.load(Ordering::Acquire)).map(|(d, _)| &d.receipt)
+    /// Marks message `i` handled, its acknowledgement not yet with the
+    /// transport: the heartbeat goes on extending it until [`Batch::settle`].
+    pub(crate) fn settle_later(&self, i: usize) {
+        if self.states[i].compare_exchange(HELD, SETTLING, Ordering::AcqRel, Ordering::Acquire).is_ok() {
+            self.unsettled.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+
+    /// The receipts of the messages still held (not handled yet).
+    fn held_receipts(&self) -> impl Iterator<Item = &Receipt> + '_ {
+        self.receipts_where(|state| state == HELD)
+    }
+
+    /// The receipts of the messages to keep invisible: held, or handled with
+    /// their acknowledgement still on its way.
+    fn open_receipts(&self) -> impl Iterator<Item = &Receipt> + '_ {
+        self.receipts_where(|state| state != DONE)
+    }
+
+    fn receipts_where(&self, keep: fn(u8) -> bool) -> impl Iterator<Item = &Receipt> + '_ {
+        self.deliveries
+            .iter()
+            .zip(&self.states)
+            .filter(move |(_, s)| keep(s.load(Ordering::Acquire)))
+            .map(|(d, _)| &d.receipt)
     }
 }
 
@@ -136,7 +181,7 @@ fn group_chains(batch: &[Delivery]) -> Vec<Vec<usize>> {
     chains
 }
 
-/// The batches with unsettled messages.
+/// The batches with messages not done with.
 #[derive(Default)]
 pub(crate) struct InFlight {
     batches: Mutex<Vec<Arc<Batch>>>,
@@ -151,7 +196,7 @@ impl InFlight {
         self.lock().push(batch);
     }
 
-    /// Forgets a fully settled batch.
+    /// Forgets a batch whose every message is done with.
     pub(crate) fn release_batch(&self, batch: &Arc<Batch>) {
         self.lock().retain(|b| !Arc::ptr_eq(b, batch));
     }
@@ -166,15 +211,17 @@ impl InFlight {
         self.lock().iter().any(|b| b.unsettled.load(Ordering::Acquire) > 0)
     }
 
-    /// Takes the receipts of every unsettled message (at shutdown, to release them).
+    /// Takes the receipts of every message not handled (at shutdown, to
+    /// release them); those whose acknowledgement is on its way are left to it.
     pub(crate) fn take_unsettled(&self) -> Vec<Receipt> {
         let batches = std::mem::take(&mut *self.lock());
-        batches.iter().flat_map(|b| b.unsettled_receipts().cloned().collect::<Vec<_>>()).collect()
+        batches.iter().flat_map(|b| b.held_receipts().cloned().collect::<Vec<_>>()).collect()
     }
 
-    /// Every `period`, extends the visibility of unsettled messages of
-    /// batches held for `period` or longer, and the idempotency claims their
-    /// handlers hold, until the task is aborted.
+    /// Every `period`, extends the visibility of the open messages (held,
+    /// or handled with their acknowledgement on its way) of batches held for
+    /// `period` or longer, and the idempotency claims their handlers hold,
+    /// until the task is aborted.
     ///
     /// Claims are extended first, to at most the visibility, and the
     /// visibilities after them: so a claim never outlives its message's
@@ -224,7 +271,7 @@ impl InFlight {
 const HEARTBEAT_CALLS: usize = 8;
 
 /// Extends the claims a batch's running handlers hold (to at most the
-/// visibility), then the visibility of its unsettled messages in one call;
+/// visibility), then the visibility of its open messages in one call;
 /// notes the time when every extension went through.
 async fn extend_batch(
     batch: &Batch,
@@ -247,19 +294,13 @@ async fn extend_batch(
             Err(e) => tracing::warn!(queue, "could not extend an idempotency claim: {e}"),
         }
     }
-    // One call for the batch's unsettled messages: one at a time,
+    // One call for the batch's open messages: one at a time,
     // a batch of 300 on PostgreSQL took longer than a short
     // visibility, and its last messages came back while held.
-    let unsettled: Vec<Receipt> = batch
-        .deliveries
-        .iter()
-        .zip(&batch.settled)
-        .filter(|(_, settled)| !settled.load(Ordering::Acquire))
-        .map(|(delivery, _)| delivery.receipt.clone())
-        .collect();
+    let open: Vec<Receipt> = batch.open_receipts().cloned().collect();
     let mut extended = true;
-    if !unsettled.is_empty() {
-        for result in transport.extend_all(queue, unsettled, visibility).await {
+    if !open.is_empty() {
+        for result in transport.extend_all(queue, open, visibility).await {
             match result {
                 Ok(()) | Err(crate::error::TransportError::StaleReceipt) => {}
                 Err(e) => {
