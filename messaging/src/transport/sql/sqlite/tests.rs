@@ -350,6 +350,34 @@ async fn a_batch_of_several_inserts_keeps_each_message_id_in_input_order() {
     close(store, db).await;
 }
 
+/// Payloads of a batch of two insert statements come back byte for byte:
+/// empty ones, NUL and bytes that are no UTF-8, and 9 MiB in three rows.
+#[tokio::test]
+async fn payloads_of_any_bytes_and_size_are_stored_byte_for_byte() {
+    let (store, db) = store().await;
+    let big = 3 << 20;
+    let body = |i: usize| -> Vec<u8> {
+        match i {
+            // The second statement's rows.
+            1_000.. => vec![i as u8; big],
+            _ if i % 7 == 0 => Vec::new(),
+            _ => (0..i % 300).map(|b| (b * 37 + i) as u8).chain([0, 0xff, 0xfe]).collect(),
+        }
+    };
+    let items: Vec<Enqueue> =
+        (0..1_003).map(|i| Enqueue { payload: body(i), ..Enqueue::test(&format!("{i:->36}"), None, "") }).collect();
+    let results = store.enqueue("bytes", NOW, items, false).await;
+    assert!(results.iter().all(Result::is_ok), "enqueued");
+    let mut rows = store.rows("bytes").await.expect("rows");
+    rows.sort_by_key(|r| r.seq);
+    assert_eq!(rows.len(), 1_003);
+    for (i, row) in rows.iter().enumerate() {
+        assert_eq!(row.message_id, format!("{i:->36}"), "row {i} in input order");
+        assert!(row.payload == body(i), "row {i}: {} bytes stored, {} sent", row.payload.len(), body(i).len());
+    }
+    close(store, db).await;
+}
+
 /// Plain batches of one length whose rows agree on different columns: each
 /// shape has a statement text of its own (kept between calls), and every
 /// row stores its own values whichever text was kept before.
