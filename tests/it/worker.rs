@@ -679,6 +679,9 @@ struct Observed {
     suspect: Mutex<Option<String>>,
     /// The acknowledgements of this queue take this long.
     slow_acks: Mutex<Option<(String, Duration)>>,
+    /// While set, the transport keeps dead letters (`memory://`'s), and
+    /// each move to them takes this long.
+    slow_dead_letters: Mutex<Option<Duration>>,
     /// What happened, in order: `isolate`, `ack QUEUE N` (receipts per call, once done),
     /// and what handlers add.
     events: Mutex<Vec<String>>,
@@ -782,6 +785,49 @@ impl messaging::transport::Transport for Observed {
     fn depth<'a>(&'a self, queue: &'a str) -> messaging::BoxFuture<'a, Result<u64, messaging::TransportError>> {
         self.inner.depth(queue)
     }
+    fn dead_letters(&self) -> Option<&dyn messaging::transport::DeadLetters> {
+        self.slow_dead_letters.lock().unwrap().map(|_| self as &dyn messaging::transport::DeadLetters)
+    }
+}
+
+impl Observed {
+    fn inner_dead_letters(&self) -> &dyn messaging::transport::DeadLetters {
+        messaging::transport::Transport::dead_letters(&self.inner).expect("memory:// keeps dead letters")
+    }
+}
+
+impl messaging::transport::DeadLetters for Observed {
+    fn dead_letter<'a>(
+        &'a self,
+        queue: &'a str,
+        delivery: &'a messaging::transport::Delivery,
+        failure: messaging::transport::FailedAttempt,
+    ) -> messaging::BoxFuture<'a, Result<(), messaging::TransportError>> {
+        let took = self.slow_dead_letters.lock().unwrap().unwrap_or_default();
+        Box::pin(async move {
+            tokio::time::sleep(took).await;
+            let moved = self.inner_dead_letters().dead_letter(queue, delivery, failure).await;
+            self.events.lock().unwrap().push(format!("dead-lettered: {moved:?}"));
+            moved
+        })
+    }
+    fn peek<'a>(
+        &'a self,
+        queue: &'a str,
+        max: usize,
+    ) -> messaging::BoxFuture<'a, Result<Vec<messaging::transport::DeadLetter>, messaging::TransportError>> {
+        self.inner_dead_letters().peek(queue, max)
+    }
+    fn redrive<'a>(
+        &'a self,
+        queue: &'a str,
+        options: messaging::transport::RedriveOptions,
+    ) -> messaging::BoxFuture<'a, Result<messaging::transport::RedriveOutcome, messaging::TransportError>> {
+        self.inner_dead_letters().redrive(queue, options)
+    }
+    fn depth<'a>(&'a self, queue: &'a str) -> messaging::BoxFuture<'a, Result<u64, messaging::TransportError>> {
+        self.inner_dead_letters().depth(queue)
+    }
 }
 
 #[messaging::queue("slow-acks", visibility = "1s")]
@@ -830,6 +876,37 @@ async fn a_handled_message_stays_invisible_while_its_acknowledgement_is_under_wa
     );
     running.stop().await;
     assert_eq!(handled(), 1, "{:?}", events());
+}
+
+#[messaging::queue("slow-dead-letters", visibility = "1s", dlq = "slow-dead-letters-dlq")]
+struct SlowDeadLetters;
+
+#[messaging::handler(queue = SlowDeadLetters)]
+async fn slow_dead_letters(_job: Job, transport: State<Arc<Observed>>) -> Result<(), HandlerError> {
+    transport.events.lock().unwrap().push("failed".into());
+    Err(HandlerError::permanent(std::io::Error::other("poison")))
+}
+
+/// The same for a message on its way to the dead letters: a move that takes
+/// longer than the 1 s visibility does not let it be received again.
+#[tokio::test]
+async fn a_failed_message_stays_invisible_while_it_is_moved_to_the_dead_letters() {
+    let transport = Arc::new(Observed::default());
+    *transport.slow_dead_letters.lock().unwrap() = Some(Duration::from_millis(2_500));
+    let mut app = messaging::App::new(transport.clone()).await.unwrap();
+    app.only_queues(&["slow-dead-letters"]);
+    app.setup().provide(transport.clone());
+    let publisher = app.setup().publisher();
+    let running = app.start().unwrap();
+    publisher.send::<SlowDeadLetters, _>(&Job { n: 1 }).await.unwrap();
+    let events = || transport.events.lock().unwrap().clone();
+    let moved = || events().iter().any(|e| e.starts_with("dead-lettered"));
+    fixtures::eventually(Duration::from_secs(10), moved, || format!("not dead-lettered in 10 s: {:?}", events())).await;
+    assert_eq!(events(), ["failed", "dead-lettered: Ok(())"], "handled once, moved once");
+    let dead = messaging::transport::DeadLetters::depth(&*transport, "slow-dead-letters").await.unwrap();
+    assert_eq!(dead, 1, "one dead letter");
+    assert_eq!(messaging::transport::Transport::depth(&transport.inner, "slow-dead-letters").await.unwrap(), 0);
+    running.stop().await;
 }
 
 #[messaging::queue("acked", concurrency = 8)]

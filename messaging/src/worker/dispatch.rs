@@ -146,9 +146,8 @@ impl Worker {
                     tracing::warn!(queue = spec.name, message.id = %delivery.message_id, handler = route.entry.name,
                         "permanent failure, dead-lettering: {error}");
                 });
-                self.settle(batch, i);
                 let step = self
-                    .dead_letter(delivery, failed_attempt(delivery.receive_count.saturating_add(tries), &error))
+                    .dead_letter(batch, i, failed_attempt(delivery.receive_count.saturating_add(tries), &error))
                     .await;
                 self.report(delivery, Outcome::DeadLettered { error: error.to_string() });
                 step
@@ -238,8 +237,7 @@ impl Worker {
         }
         async move {
             if exhausted {
-                self.settle(batch, i);
-                self.dead_letter(delivery, failed_attempt(attempt, error)).await
+                self.dead_letter(batch, i, failed_attempt(attempt, error)).await
             } else if spec.fifo && !spent {
                 // Held for the next try, the failure is written down now: a
                 // dead letter shows every attempt, and one whose process dies
@@ -274,15 +272,23 @@ impl Worker {
         retry_scheduled(queue, delivery, self.transport.nack(queue, delivery.receipt.clone(), delay).await);
     }
 
-    /// Moves a settled delivery to the dead-letter queue after `failure`
-    /// (its reason: the error and the receives); when that is not possible, retries it after the longest
-    /// backoff (and says so).
-    async fn dead_letter(&self, delivery: &Delivery, failure: FailedAttempt) -> Step {
+    /// Moves message `i` of `batch` to the dead-letter queue after `failure`
+    /// (its reason: the error and the receives); when that is not possible,
+    /// retries it after the longest backoff (and says so).
+    ///
+    /// The heartbeat keeps the message invisible until the move is done: a
+    /// move slower than what was left of its visibility let it be received
+    /// and handled again on its way. Not while it is given back instead: an
+    /// extension would cut its backoff short.
+    async fn dead_letter(&self, batch: &Arc<Batch>, i: usize, failure: FailedAttempt) -> Step {
+        let delivery = &batch.deliveries[i];
+        batch.settle_later(i);
         let spec = self.routes.spec();
         let moved = match self.transport.dead_letters() {
             Some(dlq) => dlq.dead_letter(spec.name, delivery, failure).await,
             None => Err(crate::error::TransportError::Rejected("the transport has no dead letters".into())),
         };
+        self.settle(batch, i);
         match moved {
             Ok(()) => Step::DeadLettered,
             // Not ours any more: released (given back with a FIFO chain's

@@ -43,9 +43,9 @@ pub(crate) struct Batch {
 /// A message waiting for a lane or being handled.
 const HELD: u8 = 0;
 /// A message whose outcome is decided and on its way to the transport (an
-/// acknowledgement queued or under way): still kept invisible, since until
-/// the transport has it the message would otherwise come back and be handled
-/// again.
+/// acknowledgement queued or under way, a move to the dead letters under
+/// way): still kept invisible, since until the transport has it the message
+/// would otherwise come back and be handled again.
 const SETTLING: u8 = 1;
 /// A message the worker is done with: the transport has its outcome, or it
 /// was given back.
@@ -132,8 +132,9 @@ impl Batch {
         self.open.fetch_sub(1, Ordering::AcqRel) == 1
     }
 
-    /// Marks message `i` handled, its acknowledgement not yet with the
-    /// transport: the heartbeat goes on extending it until [`Batch::settle`].
+    /// Marks message `i` handled, its outcome (an acknowledgement, a move to
+    /// the dead letters) not yet with the transport: the heartbeat goes on
+    /// extending it until [`Batch::settle`].
     pub(crate) fn settle_later(&self, i: usize) {
         if self.states[i].compare_exchange(HELD, SETTLING, Ordering::AcqRel, Ordering::Acquire).is_ok() {
             self.unsettled.fetch_sub(1, Ordering::AcqRel);
