@@ -878,6 +878,32 @@ async fn a_handled_message_stays_invisible_while_its_acknowledgement_is_under_wa
     assert_eq!(handled(), 1, "{:?}", events());
 }
 
+/// And while a graceful stop flushes that acknowledgement.
+#[tokio::test]
+async fn a_stop_keeps_a_handled_message_invisible_while_its_acknowledgement_is_flushed() {
+    let transport = Arc::new(Observed::default());
+    *transport.slow_acks.lock().unwrap() = Some(("slow-acks".into(), Duration::from_millis(2_500)));
+    let mut app = messaging::App::new(transport.clone()).await.unwrap();
+    app.only_queues(&["slow-acks"]);
+    app.setup().provide(transport.clone());
+    let publisher = app.setup().publisher();
+    let running = app.start().unwrap();
+    publisher.send::<SlowAcks, _>(&Job { n: 2 }).await.unwrap();
+    let events = || transport.events.lock().unwrap().clone();
+    let handled = || events().iter().filter(|e| *e == "handled").count();
+    fixtures::eventually(Duration::from_secs(10), || handled() == 1, || "not handled in 10 s".into()).await;
+    let stopping = tokio::spawn(running.stop());
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    let again = messaging::transport::Transport::receive(&transport.inner, "slow-acks", 10, Duration::from_millis(200))
+        .await
+        .unwrap();
+    assert!(again.is_empty(), "received again while the stop flushed its ack: {:?}", events());
+    let stopped = stopping.await.unwrap();
+    assert_eq!(stopped.not_acknowledged, 0, "{stopped:?}");
+    assert_eq!(events(), ["handled", "ack slow-acks 1"]);
+    assert_eq!(messaging::transport::Transport::depth(&transport.inner, "slow-acks").await.unwrap(), 0);
+}
+
 #[messaging::queue("slow-dead-letters", visibility = "1s", dlq = "slow-dead-letters-dlq")]
 struct SlowDeadLetters;
 

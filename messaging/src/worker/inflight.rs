@@ -1,6 +1,7 @@
 //! The batches a worker holds (received, not all done with), and the
 //! heartbeat that keeps their messages invisible while they wait, run, or
-//! wait for their acknowledgement to reach the transport.
+//! wait for their outcome (an acknowledgement, a move to the dead letters)
+//! to reach the transport.
 //!
 //! Bookkeeping is per batch: settling one message is a few atomic operations,
 //! and the shared list is touched once when a batch arrives and once when its
@@ -141,22 +142,13 @@ impl Batch {
         }
     }
 
-    /// The receipts of the messages still held (not handled yet).
-    fn held_receipts(&self) -> impl Iterator<Item = &Receipt> + '_ {
-        self.receipts_where(|state| state == HELD)
-    }
-
     /// The receipts of the messages to keep invisible: held, or handled with
-    /// their acknowledgement still on its way.
+    /// their outcome still on its way.
     fn open_receipts(&self) -> impl Iterator<Item = &Receipt> + '_ {
-        self.receipts_where(|state| state != DONE)
-    }
-
-    fn receipts_where(&self, keep: fn(u8) -> bool) -> impl Iterator<Item = &Receipt> + '_ {
         self.deliveries
             .iter()
             .zip(&self.states)
-            .filter(move |(_, s)| keep(s.load(Ordering::Acquire)))
+            .filter(|(_, s)| s.load(Ordering::Acquire) != DONE)
             .map(|(d, _)| &d.receipt)
     }
 }
@@ -212,11 +204,23 @@ impl InFlight {
         self.lock().iter().any(|b| b.unsettled.load(Ordering::Acquire) > 0)
     }
 
-    /// Takes the receipts of every message not handled (at shutdown, to
-    /// release them); those whose acknowledgement is on its way are left to it.
+    /// Gives up every message not handled (at shutdown, to release them)
+    /// and returns their receipts. Messages whose outcome is on its way stay
+    /// with their batches, which the heartbeat goes on extending while the
+    /// last acknowledgements are flushed.
     pub(crate) fn take_unsettled(&self) -> Vec<Receipt> {
-        let batches = std::mem::take(&mut *self.lock());
-        batches.iter().flat_map(|b| b.held_receipts().cloned().collect::<Vec<_>>()).collect()
+        let mut receipts = Vec::new();
+        self.lock().retain(|batch| {
+            for (state, delivery) in batch.states.iter().zip(&batch.deliveries) {
+                if state.compare_exchange(HELD, DONE, Ordering::AcqRel, Ordering::Acquire).is_ok() {
+                    batch.unsettled.fetch_sub(1, Ordering::AcqRel);
+                    batch.open.fetch_sub(1, Ordering::AcqRel);
+                    receipts.push(delivery.receipt.clone());
+                }
+            }
+            batch.open.load(Ordering::Acquire) > 0
+        });
+        receipts
     }
 
     /// Every `period`, extends the visibility of the open messages (held,

@@ -146,13 +146,7 @@ impl WorkerHandle {
     pub(crate) async fn run(self, settings: WorkerSettings, shutdown: Shutdown) -> Stopped {
         let worker = self.worker;
         let spec = worker.routes.spec().clone();
-        let heartbeat = tokio::spawn(worker.inflight.clone().heartbeat(
-            worker.transport.clone(),
-            worker.pipeline.idempotency.clone(),
-            spec.name,
-            spec.visibility,
-            worker.heartbeat_period(),
-        ));
+        let heartbeat = worker.start_heartbeat();
         // A receive in flight when shutdown begins is ended or waited for
         // (what it returns is given back at once), so its wait must fit in
         // the grace period: no long poll of ours outlives the process. (At
@@ -327,10 +321,17 @@ impl WorkerHandle {
             }
         };
         worker.give_back(held, budget, &mut report).await;
+        // Handled messages whose acks are still on their way stay invisible
+        // while the acks are flushed (after the release: an extension racing
+        // it would have kept a released message invisible).
+        let heartbeat = (!worker.inflight.is_empty()).then(|| worker.start_heartbeat());
         if shutdown.is_forced() {
             let _ = tokio::time::timeout(FORCED_BUDGET, worker.acker.close()).await;
         } else {
             worker.acker.close().await;
+        }
+        if let Some(heartbeat) = heartbeat {
+            heartbeat.abort();
         }
         // What the flush gave up, and what a forced stop left unflushed.
         report.not_acknowledged = worker.acker.lost() + worker.acker.pending();
@@ -514,6 +515,17 @@ impl Worker {
         }
         report.released += released;
         report.not_released += total - released;
+    }
+
+    /// Starts the heartbeat of the messages this worker holds.
+    fn start_heartbeat(&self) -> tokio::task::JoinHandle<()> {
+        tokio::spawn(self.inflight.clone().heartbeat(
+            self.transport.clone(),
+            self.pipeline.idempotency.clone(),
+            self.routes.spec().name,
+            self.routes.spec().visibility,
+            self.heartbeat_period(),
+        ))
     }
 
     /// How often the heartbeat runs: a third of the visibility timeout, or
