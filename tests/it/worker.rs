@@ -838,6 +838,34 @@ async fn slow_acks(_job: Job, transport: State<Arc<Observed>>) {
     transport.events.lock().unwrap().push("handled".into());
 }
 
+/// An app consuming `slow-acks`, whose acknowledgements take 2.5 s, once
+/// it has handled one message.
+async fn handled_with_a_slow_ack() -> (Arc<Observed>, messaging::Running) {
+    let transport = Arc::new(Observed::default());
+    *transport.slow_acks.lock().unwrap() = Some(("slow-acks".into(), Duration::from_millis(2_500)));
+    let (publisher, running) = consuming(&transport, "slow-acks", &transport).await;
+    publisher.send::<SlowAcks, _>(&Job { n: 1 }).await.unwrap();
+    let handled = || transport.count("handled") == 1;
+    fixtures::eventually(Duration::from_secs(10), handled, || "not handled in 10 s".into()).await;
+    (transport, running)
+}
+
+impl Observed {
+    fn events(&self) -> Vec<String> {
+        self.events.lock().unwrap().clone()
+    }
+
+    fn count(&self, event: &str) -> usize {
+        self.events().iter().filter(|e| *e == event).count()
+    }
+
+    /// Whether another consumer of `queue` would receive a message now.
+    async fn visible(&self, queue: &str) -> bool {
+        use messaging::transport::Transport as _;
+        !self.inner.receive(queue, 10, Duration::from_millis(200)).await.unwrap().is_empty()
+    }
+}
+
 /// A handled message whose acknowledgement is still under way when its
 /// visibility would run out stays invisible: the heartbeat keeps extending
 /// it until the transport has taken the ack. Before, a handled message was
@@ -847,61 +875,33 @@ async fn slow_acks(_job: Job, transport: State<Arc<Observed>>) {
 /// handlers slower than the visibility).
 #[tokio::test]
 async fn a_handled_message_stays_invisible_while_its_acknowledgement_is_under_way() {
-    let transport = Arc::new(Observed::default());
-    *transport.slow_acks.lock().unwrap() = Some(("slow-acks".into(), Duration::from_millis(2_500)));
-    let mut app = messaging::App::new(transport.clone()).await.unwrap();
-    app.only_queues(&["slow-acks"]);
-    app.setup().provide(transport.clone());
-    let publisher = app.setup().publisher();
-    let running = app.start().unwrap();
-    publisher.send::<SlowAcks, _>(&Job { n: 1 }).await.unwrap();
-    let events = || transport.events.lock().unwrap().clone();
-    let handled = || events().iter().filter(|e| *e == "handled").count();
-    fixtures::eventually(Duration::from_secs(10), || handled() == 1, || "not handled in 10 s".into()).await;
+    let (transport, running) = handled_with_a_slow_ack().await;
     // Past the 1 s visibility, the ack still under way: no consumer gets it,
     // neither this worker (it was handled three times in 2.5 s) nor another.
     tokio::time::sleep(Duration::from_millis(1_500)).await;
-    assert_eq!(handled(), 1, "{:?}", events());
-    let again = messaging::transport::Transport::receive(&transport.inner, "slow-acks", 10, Duration::from_millis(200))
-        .await
-        .unwrap();
-    assert!(again.is_empty(), "received again while its ack was under way: {:?}", events());
-    let acked = || events().iter().any(|e| e == "ack slow-acks 1");
-    fixtures::eventually(Duration::from_secs(10), acked, || format!("not acknowledged in 10 s: {:?}", events())).await;
-    assert_eq!(
-        messaging::transport::Transport::depth(&transport.inner, "slow-acks").await.unwrap(),
-        0,
-        "acknowledged: {:?}",
-        events()
-    );
+    assert_eq!(transport.count("handled"), 1, "{:?}", transport.events());
+    assert!(!transport.visible("slow-acks").await, "received again while its ack was under way");
+    let acked = || transport.count("ack slow-acks 1") == 1;
+    fixtures::eventually(Duration::from_secs(10), acked, || format!("not acknowledged: {:?}", transport.events()))
+        .await;
+    let depth = messaging::transport::Transport::depth(&transport.inner, "slow-acks").await.unwrap();
+    assert_eq!(depth, 0, "acknowledged: {:?}", transport.events());
     running.stop().await;
-    assert_eq!(handled(), 1, "{:?}", events());
+    assert_eq!(transport.count("handled"), 1, "{:?}", transport.events());
 }
 
 /// And while a graceful stop flushes that acknowledgement.
 #[tokio::test]
 async fn a_stop_keeps_a_handled_message_invisible_while_its_acknowledgement_is_flushed() {
-    let transport = Arc::new(Observed::default());
-    *transport.slow_acks.lock().unwrap() = Some(("slow-acks".into(), Duration::from_millis(2_500)));
-    let mut app = messaging::App::new(transport.clone()).await.unwrap();
-    app.only_queues(&["slow-acks"]);
-    app.setup().provide(transport.clone());
-    let publisher = app.setup().publisher();
-    let running = app.start().unwrap();
-    publisher.send::<SlowAcks, _>(&Job { n: 2 }).await.unwrap();
-    let events = || transport.events.lock().unwrap().clone();
-    let handled = || events().iter().filter(|e| *e == "handled").count();
-    fixtures::eventually(Duration::from_secs(10), || handled() == 1, || "not handled in 10 s".into()).await;
+    let (transport, running) = handled_with_a_slow_ack().await;
     let stopping = tokio::spawn(running.stop());
     tokio::time::sleep(Duration::from_millis(1_500)).await;
-    let again = messaging::transport::Transport::receive(&transport.inner, "slow-acks", 10, Duration::from_millis(200))
-        .await
-        .unwrap();
-    assert!(again.is_empty(), "received again while the stop flushed its ack: {:?}", events());
+    assert!(!transport.visible("slow-acks").await, "received again while the stop flushed its ack");
     let stopped = stopping.await.unwrap();
     assert_eq!(stopped.not_acknowledged, 0, "{stopped:?}");
-    assert_eq!(events(), ["handled", "ack slow-acks 1"]);
-    assert_eq!(messaging::transport::Transport::depth(&transport.inner, "slow-acks").await.unwrap(), 0);
+    assert_eq!(transport.events(), ["handled", "ack slow-acks 1"]);
+    let depth = messaging::transport::Transport::depth(&transport.inner, "slow-acks").await.unwrap();
+    assert_eq!(depth, 0, "acknowledged");
 }
 
 #[messaging::queue("slow-dead-letters", visibility = "1s", dlq = "slow-dead-letters-dlq")]
@@ -919,16 +919,12 @@ async fn slow_dead_letters(_job: Job, transport: State<Arc<Observed>>) -> Result
 async fn a_failed_message_stays_invisible_while_it_is_moved_to_the_dead_letters() {
     let transport = Arc::new(Observed::default());
     *transport.slow_dead_letters.lock().unwrap() = Some(Duration::from_millis(2_500));
-    let mut app = messaging::App::new(transport.clone()).await.unwrap();
-    app.only_queues(&["slow-dead-letters"]);
-    app.setup().provide(transport.clone());
-    let publisher = app.setup().publisher();
-    let running = app.start().unwrap();
+    let (publisher, running) = consuming(&transport, "slow-dead-letters", &transport).await;
     publisher.send::<SlowDeadLetters, _>(&Job { n: 1 }).await.unwrap();
-    let events = || transport.events.lock().unwrap().clone();
-    let moved = || events().iter().any(|e| e.starts_with("dead-lettered"));
-    fixtures::eventually(Duration::from_secs(10), moved, || format!("not dead-lettered in 10 s: {:?}", events())).await;
-    assert_eq!(events(), ["failed", "dead-lettered: Ok(())"], "handled once, moved once");
+    let moved = || transport.events().iter().any(|e| e.starts_with("dead-lettered"));
+    let late = || format!("not dead-lettered in 10 s: {:?}", transport.events());
+    fixtures::eventually(Duration::from_secs(10), moved, late).await;
+    assert_eq!(transport.events(), ["failed", "dead-lettered: Ok(())"], "handled once, moved once");
     let dead = messaging::transport::DeadLetters::depth(&*transport, "slow-dead-letters").await.unwrap();
     assert_eq!(dead, 1, "one dead letter");
     assert_eq!(messaging::transport::Transport::depth(&transport.inner, "slow-dead-letters").await.unwrap(), 0);
@@ -965,15 +961,15 @@ async fn acknowledgements_are_batched() {
 }
 
 /// An app consuming `queue` alone on `transport`, its handlers given
-/// `rec`: its publisher, and the app running.
-async fn consuming(
+/// `state`: its publisher, and the app running.
+async fn consuming<S: Clone + Send + Sync + 'static>(
     transport: &Arc<Observed>,
     queue: &'static str,
-    rec: &Arc<Recorder>,
+    state: &S,
 ) -> (messaging::Publisher, messaging::Running) {
     let mut app = messaging::App::new(transport.clone()).await.unwrap();
     app.only_queues(&[queue]);
-    app.setup().provide(rec.clone());
+    app.setup().provide(state.clone());
     let publisher = app.setup().publisher();
     (publisher, app.start().unwrap())
 }
