@@ -682,6 +682,8 @@ struct Observed {
     /// While set, the transport keeps dead letters (`memory://`'s), and
     /// each move to them takes this long.
     slow_dead_letters: Mutex<Option<Duration>>,
+    /// Each extension of a message's visibility takes this long.
+    slow_extends: Mutex<Option<Duration>>,
     /// What happened, in order: `isolate`, `ack QUEUE N` (receipts per call, once done),
     /// and what handlers add.
     events: Mutex<Vec<String>>,
@@ -769,7 +771,11 @@ impl messaging::transport::Transport for Observed {
         receipt: &'a messaging::transport::Receipt,
         visibility: Duration,
     ) -> messaging::BoxFuture<'a, Result<(), messaging::TransportError>> {
-        self.inner.extend(queue, receipt, visibility)
+        let took = self.slow_extends.lock().unwrap().unwrap_or_default();
+        Box::pin(async move {
+            tokio::time::sleep(took).await;
+            self.inner.extend(queue, receipt, visibility).await
+        })
     }
     fn isolate<'a>(
         &'a self,
@@ -928,6 +934,33 @@ async fn a_failed_message_stays_invisible_while_it_is_moved_to_the_dead_letters(
     let dead = messaging::transport::DeadLetters::depth(&*transport, "slow-dead-letters").await.unwrap();
     assert_eq!(dead, 1, "one dead letter");
     assert_eq!(messaging::transport::Transport::depth(&transport.inner, "slow-dead-letters").await.unwrap(), 0);
+    running.stop().await;
+}
+
+#[messaging::queue("slow-heartbeat", visibility = "1s")]
+struct SlowHeartbeat;
+
+#[messaging::handler(queue = SlowHeartbeat)]
+async fn slow_heartbeat(_job: Job) {
+    tokio::time::sleep(Duration::from_millis(2_000)).await;
+}
+
+/// A heartbeat whose rounds take longer than its period says so, before
+/// the gap between two extensions passes the visibility and held messages
+/// come back: the warnings after that (an ack that came too late) do not
+/// say why.
+#[tokio::test]
+async fn a_heartbeat_falling_behind_says_so() {
+    let logged = crate::envelope::warnings();
+    let transport = Arc::new(Observed::default());
+    // The period is a third of the 1 s visibility.
+    *transport.slow_extends.lock().unwrap() = Some(Duration::from_millis(500));
+    let (publisher, running) = consuming(&transport, "slow-heartbeat", &transport).await;
+    publisher.send::<SlowHeartbeat, _>(&Job { n: 1 }).await.unwrap();
+    let said = || {
+        logged.text().lines().any(|l| l.contains("\"slow-heartbeat\"") && l.contains("the heartbeat is falling behind"))
+    };
+    fixtures::eventually(Duration::from_secs(10), said, || format!("not said: {}", logged.text())).await;
     running.stop().await;
 }
 

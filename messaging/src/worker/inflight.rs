@@ -244,6 +244,7 @@ impl InFlight {
         let period = period.max(Duration::from_millis(50));
         let mut tick = tokio::time::interval(period);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut warned: Option<Instant> = None;
         loop {
             tick.tick().await;
             let now = Instant::now();
@@ -262,18 +263,39 @@ impl InFlight {
             // The due batches a few at a time: one after the other, a round
             // of 50 batches of ten on SQS (a request each) took longer than
             // a 2 s visibility from outside, on moto.
+            let batches = due.len();
             let (transport, claims) = (&transport, &claims);
             futures_util::stream::iter(due)
                 .for_each_concurrent(HEARTBEAT_CALLS, |batch| async move {
                     extend_batch(&batch, &**transport, &**claims, queue, visibility, now).await;
                 })
                 .await;
+            // A round longer than the period eats into the margin: each batch
+            // is extended that much later, and once the gap between two of
+            // its extensions passes the visibility, its messages come back
+            // while held and are handled twice. Said before it happens (at
+            // most once a minute): the warnings after it (an ack or lease
+            // that came too late) do not say why.
+            let took = now.elapsed();
+            if took > period && warned.is_none_or(|at| at.elapsed() >= LAG_WARNING_EVERY) {
+                warned = Some(Instant::now());
+                tracing::warn!(
+                    queue,
+                    batches,
+                    "the heartbeat is falling behind: extending {batches} batch(es) took {took:?}, longer than its \
+                     period of {period:?}; held messages come back and run twice once a round takes longer than \
+                     the {visibility:?} visibility (raise the queue's visibility, or lower its concurrency)"
+                );
+            }
         }
     }
 }
 
 /// Heartbeat calls at once: batches extended concurrently in one round.
 const HEARTBEAT_CALLS: usize = 8;
+
+/// How often at most the heartbeat says that it is falling behind.
+const LAG_WARNING_EVERY: Duration = Duration::from_secs(60);
 
 /// Extends the claims a batch's running handlers hold (to at most the
 /// visibility), then the visibility of its open messages in one call;
