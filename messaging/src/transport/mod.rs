@@ -426,8 +426,7 @@ pub trait Transport: Send + Sync + 'static {
     /// [`Transport::extend`] for many in-flight deliveries, in as few calls
     /// as the backend takes: what the worker's heartbeat does for a batch's
     /// messages not yet settled with the transport. One result per receipt,
-    /// in order. The default
-    /// calls `extend` for each.
+    /// in order. The default calls `extend` for each.
     fn extend_all<'a>(
         &'a self,
         queue: &'a str,

@@ -54,9 +54,7 @@ impl Handled {
 
     /// The transport has the ack (or it was given up): done with the message.
     fn done(self, held: &InFlight) {
-        if self.batch.settle(self.index) {
-            held.release_batch(&self.batch);
-        }
+        held.settle(&self.batch, self.index);
     }
 }
 

@@ -253,7 +253,7 @@ impl Worker {
                 // given back, with its group, rather than held here for as
                 // long as it fails: SQS keeps a message invisible 12 hours
                 // at most.)
-                self.settle(batch, i);
+                self.inflight.settle(batch, i);
                 self.retry(delivery, delay, failed_attempt(attempt, error)).await;
                 Step::Released
             }
@@ -288,7 +288,7 @@ impl Worker {
             Some(dlq) => dlq.dead_letter(spec.name, delivery, failure).await,
             None => Err(crate::error::TransportError::Rejected("the transport has no dead letters".into())),
         };
-        self.settle(batch, i);
+        self.inflight.settle(batch, i);
         match moved {
             Ok(()) => Step::DeadLettered,
             // Not ours any more: released (given back with a FIFO chain's

@@ -137,9 +137,20 @@ impl Batch {
     /// the dead letters) not yet with the transport: the heartbeat goes on
     /// extending it until [`Batch::settle`].
     pub(crate) fn settle_later(&self, i: usize) {
-        if self.states[i].compare_exchange(HELD, SETTLING, Ordering::AcqRel, Ordering::Acquire).is_ok() {
-            self.unsettled.fetch_sub(1, Ordering::AcqRel);
+        self.unhold(i, SETTLING);
+    }
+
+    /// Moves message `i` from [`HELD`] to `to` ([`SETTLING`] or [`DONE`]);
+    /// whether it was held.
+    fn unhold(&self, i: usize, to: u8) -> bool {
+        if self.states[i].compare_exchange(HELD, to, Ordering::AcqRel, Ordering::Acquire).is_err() {
+            return false;
         }
+        self.unsettled.fetch_sub(1, Ordering::AcqRel);
+        if to == DONE {
+            self.open.fetch_sub(1, Ordering::AcqRel);
+        }
+        true
     }
 
     /// The receipts of the messages to keep invisible: held, or handled with
@@ -189,9 +200,12 @@ impl InFlight {
         self.lock().push(batch);
     }
 
-    /// Forgets a batch whose every message is done with.
-    pub(crate) fn release_batch(&self, batch: &Arc<Batch>) {
-        self.lock().retain(|b| !Arc::ptr_eq(b, batch));
+    /// Marks message `i` of `batch` done with ([`Batch::settle`]), and
+    /// forgets the batch when it was its last.
+    pub(crate) fn settle(&self, batch: &Arc<Batch>, i: usize) {
+        if batch.settle(i) {
+            self.lock().retain(|b| !Arc::ptr_eq(b, batch));
+        }
     }
 
     pub(crate) fn is_empty(&self) -> bool {
@@ -211,10 +225,8 @@ impl InFlight {
     pub(crate) fn take_unsettled(&self) -> Vec<Receipt> {
         let mut receipts = Vec::new();
         self.lock().retain(|batch| {
-            for (state, delivery) in batch.states.iter().zip(&batch.deliveries) {
-                if state.compare_exchange(HELD, DONE, Ordering::AcqRel, Ordering::Acquire).is_ok() {
-                    batch.unsettled.fetch_sub(1, Ordering::AcqRel);
-                    batch.open.fetch_sub(1, Ordering::AcqRel);
+            for (i, delivery) in batch.deliveries.iter().enumerate() {
+                if batch.unhold(i, DONE) {
                     receipts.push(delivery.receipt.clone());
                 }
             }

@@ -619,7 +619,7 @@ impl Worker {
                                 let rest: Vec<Receipt> = chain[at + 1..]
                                     .iter()
                                     .map(|&i| {
-                                        self.settle(batch, i);
+                                        self.inflight.settle(batch, i);
                                         batch.deliveries[i].receipt.clone()
                                     })
                                     .collect();
@@ -658,12 +658,5 @@ impl Worker {
     /// and the messages are released with the rest.
     fn park(&self, batch: &Arc<Batch>, work: Work, after: Duration) {
         let _ = self.parked.send(Parked { after, task: Task { batch: batch.clone(), work } });
-    }
-
-    /// Marks a message settled, forgetting the batch with its last message.
-    fn settle(&self, batch: &Arc<Batch>, i: usize) {
-        if batch.settle(i) {
-            self.inflight.release_batch(batch);
-        }
     }
 }
