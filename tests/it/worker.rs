@@ -682,6 +682,8 @@ struct Observed {
     /// While set, the transport keeps dead letters (`memory://`'s), and
     /// each move to them takes this long.
     slow_dead_letters: Mutex<Option<Duration>>,
+    /// Every move to the dead letters fails while set (the database is away).
+    dead_letters_fail: std::sync::atomic::AtomicBool,
     /// Each extension of a message's visibility takes this long.
     slow_extends: Mutex<Option<Duration>>,
     /// What happened, in order: `isolate`, `ack QUEUE N` (receipts per call, once done),
@@ -810,9 +812,14 @@ impl messaging::transport::DeadLetters for Observed {
         failure: messaging::transport::FailedAttempt,
     ) -> messaging::BoxFuture<'a, Result<(), messaging::TransportError>> {
         let took = self.slow_dead_letters.lock().unwrap().unwrap_or_default();
+        let away = self.dead_letters_fail.load(Ordering::SeqCst);
         Box::pin(async move {
             tokio::time::sleep(took).await;
-            let moved = self.inner_dead_letters().dead_letter(queue, delivery, failure).await;
+            let moved = if away {
+                Err(messaging::TransportError::Backend("postgresql: begin failed: terminating connection".into()))
+            } else {
+                self.inner_dead_letters().dead_letter(queue, delivery, failure).await
+            };
             self.events.lock().unwrap().push(format!("dead-lettered: {moved:?}"));
             moved
         })
@@ -935,6 +942,44 @@ async fn a_failed_message_stays_invisible_while_it_is_moved_to_the_dead_letters(
     assert_eq!(dead, 1, "one dead letter");
     assert_eq!(messaging::transport::Transport::depth(&transport.inner, "slow-dead-letters").await.unwrap(), 0);
     running.stop().await;
+}
+
+#[messaging::queue("unmovable", dlq = "unmovable-dlq")]
+struct Unmovable;
+
+#[messaging::handler(queue = Unmovable)]
+async fn unmovable(_job: Job, transport: State<Arc<Observed>>) -> Result<(), HandlerError> {
+    transport.events.lock().unwrap().push("failed".into());
+    Err(HandlerError::permanent(std::io::Error::other("poison")))
+}
+
+/// A move to the dead letters that fails (the database restarting) keeps
+/// the message in its queue, to be tried again after the longest backoff,
+/// and the error says what failed: not a hint to declare the dead-letter
+/// queue the queue already has (it said so before).
+#[tokio::test]
+async fn a_failed_move_to_the_dead_letters_keeps_the_message_and_says_why() {
+    let logged = crate::envelope::warnings();
+    let transport = Arc::new(Observed::default());
+    *transport.slow_dead_letters.lock().unwrap() = Some(Duration::ZERO);
+    transport.dead_letters_fail.store(true, Ordering::SeqCst);
+    let (publisher, running) = consuming(&transport, "unmovable", &transport).await;
+    publisher.send::<Unmovable, _>(&Job { n: 1 }).await.unwrap();
+    let said = || logged.text().lines().any(|l| l.contains("\"unmovable\"") && l.contains("could not dead-letter"));
+    fixtures::eventually(Duration::from_secs(10), said, || format!("not said: {}", logged.text())).await;
+    let line = logged.text().lines().find(|l| l.contains("could not dead-letter")).unwrap().to_owned();
+    assert!(line.contains("(postgresql: begin failed: terminating connection)"), "{line}");
+    assert!(line.contains("retried after the longest backoff"), "{line}");
+    assert!(!line.contains("Declare"), "the queue has a dead-letter queue: {line}");
+    running.stop().await;
+    assert_eq!(
+        transport.events(),
+        ["failed", "dead-lettered: Err(Backend(\"postgresql: begin failed: terminating connection\"))"]
+    );
+    let kept = messaging::transport::Transport::depth(&transport.inner, "unmovable").await.unwrap();
+    assert_eq!(kept, 1, "the message stays in its queue");
+    let dead = messaging::transport::DeadLetters::depth(&*transport, "unmovable").await.unwrap();
+    assert_eq!(dead, 0);
 }
 
 #[messaging::queue("slow-heartbeat", visibility = "1s")]

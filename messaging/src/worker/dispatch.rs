@@ -300,8 +300,7 @@ impl Worker {
             Err(e) => {
                 let policy = RetryPolicy::default();
                 tracing::error!(queue = spec.name, message.id = %delivery.message_id,
-                    "could not dead-letter the message ({e}); it is retried after the longest backoff instead. \
-                     Declare `dlq = \"...\"` on the queue to keep failed messages aside");
+                    "could not dead-letter the message ({e}); it is retried after the longest backoff instead");
                 self.release(delivery, policy.max).await;
                 Step::Released
             }
