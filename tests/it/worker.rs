@@ -965,9 +965,11 @@ async fn a_failed_move_to_the_dead_letters_keeps_the_message_and_says_why() {
     transport.dead_letters_fail.store(true, Ordering::SeqCst);
     let (publisher, running) = consuming(&transport, "unmovable", &transport).await;
     publisher.send::<Unmovable, _>(&Job { n: 1 }).await.unwrap();
-    let said = || logged.text().lines().any(|l| l.contains("\"unmovable\"") && l.contains("could not dead-letter"));
-    fixtures::eventually(Duration::from_secs(10), said, || format!("not said: {}", logged.text())).await;
-    let line = logged.text().lines().find(|l| l.contains("could not dead-letter")).unwrap().to_owned();
+    // (The capture is the whole test binary's.)
+    let said = |l: &&str| l.contains("\"unmovable\"") && l.contains("could not dead-letter");
+    let line = || logged.text().lines().find(said).map(str::to_owned);
+    fixtures::eventually(Duration::from_secs(10), || line().is_some(), || format!("not said: {}", logged.text())).await;
+    let line = line().unwrap();
     assert!(line.contains("(postgresql: begin failed: terminating connection)"), "{line}");
     assert!(line.contains("retried after the longest backoff"), "{line}");
     assert!(!line.contains("Declare"), "the queue has a dead-letter queue: {line}");
@@ -1045,9 +1047,19 @@ async fn consuming<S: Clone + Send + Sync + 'static>(
     queue: &'static str,
     state: &S,
 ) -> (messaging::Publisher, messaging::Running) {
+    consuming_with_grace(transport, queue, state, Duration::from_secs(30)).await
+}
+
+/// [`consuming`], stopping within `grace`.
+async fn consuming_with_grace<S: Clone + Send + Sync + 'static>(
+    transport: &Arc<Observed>,
+    queue: &'static str,
+    state: &S,
+    grace: Duration,
+) -> (messaging::Publisher, messaging::Running) {
     let mut app = messaging::App::new(transport.clone()).await.unwrap();
     app.only_queues(&[queue]);
-    app.setup().provide(state.clone());
+    app.setup().provide(state.clone()).grace_period(grace);
     let publisher = app.setup().publisher();
     (publisher, app.start().unwrap())
 }
@@ -1060,23 +1072,78 @@ async fn handled_then_unacknowledged(job: Job, rec: State<Arc<Recorder>>) {
     rec.run(job.n.to_string(), Duration::ZERO).await;
 }
 
-#[tokio::test]
-async fn a_stop_counts_the_handled_messages_whose_acknowledgement_failed() {
+/// An app consuming `unacknowledged` on a transport that refuses every
+/// acknowledgement, stopping within `grace`, once it has handled three
+/// messages.
+async fn handled_while_acks_fail(grace: Duration) -> (Arc<Observed>, messaging::Running) {
     let transport = Arc::new(Observed::default());
     transport.acks_fail.store(true, Ordering::SeqCst);
     let rec = Arc::new(Recorder::default());
-    let (publisher, running) = consuming(&transport, "unacknowledged", &rec).await;
+    let (publisher, running) = consuming_with_grace(&transport, "unacknowledged", &rec, grace).await;
     let jobs: Vec<Job> = (0..3).map(|n| Job { n }).collect();
     for result in publisher.send_batch::<Unacknowledged, _>(&jobs).await {
         result.unwrap();
     }
     let handled = || rec.seen().len() == 3;
     fixtures::eventually(Duration::from_secs(10), handled, || format!("handled {:?} in 10 s", rec.seen())).await;
+    (transport, running)
+}
+
+/// A stop tries refused acknowledgements again until its grace period is
+/// over (not three times, as while running), then counts them.
+#[tokio::test]
+async fn a_stop_tries_refused_acknowledgements_until_its_grace_period_is_over_and_counts_them() {
+    let (transport, running) = handled_while_acks_fail(Duration::from_secs(3)).await;
+    let calls_before = transport.calls.load(Ordering::SeqCst);
+    let started = std::time::Instant::now();
     let stopped = running.stop().await;
+    let took = started.elapsed();
     assert_eq!(stopped.not_acknowledged, 3, "{stopped:?}");
-    assert!(transport.calls.load(Ordering::SeqCst) >= 3, "each batch was tried three times");
+    let tries = transport.calls.load(Ordering::SeqCst) - calls_before;
+    assert!(tries > 3, "tried {tries} times during the stop: more than three within 3 s");
+    assert!(took >= Duration::from_millis(2_500) && took < Duration::from_secs(10), "the stop took {took:?}");
     let depth = messaging::transport::Transport::depth(&*transport, "unacknowledged").await.unwrap();
     assert_eq!(depth, 3, "the messages stay in the queue");
+}
+
+/// The database back within the grace period (a failover during a deploy):
+/// the acknowledgements go through, and nothing is handled again. Before,
+/// a stop gave them up after three tries in 0.3 s.
+#[tokio::test]
+async fn acknowledgements_refused_as_a_stop_begins_go_through_once_the_transport_is_back() {
+    let (transport, running) = handled_while_acks_fail(Duration::from_secs(10)).await;
+    let back = {
+        let transport = transport.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(1_500)).await;
+            transport.acks_fail.store(false, Ordering::SeqCst);
+        })
+    };
+    let started = std::time::Instant::now();
+    let stopped = running.stop().await;
+    back.await.unwrap();
+    assert_eq!(stopped.not_acknowledged, 0, "{stopped:?}");
+    assert!(started.elapsed() < Duration::from_secs(8), "ended once the acks went through: {:?}", started.elapsed());
+    let depth = messaging::transport::Transport::depth(&*transport, "unacknowledged").await.unwrap();
+    assert_eq!(depth, 0, "every handled message acknowledged");
+}
+
+/// An acknowledgement that does not answer (a connection that cannot be
+/// had) does not hold a stop past its grace period (or 2 s, when the
+/// handlers took the grace period): it is abandoned and counted.
+#[tokio::test]
+async fn a_stop_does_not_wait_past_its_grace_for_an_acknowledgement_that_does_not_answer() {
+    let transport = Arc::new(Observed::default());
+    *transport.slow_acks.lock().unwrap() = Some(("slow-acks".into(), Duration::from_secs(60)));
+    let (publisher, running) = consuming_with_grace(&transport, "slow-acks", &transport, Duration::from_secs(1)).await;
+    publisher.send::<SlowAcks, _>(&Job { n: 1 }).await.unwrap();
+    let handled = || transport.count("handled") == 1;
+    fixtures::eventually(Duration::from_secs(10), handled, || "not handled in 10 s".into()).await;
+    let started = std::time::Instant::now();
+    let stopped = running.stop().await;
+    let took = started.elapsed();
+    assert_eq!(stopped.not_acknowledged, 1, "{stopped:?}");
+    assert!(took < Duration::from_secs(8), "the stop took {took:?}, waiting on a 60 s acknowledgement");
 }
 
 // --- a forced stop while a receive is answering ---------------------------------------------

@@ -35,8 +35,13 @@ const GAP: Duration = Duration::from_millis(20);
 /// short enough that a handled message leaves the queue's depth about at once.
 const LINGER: Duration = Duration::from_millis(200);
 
-/// How many times a batch of acknowledgements is tried before it is given up.
+/// How many times a batch of acknowledgements is tried before it is given up,
+/// while the worker runs. A stop tries until its deadline instead
+/// ([`Acker::close_by`]).
 const ATTEMPTS: u64 = 3;
+
+/// The longest wait between two tries of a batch.
+const MOST_BETWEEN_TRIES: Duration = Duration::from_secs(1);
 
 /// A handled message whose acknowledgement is queued or under way. Its batch
 /// stays held, and the heartbeat keeps it invisible, until the transport has
@@ -157,12 +162,22 @@ impl Acker {
         self.counts.settled(Instant::now() + limit).await;
     }
 
-    /// Flushes everything queued and stops.
-    pub(crate) async fn close(&self) {
+    /// Flushes everything queued and stops, by `deadline`: a batch the
+    /// transport refuses is tried again until then (not [`ATTEMPTS`] times),
+    /// so that acknowledgements outlast a database that is back within a
+    /// stop's grace period (a failover during a deploy). What is not flushed
+    /// by the deadline stays [`pending`](Acker::pending): a call still under
+    /// way then (a connection that cannot be had, say) is abandoned, and its
+    /// messages come back after their visibility timeout.
+    pub(crate) async fn close_by(&self, deadline: Instant) {
+        self.counts.retry_until(deadline);
         let _ = self.tx.send(Command::Close);
         let task = self.task.lock().unwrap_or_else(|p| p.into_inner()).take();
-        if let Some(task) = task {
-            let _ = task.await;
+        if let Some(mut task) = task {
+            if tokio::time::timeout_at(deadline, &mut task).await.is_err() {
+                task.abort();
+                let _ = task.await;
+            }
         }
     }
 }
@@ -189,9 +204,19 @@ struct Counts {
     lost: AtomicUsize,
     /// Told after each flush.
     flushed: Notify,
+    /// Set by a stop: refused acks are tried again until then.
+    retry_until: Mutex<Option<Instant>>,
 }
 
 impl Counts {
+    fn retry_until(&self, deadline: Instant) {
+        *self.retry_until.lock().unwrap_or_else(|p| p.into_inner()) = Some(deadline);
+    }
+
+    fn stop_deadline(&self) -> Option<Instant> {
+        *self.retry_until.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     async fn settled(&self, deadline: Instant) {
         while self.pending.load(Ordering::SeqCst) > 0 {
             let flushed = self.flushed.notified();
@@ -294,13 +319,16 @@ async fn flush_loop(
             attempt += 1;
             let Some(e) = failure else { break };
             // One line per attempt of the batch (one per receipt was as many
-            // lines as messages, all alike, while the database was down).
-            if attempt >= ATTEMPTS {
+            // lines as messages, all alike, while the database was down),
+            // and fewer as a stop goes on trying.
+            let deadline = counts.stop_deadline();
+            let again = deadline.map_or(attempt < ATTEMPTS, |deadline| Instant::now() < deadline);
+            if !again {
                 counts.lost.fetch_add(retry.len(), Ordering::SeqCst);
                 tracing::warn!(
                     queue,
                     messages = retry.len(),
-                    "could not acknowledge {} handled message(s) after {ATTEMPTS} attempts ({e}): they stay in the \
+                    "could not acknowledge {} handled message(s) after {attempt} attempts ({e}): they stay in the \
                      queue and are received and handled again once their visibility timeout runs out",
                     retry.len()
                 );
@@ -309,14 +337,25 @@ async fn flush_loop(
                 }
                 break;
             }
-            tracing::warn!(
-                queue,
-                messages = retry.len(),
-                "acknowledging {} message(s) failed (attempt {attempt} of {ATTEMPTS}; trying again): {e}",
-                retry.len()
-            );
+            match deadline {
+                None => tracing::warn!(
+                    queue,
+                    messages = retry.len(),
+                    "acknowledging {} message(s) failed (attempt {attempt} of {ATTEMPTS}; trying again): {e}",
+                    retry.len()
+                ),
+                Some(deadline) if attempt <= ATTEMPTS || attempt.is_power_of_two() => tracing::warn!(
+                    queue,
+                    messages = retry.len(),
+                    "acknowledging {} message(s) failed (attempt {attempt}; the stop tries again for up to {:.1} s \
+                     more): {e}",
+                    retry.len(),
+                    deadline.saturating_duration_since(Instant::now()).as_secs_f32()
+                ),
+                Some(_) => {}
+            }
             batch = retry;
-            tokio::time::sleep(Duration::from_millis(100 * attempt)).await;
+            tokio::time::sleep(Duration::from_millis(100 * attempt).min(MOST_BETWEEN_TRIES)).await;
         }
         batch.clear();
         counts.pending.fetch_sub(count, Ordering::SeqCst);
@@ -387,7 +426,7 @@ mod tests {
         if let Some(suspect) = suspect {
             suspect.await.unwrap();
         }
-        acker.close().await;
+        acker.close_by(Instant::now() + Duration::from_secs(1)).await;
         took
     }
 

@@ -238,6 +238,7 @@ impl WorkerHandle {
             }
         }
         parked.abort_all();
+        let stopping = tokio::time::Instant::now();
         // Receives in flight finish (their wait fits in the grace period), and
         // what they return is given back with the rest, rather than left
         // invisible until its timeout. Only the receives count against a
@@ -275,9 +276,16 @@ impl WorkerHandle {
         }
         if !shutdown.is_forced() {
             // Back at once, while the running handlers finish (unless the
-            // stop is forced meanwhile: what is left then waits for its
-            // visibility timeout, and is counted so).
-            worker.give_back(std::mem::take(&mut returned), shutdown.forced(), &mut report).await;
+            // stop is forced meanwhile or the grace period runs out, the
+            // database away: what is left then waits for its visibility
+            // timeout, and is counted so).
+            let until = async {
+                tokio::select! {
+                    () = shutdown.forced() => {}
+                    () = tokio::time::sleep_until(stopping + settings.grace) => {}
+                }
+            };
+            worker.give_back(std::mem::take(&mut returned), until, &mut report).await;
         }
         // Graceful end: let running handlers finish within the grace period
         // (or until the shutdown is forced).
@@ -310,26 +318,22 @@ impl WorkerHandle {
         }
         // A forced stop gives back here what its receives returned, too.
         held.append(&mut returned);
-        // A forced shutdown gives the release a budget, and what is left
-        // becomes visible again when its visibility runs out.
+        // The release and the last acks get what is left of the grace
+        // period (at least `FLUSH_AT_LEAST`), a forced shutdown a budget for
+        // each; what is left becomes visible again when its visibility runs
+        // out. Unbounded before, a stop with the database away took 15 s
+        // past its handlers (three tries of the acks, each waiting 5 s for a
+        // connection), and gave up on acks a failover would have taken.
         let forced = shutdown.is_forced();
-        let budget = async move {
-            if forced {
-                tokio::time::sleep(FORCED_BUDGET).await;
-            } else {
-                std::future::pending::<()>().await;
-            }
-        };
-        worker.give_back(held, budget, &mut report).await;
+        let now = tokio::time::Instant::now();
+        let flush_by = if forced { now + FORCED_BUDGET } else { (stopping + settings.grace).max(now + FLUSH_AT_LEAST) };
+        worker.give_back(held, tokio::time::sleep_until(flush_by), &mut report).await;
         // Handled messages whose acks are still on their way stay invisible
         // while the acks are flushed (after the release: an extension racing
         // it would have kept a released message invisible).
         let heartbeat = (!worker.inflight.is_empty()).then(|| worker.start_heartbeat());
-        if shutdown.is_forced() {
-            let _ = tokio::time::timeout(FORCED_BUDGET, worker.acker.close()).await;
-        } else {
-            worker.acker.close().await;
-        }
+        let flush_by = if shutdown.is_forced() { tokio::time::Instant::now() + FORCED_BUDGET } else { flush_by };
+        worker.acker.close_by(flush_by).await;
         if let Some(heartbeat) = heartbeat {
             heartbeat.abort();
         }
@@ -344,6 +348,10 @@ impl WorkerHandle {
 /// [`RECEIVES_BUDGET`] they fit the two seconds an operator's second Ctrl-C
 /// is promised.
 const FORCED_BUDGET: Duration = Duration::from_millis(800);
+
+/// The least time a graceful stop gives the release of what it holds and
+/// the last acknowledgements, when the handlers took the grace period.
+const FLUSH_AT_LEAST: Duration = Duration::from_secs(2);
 
 /// How long a forced shutdown still waits for the receives in flight to
 /// return (what they return is given back with the rest, in
