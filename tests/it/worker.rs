@@ -787,6 +787,14 @@ impl messaging::transport::Transport for Observed {
         self.events.lock().unwrap().push("isolate".into());
         Box::pin(std::future::ready(Ok(())))
     }
+    fn rejoin<'a>(
+        &'a self,
+        _queue: &'a str,
+        _receipt: &'a messaging::transport::Receipt,
+    ) -> messaging::BoxFuture<'a, Result<(), messaging::TransportError>> {
+        self.events.lock().unwrap().push("rejoin".into());
+        Box::pin(std::future::ready(Ok(())))
+    }
     fn interrupt_receives(&self, queue: &str) {
         self.inner.interrupt_receives(queue)
     }
@@ -1265,6 +1273,35 @@ async fn a_suspect_runs_alone_and_is_acknowledged_before_anything_else_starts() 
     assert!(next_start.is_none_or(|n| own_ack.is_some_and(|a| a < n)), "acknowledged after others began: {events:?}");
     // The others ran four at a time, as before.
     assert!((0..events.len()).any(|i| running_at(i) >= 2), "no concurrency left: {events:?}");
+}
+
+#[messaging::queue("busy-suspects", visibility = "10m")]
+struct BusySuspects;
+
+#[messaging::handler(queue = BusySuspects, idempotent = "busy-suspect", lease = "10s")]
+async fn busy_suspect(job: Job, log: State<Arc<Observed>>) {
+    log.events.lock().unwrap().push(format!("handled {}", job.n));
+}
+
+/// A suspect whose idempotency claim another delivery holds waits for it,
+/// held, while other handlers run: the transport is told that it no longer
+/// runs alone before the gate opens (a crash caused by another message
+/// meanwhile would otherwise count an attempt against it), and is told
+/// again when it is tried again.
+#[tokio::test]
+async fn a_suspect_that_finds_its_claim_held_elsewhere_no_longer_runs_alone_while_it_waits() {
+    let transport = Arc::new(Observed::default());
+    *transport.suspect.lock().unwrap() = Some(r#""n":1}"#.into());
+    let mut app = messaging::App::new(transport.clone()).await.unwrap();
+    app.only_queues(&["busy-suspects"]);
+    app.setup().provide(transport.clone()).idempotency_store(fixtures::BusyOnce::new());
+    let publisher = app.setup().publisher();
+    let running = app.start().unwrap();
+    publisher.send::<BusySuspects, _>(&Job { n: 1 }).await.unwrap();
+    let handled = || transport.count("handled 1") == 1;
+    fixtures::eventually(Duration::from_secs(10), handled, || format!("not handled: {:?}", transport.events())).await;
+    running.stop().await;
+    assert_eq!(transport.events(), ["isolate", "rejoin", "isolate", "handled 1", "ack busy-suspects 1"]);
 }
 
 #[messaging::queue("bystanders", concurrency = 4, visibility = "10m")]

@@ -415,6 +415,16 @@ pub trait Transport: Send + Sync + 'static {
         Box::pin(std::future::ready(Ok(())))
     }
 
+    /// Takes back [`Transport::isolate`]: the suspect's handler did not run
+    /// after all (another delivery holds its idempotency claim), and the
+    /// worker keeps the message to try later while other handlers run; if
+    /// its lease runs out from here, the attempt is not counted against it.
+    /// The default records nothing, as [`Transport::isolate`]'s.
+    fn rejoin<'a>(&'a self, queue: &'a str, receipt: &'a Receipt) -> BoxFuture<'a, Result<(), TransportError>> {
+        let _ = (queue, receipt);
+        Box::pin(std::future::ready(Ok(())))
+    }
+
     /// Pushes the visibility timeout of an in-flight delivery out to `visibility` from now.
     fn extend<'a>(
         &'a self,

@@ -133,6 +133,13 @@ impl Worker {
                 // Another delivery holds the claim: wait for its lease to end
                 // (it completes, releases, or its process died), holding the
                 // message; this is not an attempt of ours.
+                if alone.is_some() {
+                    // A suspect marked as running alone, about to wait
+                    // while other handlers run: unmarked before the gate
+                    // opens, or a crash caused by any of them would count
+                    // an attempt against it.
+                    self.rejoin(delivery).await;
+                }
                 let after = error.requested_delay().unwrap_or(Duration::ZERO).max(IN_PROGRESS_PAUSE);
                 span.in_scope(|| {
                     tracing::info!(queue = spec.name, message.id = %delivery.message_id, handler = route.entry.name,
@@ -202,6 +209,22 @@ impl Worker {
                     "could not mark a suspect as running alone ({e}); trying again");
                 Err(Step::Again { after: ISOLATE_RETRY, counted: false })
             }
+        }
+    }
+
+    /// Takes back a suspect's mark of running alone ([`Transport::rejoin`]).
+    /// One the transport cannot take back now stays: a crash before the
+    /// message is tried again would count an attempt against it.
+    ///
+    /// [`Transport::rejoin`]: crate::transport::Transport::rejoin
+    async fn rejoin(&self, delivery: &Delivery) {
+        let queue = self.routes.spec().name;
+        match self.transport.rejoin(queue, &delivery.receipt).await {
+            // A lost lease: the message was taken back, and comes again.
+            Ok(()) | Err(TransportError::StaleReceipt) => {}
+            Err(e) => tracing::warn!(queue, message.id = %delivery.message_id,
+                "could not take back a suspect's mark of running alone ({e}): if the process stops before it is \
+                 tried again, the attempt counts against it"),
         }
     }
 

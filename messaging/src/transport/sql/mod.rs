@@ -746,6 +746,13 @@ impl<D: Dialect> Transport for SqlTransport<D> {
         })
     }
 
+    fn rejoin<'a>(&'a self, queue: &'a str, receipt: &'a Receipt) -> BoxFuture<'a, Result<(), TransportError>> {
+        Box::pin(async move {
+            self.queue(queue)?;
+            self.store.rejoin(queue, self.store.now(), receipt.key, receipt.token).await
+        })
+    }
+
     fn extend<'a>(
         &'a self,
         queue: &'a str,

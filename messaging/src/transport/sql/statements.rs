@@ -174,6 +174,16 @@ pub(crate) const ISOLATE: &str = "UPDATE messaging_messages SET suspect = 2 WHER
     WHEN lease_token = $2 AND queue = $3 AND status IN ('processing', 'awaiting_release') AND lease_expires > $4 \
     THEN TRUE ELSE FALSE END";
 
+/// [`Row::rejoin`]: a leased row marked as running alone (2) is a plain
+/// suspect (1) again; held by `$2`, as in [`ISOLATE`].
+///
+/// [`Row::rejoin`]: crate::transport::sql::machine::Row::rejoin
+pub(crate) const REJOIN: &str =
+    "UPDATE messaging_messages SET suspect = CASE WHEN suspect = 2 THEN 1 ELSE suspect END \
+    WHERE id = $1 AND CASE \
+    WHEN lease_token = $2 AND queue = $3 AND status IN ('processing', 'awaiting_release') AND lease_expires > $4 \
+    THEN TRUE ELSE FALSE END";
+
 /// The processed version becomes the identity's previous message.
 pub(crate) const RECORD_PREVIOUS: &str = "INSERT INTO messaging_previous (queue, identity, message_id, payload, \
     processed_at) VALUES ($1, $2, $3, $4, $5) ON CONFLICT (queue, identity) DO UPDATE SET \

@@ -597,6 +597,19 @@ impl Row {
         Ok(())
     }
 
+    /// Takes back [`Row::isolate`]'s mark while the lease is still held: the
+    /// suspect's handler did not run after all (another delivery holds its
+    /// idempotency claim), and the worker keeps the message to try again
+    /// later while other handlers run. A lease that runs out now is not
+    /// counted against it: it is one of many held, as before it was marked.
+    pub fn rejoin(&mut self, now: i64, token: u64) -> Result<(), LeaseLost> {
+        self.check(now, token)?;
+        if self.suspect == Suspect::Alone {
+            self.suspect = Suspect::Yes;
+        }
+        Ok(())
+    }
+
     /// Pushes the lease's expiry out (heartbeat).
     pub fn extend(&mut self, now: i64, token: u64, lease_ms: i64) -> Result<(), LeaseLost> {
         self.check(now, token)?;
@@ -838,6 +851,11 @@ impl IdentityQueue {
     /// Marks a leased row as run alone (see [`Row::isolate`]).
     pub(crate) fn isolate(&mut self, now: i64, id: RowId, token: u64) -> Result<(), LeaseLost> {
         self.row_mut(id)?.isolate(now, token)
+    }
+
+    /// Takes back a leased row's mark of running alone (see [`Row::rejoin`]).
+    pub(crate) fn rejoin(&mut self, now: i64, id: RowId, token: u64) -> Result<(), LeaseLost> {
+        self.row_mut(id)?.rejoin(now, token)
     }
 
     /// Abandons every expired lease; returns the rows concerned.

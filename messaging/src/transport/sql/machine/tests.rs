@@ -410,6 +410,41 @@ fn a_suspect_s_mark_lasts_until_its_handler_answers() {
     assert_eq!(q.row(id).unwrap().suspect, Suspect::No);
 }
 
+/// A suspect marked as running alone whose handler did not run after all
+/// (its idempotency claim held elsewhere) is unmarked while its worker
+/// keeps it: a crash then is not counted against it, and it stays a
+/// suspect.
+#[test]
+fn a_suspect_taken_back_from_running_alone_is_not_charged_for_a_crash() {
+    let mut q = queue(QueueRules { max_attempts: 3, ..QueueRules::default() });
+    let id = q.enqueue(0, msg(None, "waits")).row().expect("a row");
+    let mut now = 0;
+    for _ in 0..2 {
+        q.lease(now, 1, LEASE);
+        now += LEASE;
+        q.expire(now);
+    }
+    assert_eq!(q.row(id).unwrap().suspect, Suspect::Yes);
+    let l = q.lease(now, 1, LEASE).remove(0);
+    q.isolate(now, id, l.token).unwrap();
+    q.rejoin(now + 1, id, l.token).unwrap();
+    let row = q.row(id).unwrap();
+    assert_eq!((row.status, row.suspect), (Status::Processing, Suspect::Yes), "still held, a suspect");
+    q.expire(now + LEASE);
+    let row = q.row(id).unwrap();
+    assert_eq!((row.status, row.suspect, row.attempts), (Status::Pending, Suspect::Yes, 0), "not charged");
+    // Marked again and then lost, it is charged.
+    let l = q.lease(now + LEASE, 1, LEASE).remove(0);
+    q.isolate(now + LEASE, id, l.token).unwrap();
+    q.expire(now + 2 * LEASE);
+    assert_eq!(q.row(id).unwrap().attempts, 1, "charged");
+    // Only the lease's holder can take the mark back; a plain lease keeps its mark.
+    let l = q.lease(now + 2 * LEASE, 1, LEASE).remove(0);
+    assert_eq!(q.rejoin(now + 2 * LEASE, id, l.token + 1), Err(LeaseLost));
+    q.rejoin(now + 2 * LEASE, id, l.token).unwrap();
+    assert_eq!(q.row(id).unwrap().suspect, Suspect::Yes);
+}
+
 /// The case the mark exists for: a message that stops its process each
 /// time it runs, leased with three others. The crash gives every attempt
 /// back; run alone, the others complete and the culprit alone spends its

@@ -279,8 +279,26 @@ impl<D: Dialect> SqlStore<D> {
     /// every suspect (a consumer killed holding 4,000 messages leaves 4,000
     /// of them, run one at a time).
     pub(crate) async fn isolate(&self, queue: &str, now: i64, id: RowId, token: u64) -> Result<(), TransportError> {
+        self.mark(queue, now, id, token, sql::ISOLATE, "marking a suspect as running alone").await
+    }
+
+    /// Takes a leased row's mark of running alone back ([`Row::rejoin`]).
+    pub(crate) async fn rejoin(&self, queue: &str, now: i64, id: RowId, token: u64) -> Result<(), TransportError> {
+        self.mark(queue, now, id, token, sql::REJOIN, "taking back a suspect's mark of running alone").await
+    }
+
+    /// Runs `statement` (`ISOLATE`, `REJOIN`) on the row `token` holds.
+    async fn mark(
+        &self,
+        queue: &str,
+        now: i64,
+        id: RowId,
+        token: u64,
+        statement: &str,
+        what: &str,
+    ) -> Result<(), TransportError> {
         let args = [(id as i64).into(), (token as i64).into(), queue.into(), now.into()];
-        match self.exec("marking a suspect as running alone", &[sql::ISOLATE], &args).await? {
+        match self.exec(what, &[statement], &args).await? {
             0 => Err(TransportError::StaleReceipt),
             _ => Ok(()),
         }

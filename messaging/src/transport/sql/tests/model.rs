@@ -1,7 +1,7 @@
 //! Model-based tests of the database queues: random sequences of enqueue
 //! (with and without identity, identical payloads, future process-at,
 //! priority), lease, complete, fail, release, dead-letter, extend, a
-//! suspect's mark of running alone, lease expiry (counted or given back),
+//! suspect's mark of running alone and its taking back, lease expiry (counted or given back),
 //! redrive and the console's retry now, delete and redrive by id
 //! run against the pure state machine
 //! (`machine::IdentityQueue`, the oracle) and against the real
@@ -70,6 +70,10 @@ enum Cmd {
     },
     /// A suspect's handler about to run alone (then a lease expiry counts).
     Isolate {
+        pick: usize,
+    },
+    /// That suspect's handler did not run after all (its claim held elsewhere).
+    Rejoin {
         pick: usize,
     },
     Advance {
@@ -165,6 +169,7 @@ fn cmd() -> impl Strategy<Value = Cmd> {
         1 => any::<usize>().prop_map(|pick| Cmd::Extend { pick }),
         1 => any::<usize>().prop_map(|pick| Cmd::Note { pick }),
         1 => any::<usize>().prop_map(|pick| Cmd::Isolate { pick }),
+        1 => any::<usize>().prop_map(|pick| Cmd::Rejoin { pick }),
         2 => (1i64..1_500).prop_map(|ms| Cmd::Advance { ms }),
         1 => any::<usize>().prop_map(|pick| Cmd::Redrive { pick }),
         1 => (any::<usize>(), prop_oneof![Just(ConsoleOp::RetryNow), Just(ConsoleOp::Delete), Just(ConsoleOp::RedriveById)])
@@ -344,7 +349,8 @@ async fn run_case<D: Dialect>(store: &SqlStore<D>, queue: &str, rules: QueueRule
             | Cmd::DeadLetter { pick }
             | Cmd::Extend { pick }
             | Cmd::Note { pick }
-            | Cmd::Isolate { pick } => {
+            | Cmd::Isolate { pick }
+            | Cmd::Rejoin { pick } => {
                 if held.is_empty() {
                     continue;
                 }
@@ -359,6 +365,9 @@ async fn run_case<D: Dialect>(store: &SqlStore<D>, queue: &str, rules: QueueRule
                     }
                     Cmd::Isolate { .. } => {
                         (model.isolate(now, mid, mtok).is_ok(), store.isolate(queue, now, sid, stok).await)
+                    }
+                    Cmd::Rejoin { .. } => {
+                        (model.rejoin(now, mid, mtok).is_ok(), store.rejoin(queue, now, sid, stok).await)
                     }
                     _ => {
                         let op = match cmd {
