@@ -1136,6 +1136,25 @@ async fn acknowledgements_refused_as_a_stop_begins_go_through_once_the_transport
     assert_eq!(depth, 0, "every handled message acknowledged");
 }
 
+/// A stop forced while it tries refused acknowledgements again ends at
+/// once, as a second signal promises, rather than at the end of the grace
+/// period.
+#[tokio::test]
+async fn a_stop_forced_while_it_tries_acknowledgements_again_ends_at_once() {
+    let (transport, running) = handled_while_acks_fail(Duration::from_secs(30)).await;
+    let shutdown = running.shutdown_handle();
+    let started = std::time::Instant::now();
+    let stopping = tokio::spawn(running.stop());
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    shutdown.force();
+    let stopped = tokio::time::timeout(Duration::from_secs(5), stopping)
+        .await
+        .unwrap_or_else(|_| panic!("still stopping 5 s after it was forced: {:?}", transport.events()))
+        .unwrap();
+    assert_eq!(stopped.not_acknowledged, 3, "{stopped:?}");
+    assert!(started.elapsed() < Duration::from_secs(5), "{:?}", started.elapsed());
+}
+
 /// An acknowledgement that does not answer (a connection that cannot be
 /// had) does not hold a stop past its grace period (or 2 s, when the
 /// handlers took the grace period): it is abandoned and counted.

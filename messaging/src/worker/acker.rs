@@ -166,15 +166,20 @@ impl Acker {
     /// transport refuses is tried again until then (not [`ATTEMPTS`] times),
     /// so that acknowledgements outlast a database that is back within a
     /// stop's grace period (a failover during a deploy). What is not flushed
-    /// by the deadline stays [`pending`](Acker::pending): a call still under
-    /// way then (a connection that cannot be had, say) is abandoned, and its
-    /// messages come back after their visibility timeout.
-    pub(crate) async fn close_by(&self, deadline: Instant) {
+    /// by the deadline, or once `cut` completes (a forced stop's budget), stays
+    /// [`pending`](Acker::pending): a call still under way then (a connection
+    /// that cannot be had, say) is abandoned, and its messages come back after
+    /// their visibility timeout.
+    pub(crate) async fn close_by(&self, deadline: Instant, cut: impl std::future::Future<Output = ()>) {
         self.counts.retry_until(deadline);
         let _ = self.tx.send(Command::Close);
         let task = self.task.lock().unwrap_or_else(|p| p.into_inner()).take();
         if let Some(mut task) = task {
-            if tokio::time::timeout_at(deadline, &mut task).await.is_err() {
+            let flushed = tokio::select! {
+                done = tokio::time::timeout_at(deadline, &mut task) => done.is_ok(),
+                () = cut => false,
+            };
+            if !flushed {
                 task.abort();
                 let _ = task.await;
             }
@@ -426,7 +431,7 @@ mod tests {
         if let Some(suspect) = suspect {
             suspect.await.unwrap();
         }
-        acker.close_by(Instant::now() + Duration::from_secs(1)).await;
+        acker.close_by(Instant::now() + Duration::from_secs(1), std::future::pending()).await;
         took
     }
 

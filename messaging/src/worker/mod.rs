@@ -324,16 +324,27 @@ impl WorkerHandle {
         // out. Unbounded before, a stop with the database away took 15 s
         // past its handlers (three tries of the acks, each waiting 5 s for a
         // connection), and gave up on acks a failover would have taken.
+        // A stop forced meanwhile cuts either short, with the same budget.
         let forced = shutdown.is_forced();
         let now = tokio::time::Instant::now();
         let flush_by = if forced { now + FORCED_BUDGET } else { (stopping + settings.grace).max(now + FLUSH_AT_LEAST) };
-        worker.give_back(held, tokio::time::sleep_until(flush_by), &mut report).await;
+        let cut = || async {
+            shutdown.forced().await;
+            tokio::time::sleep(FORCED_BUDGET).await;
+        };
+        let until = async {
+            tokio::select! {
+                () = tokio::time::sleep_until(flush_by) => {}
+                () = cut() => {}
+            }
+        };
+        worker.give_back(held, until, &mut report).await;
         // Handled messages whose acks are still on their way stay invisible
         // while the acks are flushed (after the release: an extension racing
         // it would have kept a released message invisible).
         let heartbeat = (!worker.inflight.is_empty()).then(|| worker.start_heartbeat());
         let flush_by = if shutdown.is_forced() { tokio::time::Instant::now() + FORCED_BUDGET } else { flush_by };
-        worker.acker.close_by(flush_by).await;
+        worker.acker.close_by(flush_by, cut()).await;
         if let Some(heartbeat) = heartbeat {
             heartbeat.abort();
         }
