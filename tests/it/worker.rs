@@ -930,6 +930,11 @@ struct SlowDeadLetters;
 
 #[messaging::handler(queue = SlowDeadLetters)]
 async fn slow_dead_letters(_job: Job, transport: State<Arc<Observed>>) -> Result<(), HandlerError> {
+    failed_for_good(&transport)
+}
+
+/// What the handlers of the dead-letter tests do: say so, and fail for good.
+fn failed_for_good(transport: &Observed) -> Result<(), HandlerError> {
     transport.events.lock().unwrap().push("failed".into());
     Err(HandlerError::permanent(std::io::Error::other("poison")))
 }
@@ -957,8 +962,7 @@ struct Unmovable;
 
 #[messaging::handler(queue = Unmovable)]
 async fn unmovable(_job: Job, transport: State<Arc<Observed>>) -> Result<(), HandlerError> {
-    transport.events.lock().unwrap().push("failed".into());
-    Err(HandlerError::permanent(std::io::Error::other("poison")))
+    failed_for_good(&transport)
 }
 
 /// A move to the dead letters that fails (the database restarting) keeps
@@ -1055,19 +1059,19 @@ async fn consuming<S: Clone + Send + Sync + 'static>(
     queue: &'static str,
     state: &S,
 ) -> (messaging::Publisher, messaging::Running) {
-    consuming_with_grace(transport, queue, state, Duration::from_secs(30)).await
+    consuming_with(transport, queue, state, |_| {}).await
 }
 
-/// [`consuming`], stopping within `grace`.
-async fn consuming_with_grace<S: Clone + Send + Sync + 'static>(
+/// [`consuming`], with `configure`'s settings.
+async fn consuming_with<S: Clone + Send + Sync + 'static>(
     transport: &Arc<Observed>,
     queue: &'static str,
     state: &S,
-    grace: Duration,
+    configure: impl FnOnce(&mut messaging::Setup),
 ) -> (messaging::Publisher, messaging::Running) {
     let mut app = messaging::App::new(transport.clone()).await.unwrap();
     app.only_queues(&[queue]);
-    app.setup().provide(state.clone()).grace_period(grace);
+    configure(app.setup().provide(state.clone()));
     let publisher = app.setup().publisher();
     (publisher, app.start().unwrap())
 }
@@ -1087,7 +1091,10 @@ async fn handled_while_acks_fail(grace: Duration) -> (Arc<Observed>, messaging::
     let transport = Arc::new(Observed::default());
     transport.acks_fail.store(true, Ordering::SeqCst);
     let rec = Arc::new(Recorder::default());
-    let (publisher, running) = consuming_with_grace(&transport, "unacknowledged", &rec, grace).await;
+    let (publisher, running) = consuming_with(&transport, "unacknowledged", &rec, |s| {
+        s.grace_period(grace);
+    })
+    .await;
     let jobs: Vec<Job> = (0..3).map(|n| Job { n }).collect();
     for result in publisher.send_batch::<Unacknowledged, _>(&jobs).await {
         result.unwrap();
@@ -1162,7 +1169,10 @@ async fn a_stop_forced_while_it_tries_acknowledgements_again_ends_at_once() {
 async fn a_stop_does_not_wait_past_its_grace_for_an_acknowledgement_that_does_not_answer() {
     let transport = Arc::new(Observed::default());
     *transport.slow_acks.lock().unwrap() = Some(("slow-acks".into(), Duration::from_secs(60)));
-    let (publisher, running) = consuming_with_grace(&transport, "slow-acks", &transport, Duration::from_secs(1)).await;
+    let (publisher, running) = consuming_with(&transport, "slow-acks", &transport, |s| {
+        s.grace_period(Duration::from_secs(1));
+    })
+    .await;
     publisher.send::<SlowAcks, _>(&Job { n: 1 }).await.unwrap();
     let handled = || transport.count("handled") == 1;
     fixtures::eventually(Duration::from_secs(10), handled, || "not handled in 10 s".into()).await;
@@ -1263,11 +1273,7 @@ async fn suspected(job: Job, log: State<Arc<Observed>>) {
 async fn a_suspect_runs_alone_and_is_acknowledged_before_anything_else_starts() {
     let transport = Arc::new(Observed::default());
     *transport.suspect.lock().unwrap() = Some(r#""n":6}"#.into());
-    let mut app = messaging::App::new(transport.clone()).await.unwrap();
-    app.only_queues(&["suspects"]);
-    app.setup().provide(transport.clone());
-    let publisher = app.setup().publisher();
-    let running = app.start().unwrap();
+    let (publisher, running) = consuming(&transport, "suspects", &transport).await;
     let jobs: Vec<Job> = (0..12).map(|n| Job { n }).collect();
     for result in publisher.send_batch::<Suspects, _>(&jobs).await {
         result.unwrap();
@@ -1311,11 +1317,10 @@ async fn busy_suspect(job: Job, log: State<Arc<Observed>>) {
 async fn a_suspect_that_finds_its_claim_held_elsewhere_no_longer_runs_alone_while_it_waits() {
     let transport = Arc::new(Observed::default());
     *transport.suspect.lock().unwrap() = Some(r#""n":1}"#.into());
-    let mut app = messaging::App::new(transport.clone()).await.unwrap();
-    app.only_queues(&["busy-suspects"]);
-    app.setup().provide(transport.clone()).idempotency_store(fixtures::BusyOnce::new());
-    let publisher = app.setup().publisher();
-    let running = app.start().unwrap();
+    let busy_once = |s: &mut messaging::Setup| {
+        s.idempotency_store(fixtures::BusyOnce::new());
+    };
+    let (publisher, running) = consuming_with(&transport, "busy-suspects", &transport, busy_once).await;
     publisher.send::<BusySuspects, _>(&Job { n: 1 }).await.unwrap();
     let handled = || transport.count("handled 1") == 1;
     fixtures::eventually(Duration::from_secs(10), handled, || format!("not handled: {:?}", transport.events())).await;
