@@ -171,7 +171,7 @@ impl Acker {
     /// that cannot be had, say) is abandoned, and its messages come back after
     /// their visibility timeout.
     pub(crate) async fn close_by(&self, deadline: Instant, cut: impl std::future::Future<Output = ()>) {
-        self.counts.retry_until(deadline);
+        self.counts.stop_by(deadline);
         let _ = self.tx.send(Command::Close);
         let task = self.task.lock().unwrap_or_else(|p| p.into_inner()).take();
         if let Some(mut task) = task {
@@ -210,16 +210,16 @@ struct Counts {
     /// Told after each flush.
     flushed: Notify,
     /// Set by a stop: refused acks are tried again until then.
-    retry_until: Mutex<Option<Instant>>,
+    stop_deadline: Mutex<Option<Instant>>,
 }
 
 impl Counts {
-    fn retry_until(&self, deadline: Instant) {
-        *self.retry_until.lock().unwrap_or_else(|p| p.into_inner()) = Some(deadline);
+    fn stop_by(&self, deadline: Instant) {
+        *self.stop_deadline.lock().unwrap_or_else(|p| p.into_inner()) = Some(deadline);
     }
 
     fn stop_deadline(&self) -> Option<Instant> {
-        *self.retry_until.lock().unwrap_or_else(|p| p.into_inner())
+        *self.stop_deadline.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     async fn settled(&self, deadline: Instant) {

@@ -276,7 +276,7 @@ impl WorkerHandle {
         }
         if !shutdown.is_forced() {
             // Back at once, while the running handlers finish (unless the
-            // stop is forced meanwhile or the grace period runs out, the
+            // stop is forced meanwhile, or the grace period runs out with the
             // database away: what is left then waits for its visibility
             // timeout, and is counted so).
             let until = async {
