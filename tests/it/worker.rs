@@ -684,6 +684,8 @@ struct Observed {
     slow_dead_letters: Mutex<Option<Duration>>,
     /// Every move to the dead letters fails while set (the database is away).
     dead_letters_fail: std::sync::atomic::AtomicBool,
+    /// Each message given back (a release, a retry) takes this long.
+    slow_nacks: Mutex<Option<Duration>>,
     /// Each extension of a message's visibility takes this long.
     slow_extends: Mutex<Option<Duration>>,
     /// What happened, in order: `isolate`, `ack QUEUE N` (receipts per call, once done),
@@ -743,12 +745,15 @@ impl messaging::transport::Transport for Observed {
     ) -> messaging::BoxFuture<'a, Vec<Result<(), messaging::TransportError>>> {
         self.calls.fetch_add(1, Ordering::SeqCst);
         self.receipts.fetch_add(receipts.len(), Ordering::SeqCst);
+        let slow = self.slow_acks.lock().unwrap().as_ref().filter(|(q, _)| q == queue).map(|&(_, took)| took);
         if self.acks_fail.load(Ordering::SeqCst) {
             self.events.lock().unwrap().push(format!("ack {queue} {}", receipts.len()));
             let away = || Err(messaging::TransportError::Backend("postgresql: connect failed: refused".into()));
-            return Box::pin(std::future::ready(receipts.iter().map(|_| away()).collect()));
+            return Box::pin(async move {
+                tokio::time::sleep(slow.unwrap_or_default()).await;
+                receipts.iter().map(|_| away()).collect()
+            });
         }
-        let slow = self.slow_acks.lock().unwrap().as_ref().filter(|(q, _)| q == queue).map(|&(_, took)| took);
         Box::pin(async move {
             if let Some(took) = slow {
                 tokio::time::sleep(took).await;
@@ -765,7 +770,11 @@ impl messaging::transport::Transport for Observed {
         receipt: messaging::transport::Receipt,
         delay: Duration,
     ) -> messaging::BoxFuture<'a, Result<(), messaging::TransportError>> {
-        self.inner.nack(queue, receipt, delay)
+        let took = self.slow_nacks.lock().unwrap().unwrap_or_default();
+        Box::pin(async move {
+            tokio::time::sleep(took).await;
+            self.inner.nack(queue, receipt, delay).await
+        })
     }
     fn extend<'a>(
         &'a self,
@@ -1160,6 +1169,50 @@ async fn a_stop_forced_while_it_tries_acknowledgements_again_ends_at_once() {
         .unwrap();
     assert_eq!(stopped.not_acknowledged, 3, "{stopped:?}");
     assert!(started.elapsed() < Duration::from_secs(5), "{:?}", started.elapsed());
+}
+
+#[messaging::queue("stuck-behind", concurrency = 2, visibility = "10m")]
+struct StuckBehind;
+
+#[messaging::handler(queue = StuckBehind)]
+async fn stuck_behind(job: Job, rec: State<Arc<Recorder>>) {
+    let work = if job.n == 0 { Duration::ZERO } else { Duration::from_secs(60) };
+    rec.run(job.n.to_string(), work).await;
+}
+
+/// The acknowledgements a stop finds under way are tried until its
+/// deadline while the handlers finish and it releases what it holds: set
+/// once the release was done, the deadline came too late for acks that had
+/// given up after three tries meanwhile (found from outside, SQS away while
+/// a stop released twelve messages).
+#[tokio::test]
+async fn acknowledgements_under_way_are_tried_until_the_stops_deadline_while_it_releases() {
+    let transport = Arc::new(Observed::default());
+    transport.acks_fail.store(true, Ordering::SeqCst);
+    // Three tries take 1.5 s; the release after the grace period 1.5 s.
+    *transport.slow_acks.lock().unwrap() = Some(("stuck-behind".into(), Duration::from_millis(400)));
+    *transport.slow_nacks.lock().unwrap() = Some(Duration::from_millis(1_500));
+    let rec = Arc::new(Recorder::default());
+    let grace = |s: &mut messaging::Setup| {
+        s.grace_period(Duration::from_secs(2));
+    };
+    let (publisher, running) = consuming_with(&transport, "stuck-behind", &rec, grace).await;
+    for result in publisher.send_batch::<StuckBehind, _>(&[Job { n: 0 }, Job { n: 1 }]).await {
+        result.unwrap();
+    }
+    let both = || rec.seen() == ["0"] && rec.running.load(Ordering::SeqCst) == 1;
+    fixtures::eventually(Duration::from_secs(10), both, || format!("{:?} began", rec.seen())).await;
+    let back = {
+        let transport = transport.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(2_500)).await;
+            transport.acks_fail.store(false, Ordering::SeqCst);
+        })
+    };
+    let stopped = running.stop().await;
+    back.await.unwrap();
+    assert_eq!((stopped.handlers_stopped, stopped.released), (1, 1), "{stopped:?}");
+    assert_eq!(stopped.not_acknowledged, 0, "{stopped:?}: {:?}", transport.events());
 }
 
 /// An acknowledgement that does not answer (a connection that cannot be

@@ -162,6 +162,12 @@ impl Acker {
         self.counts.settled(Instant::now() + limit).await;
     }
 
+    /// A stop has begun, to end by `deadline`: a batch the transport refuses
+    /// from now on is tried again until then, not [`ATTEMPTS`] times.
+    pub(crate) fn stopping_by(&self, deadline: Instant) {
+        self.counts.stop_by(deadline);
+    }
+
     /// Flushes everything queued and stops, by `deadline`: a batch the
     /// transport refuses is tried again until then (not [`ATTEMPTS`] times),
     /// so that acknowledgements outlast a database that is back within a
@@ -171,7 +177,7 @@ impl Acker {
     /// that cannot be had, say) is abandoned, and its messages come back after
     /// their visibility timeout.
     pub(crate) async fn close_by(&self, deadline: Instant, cut: impl std::future::Future<Output = ()>) {
-        self.counts.stop_by(deadline);
+        self.stopping_by(deadline);
         let _ = self.tx.send(Command::Close);
         let task = self.task.lock().unwrap_or_else(|p| p.into_inner()).take();
         if let Some(mut task) = task {

@@ -239,6 +239,11 @@ impl WorkerHandle {
         }
         parked.abort_all();
         let stopping = tokio::time::Instant::now();
+        // Acks refused from now on are tried until the stop's end (the
+        // grace period; more below if the handlers take it all), not three
+        // times: they gave up meanwhile while the handlers finished or the
+        // release went on (SQS away as a stop released twelve messages).
+        worker.acker.stopping_by(stopping + settings.grace);
         // Receives in flight finish (their wait fits in the grace period), and
         // what they return is given back with the rest, rather than left
         // invisible until its timeout. Only the receives count against a
@@ -328,6 +333,7 @@ impl WorkerHandle {
         let forced = shutdown.is_forced();
         let now = tokio::time::Instant::now();
         let flush_by = if forced { now + FORCED_BUDGET } else { (stopping + settings.grace).max(now + FLUSH_AT_LEAST) };
+        worker.acker.stopping_by(flush_by);
         let cut = || async {
             shutdown.forced().await;
             tokio::time::sleep(FORCED_BUDGET).await;
