@@ -686,6 +686,8 @@ struct Observed {
     dead_letters_fail: std::sync::atomic::AtomicBool,
     /// Each message given back (a release, a retry) takes this long.
     slow_nacks: Mutex<Option<Duration>>,
+    /// Every message given back is refused while set (the database is away).
+    nacks_fail: std::sync::atomic::AtomicBool,
     /// Each extension of a message's visibility takes this long.
     slow_extends: Mutex<Option<Duration>>,
     /// What happened, in order: `isolate`, `ack QUEUE N` (receipts per call, once done),
@@ -771,8 +773,12 @@ impl messaging::transport::Transport for Observed {
         delay: Duration,
     ) -> messaging::BoxFuture<'a, Result<(), messaging::TransportError>> {
         let took = self.slow_nacks.lock().unwrap().unwrap_or_default();
+        let away = self.nacks_fail.load(Ordering::SeqCst);
         Box::pin(async move {
             tokio::time::sleep(took).await;
+            if away {
+                return Err(messaging::TransportError::Backend("postgresql: connect failed: refused".into()));
+            }
             self.inner.nack(queue, receipt, delay).await
         })
     }
@@ -1192,27 +1198,47 @@ async fn acknowledgements_under_way_are_tried_until_the_stops_deadline_while_it_
     // Three tries take 1.5 s; the release after the grace period 1.5 s.
     *transport.slow_acks.lock().unwrap() = Some(("stuck-behind".into(), Duration::from_millis(400)));
     *transport.slow_nacks.lock().unwrap() = Some(Duration::from_millis(1_500));
+    let stopped = stopped_stuck_behind(&transport, |t| t.acks_fail.store(false, Ordering::SeqCst)).await;
+    assert_eq!((stopped.handlers_stopped, stopped.released), (1, 1), "{stopped:?}");
+    assert_eq!(stopped.not_acknowledged, 0, "{stopped:?}: {:?}", transport.events());
+}
+
+/// And a release the transport refuses is tried again until then: given
+/// up after one try, what a stop released with PostgreSQL away stayed
+/// invisible for its whole visibility timeout, although the database was
+/// back well within the grace period.
+#[tokio::test]
+async fn a_release_refused_during_a_stop_goes_through_once_the_transport_is_back() {
+    let transport = Arc::new(Observed::default());
+    transport.nacks_fail.store(true, Ordering::SeqCst);
+    let stopped = stopped_stuck_behind(&transport, |t| t.nacks_fail.store(false, Ordering::SeqCst)).await;
+    assert_eq!((stopped.handlers_stopped, stopped.released, stopped.not_released), (1, 1, 0), "{stopped:?}");
+    assert!(transport.visible("stuck-behind").await, "the stopped handler's message is back");
+}
+
+/// Runs `stuck-behind` on `transport` with a grace period of 2 s until one
+/// message is handled and another's handler runs (for a minute), then stops
+/// it, calling `back` 2.5 s into the stop (the database is back); what the
+/// stop reported.
+async fn stopped_stuck_behind(transport: &Arc<Observed>, back: fn(&Observed)) -> messaging::Stopped {
     let rec = Arc::new(Recorder::default());
     let grace = |s: &mut messaging::Setup| {
         s.grace_period(Duration::from_secs(2));
     };
-    let (publisher, running) = consuming_with(&transport, "stuck-behind", &rec, grace).await;
+    let (publisher, running) = consuming_with(transport, "stuck-behind", &rec, grace).await;
     for result in publisher.send_batch::<StuckBehind, _>(&[Job { n: 0 }, Job { n: 1 }]).await {
         result.unwrap();
     }
     let both = || rec.seen() == ["0"] && rec.running.load(Ordering::SeqCst) == 1;
     fixtures::eventually(Duration::from_secs(10), both, || format!("{:?} began", rec.seen())).await;
-    let back = {
-        let transport = transport.clone();
-        tokio::spawn(async move {
-            tokio::time::sleep(Duration::from_millis(2_500)).await;
-            transport.acks_fail.store(false, Ordering::SeqCst);
-        })
-    };
+    let transport = transport.clone();
+    let back = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(2_500)).await;
+        back(&transport);
+    });
     let stopped = running.stop().await;
     back.await.unwrap();
-    assert_eq!((stopped.handlers_stopped, stopped.released), (1, 1), "{stopped:?}");
-    assert_eq!(stopped.not_acknowledged, 0, "{stopped:?}: {:?}", transport.events());
+    stopped
 }
 
 /// An acknowledgement that does not answer (a connection that cannot be

@@ -518,7 +518,11 @@ impl Worker {
 
     /// Gives `receipts` back to the queue, a receive's worth per call,
     /// until done or until `until` completes, and counts in `report` how
-    /// many went back and how many did not.
+    /// many went back and how many did not. What the transport refuses
+    /// (the database restarting) is tried again meanwhile: given up after
+    /// one try, twelve messages a stop released with PostgreSQL away stayed
+    /// invisible for their whole visibility timeout, although the database
+    /// was back well within the grace period.
     async fn give_back(
         &self,
         receipts: Vec<Receipt>,
@@ -529,9 +533,35 @@ impl Worker {
         let total = receipts.len();
         let mut released = 0;
         let release = async {
-            for chunk in receipts.chunks(self.transport.max_batch().max(1)) {
-                let results = self.transport.release(name, chunk.to_vec()).await;
-                released += results.iter().filter(|r| r.is_ok()).count();
+            let mut left = receipts;
+            for attempt in 1u32.. {
+                let mut refused = Vec::new();
+                let mut failure = None;
+                for chunk in left.chunks(self.transport.max_batch().max(1)) {
+                    let results = self.transport.release(name, chunk.to_vec()).await;
+                    for (receipt, result) in chunk.iter().zip(results) {
+                        match result {
+                            Ok(()) => released += 1,
+                            // Not ours any more: taken back, or settled.
+                            Err(TransportError::StaleReceipt) => {}
+                            Err(e) => {
+                                failure.get_or_insert(e);
+                                refused.push(receipt.clone());
+                            }
+                        }
+                    }
+                }
+                let Some(e) = failure else { break };
+                if attempt == 1 {
+                    tracing::warn!(
+                        queue = name,
+                        messages = refused.len(),
+                        "giving back {} message(s) failed ({e}); trying again until the stop's end",
+                        refused.len()
+                    );
+                }
+                left = refused;
+                tokio::time::sleep(Duration::from_millis(100 * u64::from(attempt)).min(Duration::from_secs(1))).await;
             }
         };
         tokio::select! {
