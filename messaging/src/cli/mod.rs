@@ -614,39 +614,11 @@ struct QueueLine<'a> {
 
 async fn print_queues(app: &App, json: bool) {
     let transport = app.setup_transport();
-    let mut lines = Vec::new();
-    for spec in app.registry().queues() {
-        let counts = match transport.browse() {
-            Some(browse) => browse.counts(spec.name).await.ok(),
-            None => None,
-        };
-        // Depth and dead letters from one count where the transport makes
-        // one (the database queues: one statement, one snapshot). Asked
-        // apart while 20,000 letters were being dead-lettered, the two
-        // summed to 20,034: letters moved between the two questions.
-        // (A queue without a dead-letter queue keeps the transport's own
-        // answer: `memory://` has none to count, the databases count the
-        // queue's `error` rows.)
-        let (depth, dead) = match counts.as_ref().and_then(depth_and_dead).filter(|_| spec.dlq.is_some()) {
-            Some((depth, dead)) => (Ok(depth), transport.dead_letters().map(|_| Ok(dead))),
-            None => {
-                let depth = transport.depth(spec.name).await.map_err(|e| e.to_string());
-                let dead = match transport.dead_letters() {
-                    Some(dl) => Some(dl.depth(spec.name).await.map_err(|e| e.to_string())),
-                    None => None,
-                };
-                (depth, dead)
-            }
-        };
-        let paused = match transport.browse() {
-            Some(browse) => browse.paused(spec.name).await.ok().flatten(),
-            None => None,
-        };
-        // After a crash, what the dead consumer held stays in flight until a
-        // receive takes it back: said here, as on the console.
-        let expired = counts.and_then(|c| c.expired);
-        lines.push(QueueLine { spec, depth, dead, paused, expired });
-    }
+    // Every queue asked at once, as the console and `health` do: one after
+    // another, a service of many SQS queues waited two requests' round
+    // trip per queue.
+    let lines = app.registry().queues().iter().map(|spec| queue_line(transport.as_ref(), spec));
+    let lines = futures_util::future::join_all(lines).await;
     if json {
         for QueueLine { spec, depth, dead, paused, expired } in &lines {
             let value = serde_json::json!({
@@ -687,6 +659,43 @@ async fn print_queues(app: &App, json: bool) {
             out!("  {note}");
         }
     }
+}
+
+/// What `queues` shows of `spec`.
+async fn queue_line<'a>(
+    transport: &dyn crate::transport::Transport,
+    spec: &'a crate::queue::QueueSpec,
+) -> QueueLine<'a> {
+    let counts = match transport.browse() {
+        Some(browse) => browse.counts(spec.name).await.ok(),
+        None => None,
+    };
+    // Depth and dead letters from one count where the transport makes
+    // one (the database queues: one statement, one snapshot). Asked
+    // apart while 20,000 letters were being dead-lettered, the two
+    // summed to 20,034: letters moved between the two questions.
+    // (A queue without a dead-letter queue keeps the transport's own
+    // answer: `memory://` has none to count, the databases count the
+    // queue's `error` rows.)
+    let (depth, dead) = match counts.as_ref().and_then(depth_and_dead).filter(|_| spec.dlq.is_some()) {
+        Some((depth, dead)) => (Ok(depth), transport.dead_letters().map(|_| Ok(dead))),
+        None => {
+            let depth = transport.depth(spec.name).await.map_err(|e| e.to_string());
+            let dead = match transport.dead_letters() {
+                Some(dl) => Some(dl.depth(spec.name).await.map_err(|e| e.to_string())),
+                None => None,
+            };
+            (depth, dead)
+        }
+    };
+    let paused = match transport.browse() {
+        Some(browse) => browse.paused(spec.name).await.ok().flatten(),
+        None => None,
+    };
+    // After a crash, what the dead consumer held stays in flight until a
+    // receive takes it back: said here, as on the console.
+    let expired = counts.and_then(|c| c.expired);
+    QueueLine { spec, depth, dead, paused, expired }
 }
 
 /// A queue's depth (every message not a dead letter: waiting, sleeping, in
