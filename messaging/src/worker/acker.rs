@@ -38,10 +38,7 @@ const LINGER: Duration = Duration::from_millis(200);
 /// How many times a batch of acknowledgements is tried before it is given up,
 /// while the worker runs. A stop tries until its deadline instead
 /// ([`Acker::close_by`]).
-const ATTEMPTS: u64 = 3;
-
-/// The longest wait between two tries of a batch.
-const MOST_BETWEEN_TRIES: Duration = Duration::from_secs(1);
+const ATTEMPTS: u32 = 3;
 
 /// A handled message whose acknowledgement is queued or under way. Its batch
 /// stays held, and the heartbeat keeps it invisible, until the transport has
@@ -366,7 +363,7 @@ async fn flush_loop(
                 Some(_) => {}
             }
             batch = retry;
-            tokio::time::sleep(Duration::from_millis(100 * attempt).min(MOST_BETWEEN_TRIES)).await;
+            tokio::time::sleep(super::retry_pause(attempt)).await;
         }
         batch.clear();
         counts.pending.fetch_sub(count, Ordering::SeqCst);

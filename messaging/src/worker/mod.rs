@@ -48,6 +48,13 @@ fn backoff(failures: u32) -> Duration {
     Duration::from_millis(100 * u64::from(failures.min(50)))
 }
 
+/// The pause before trying again what the transport refused `attempt`
+/// times in a row (acknowledgements, a stop's release): [`backoff`], a
+/// second at most, so that a stop's last tries fall within its deadline.
+fn retry_pause(attempt: u32) -> Duration {
+    backoff(attempt).min(Duration::from_secs(1))
+}
+
 /// The consumer of one queue.
 pub(crate) struct Worker {
     routes: Arc<Routes>,
@@ -561,7 +568,7 @@ impl Worker {
                     );
                 }
                 left = refused;
-                tokio::time::sleep(Duration::from_millis(100 * u64::from(attempt)).min(Duration::from_secs(1))).await;
+                tokio::time::sleep(retry_pause(attempt)).await;
             }
         };
         tokio::select! {
