@@ -33,17 +33,24 @@ pub(crate) struct Job {
 #[messaging::queue("console-held", visibility = "3s")]
 struct ConsoleHeld;
 
-/// Whether the "bug" that fails jobs is fixed, and how many jobs ran.
+/// Whether the "bug" that fails jobs is fixed, how many jobs ran, and
+/// whether jobs noted "held" may end.
 #[derive(Default)]
 pub(crate) struct Shop {
     pub(crate) fixed: AtomicBool,
     pub(crate) handled: AtomicUsize,
+    pub(crate) let_go: AtomicBool,
 }
 
 #[messaging::handler(queue = ConsoleJobs)]
 async fn console_job(job: Job, shop: State<Arc<Shop>>) -> Result<(), HandlerError> {
-    if job.note == "slow" {
-        tokio::time::sleep(Duration::from_millis(1500)).await;
+    if job.note == "held" {
+        // Held until the test lets it go, not for a fixed time: on a loaded
+        // CI machine a 1.5 s sleep ended before the test had looked.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        while !shop.let_go.load(Ordering::SeqCst) && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
         shop.handled.fetch_add(1, Ordering::SeqCst);
         return Ok(());
     }
@@ -277,21 +284,26 @@ async fn console_on(url: &str, database: bool) {
     assert!(handled >= 13, "the redriven jobs ran: {handled}");
 
     // A message being handled is in flight, held until its visibility ends.
-    let slow = h.publisher.send::<ConsoleJobs, _>(&Job { n: 1500, note: "slow".into() }).await.expect("sent");
+    // (The redriven jobs' acknowledgements may still be under way: wait for
+    // them, so that the one in flight is this one.)
+    h.until_count("console-jobs", "in_flight", 0).await;
+    let slow = h.publisher.send::<ConsoleJobs, _>(&Job { n: 1500, note: "held".into() }).await.expect("sent");
     h.until_count("console-jobs", "in_flight", 1).await;
     let held = h.get_json("/api/v1/queues/console-jobs/messages?status=in_flight").await;
     assert_eq!(held["messages"][0]["message_id"], slow.as_str());
     let until = held["messages"][0]["held_until_ms"].as_i64().expect("held_until_ms");
     let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("clock").as_millis() as i64;
     assert!(until > now && until <= now + 31_000, "held until the visibility ends: {until} vs {now}");
+    h.shop.let_go.store(true, Ordering::SeqCst);
     h.until_count("console-jobs", "in_flight", 0).await;
+    h.shop.let_go.store(false, Ordering::SeqCst);
 
     // A newer version of an identity being handled waits, and shows.
     if database {
-        let first = Job { n: 1600, note: "slow".into() };
+        let first = Job { n: 1600, note: "held".into() };
         h.publisher.send::<ConsoleJobs, _>(&first).id("job-1600").await.expect("sent");
         h.until_count("console-jobs", "in_flight", 1).await;
-        let newer = Job { n: 1601, note: "slow".into() };
+        let newer = Job { n: 1601, note: "held".into() };
         let second = h.publisher.send::<ConsoleJobs, _>(&newer).id("job-1600").await.expect("sent");
         let waiting =
             h.get_json("/api/v1/queues/console-jobs/messages?status=awaiting_release&identity=job-1600").await;
@@ -301,6 +313,7 @@ async fn console_on(url: &str, database: bool) {
         assert_eq!(row["deferred"]["body"]["data"]["n"], 1601, "the waiting version's body, decoded");
         let page = h.get(&format!("/queues/console-jobs/messages/{}", row["message_id"].as_str().unwrap_or(""))).await;
         assert!(page.body.contains("waiting version") && page.body.contains("&#34;n&#34;: 1601"), "{}", page.body);
+        h.shop.let_go.store(true, Ordering::SeqCst);
         h.until_count("console-jobs", "awaiting_release", 0).await;
         h.until_count("console-jobs", "in_flight", 0).await;
     }
