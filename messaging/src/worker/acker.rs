@@ -35,10 +35,20 @@ const GAP: Duration = Duration::from_millis(20);
 /// short enough that a handled message leaves the queue's depth about at once.
 const LINGER: Duration = Duration::from_millis(200);
 
-/// How many times a batch of acknowledgements is tried before it is given up,
-/// while the worker runs. A stop tries until its deadline instead
-/// ([`Acker::close_by`]).
+/// How many times a batch of acknowledgements is tried at least, while the
+/// worker runs, before it may be given up. A stop tries until its deadline
+/// instead ([`Acker::close_by`]).
 const ATTEMPTS: u32 = 3;
+
+/// The longest a batch of acknowledgements the transport refuses is tried
+/// again while the worker runs, counted from its first refusal, as long as
+/// its messages stay invisible. Three tries alone gave up within 5 s: a
+/// PostgreSQL restart of 20 s, tried from outside with a consumer running,
+/// gave up the acks of 68 handled messages a second or more before the
+/// database was back, and they were handled again once their leases ran
+/// out. Bounded, because the acks queued behind a batch wait while it is
+/// tried, and a refusal that never ends must not hold them for good.
+const RETRY_FOR: Duration = Duration::from_secs(60);
 
 /// A handled message whose acknowledgement is queued or under way. Its batch
 /// stays held, and the heartbeat keeps it invisible, until the transport has
@@ -52,6 +62,13 @@ struct Handled {
 impl Handled {
     fn receipt(&self) -> &Receipt {
         &self.batch.deliveries[self.index].receipt
+    }
+
+    /// Whether the message is still invisible to other consumers, as far
+    /// as the heartbeat's last extension says: an ack tried after that
+    /// would most likely find it taken back.
+    fn invisible(&self) -> bool {
+        !self.batch.visible_for().is_zero()
     }
 
     /// The transport has the ack (or it was given up): done with the message.
@@ -146,8 +163,9 @@ impl Acker {
         self.counts.pending.load(Ordering::SeqCst)
     }
 
-    /// Acks the transport failed [`ATTEMPTS`] times: their messages stay in
-    /// the queue and come back after their visibility timeout.
+    /// Acks the transport refused until they were given up (see
+    /// [`RETRY_FOR`]): their messages stay in the queue and come back after
+    /// their visibility timeout.
     pub(crate) fn lost(&self) -> usize {
         self.counts.lost.load(Ordering::SeqCst)
     }
@@ -160,19 +178,20 @@ impl Acker {
     }
 
     /// A stop has begun, to end by `deadline`: a batch the transport refuses
-    /// from now on is tried again until then, not [`ATTEMPTS`] times.
+    /// from now on is tried again until then, instead of for as long as
+    /// [`RETRY_FOR`] allows.
     pub(crate) fn stopping_by(&self, deadline: Instant) {
         self.counts.stop_by(deadline);
     }
 
     /// Flushes everything queued and stops, by `deadline`: a batch the
-    /// transport refuses is tried again until then (not [`ATTEMPTS`] times),
-    /// so that acknowledgements outlast a database that is back within a
-    /// stop's grace period (a failover during a deploy). What is not flushed
-    /// by the deadline, or once `cut` completes (a forced stop's budget), stays
-    /// [`pending`](Acker::pending): a call still under way then (a connection
-    /// that cannot be had, say) is abandoned, and its messages come back after
-    /// their visibility timeout.
+    /// transport refuses is tried again until then (whether or not its
+    /// messages stay invisible), so that acknowledgements outlast a database
+    /// that is back within a stop's grace period (a failover during a
+    /// deploy). What is not flushed by the deadline, or once `cut` completes
+    /// (a forced stop's budget), stays [`pending`](Acker::pending): a call
+    /// still under way then (a connection that cannot be had, say) is
+    /// abandoned, and its messages come back after their visibility timeout.
     pub(crate) async fn close_by(&self, deadline: Instant, cut: impl std::future::Future<Output = ()>) {
         self.stopping_by(deadline);
         let _ = self.tx.send(Command::Close);
@@ -208,7 +227,7 @@ pub(crate) async fn all_settled(deadline: Instant) {
 struct Counts {
     /// Acks queued and not yet confirmed or given up.
     pending: AtomicUsize,
-    /// Acks given up after [`ATTEMPTS`] failures.
+    /// Acks given up while running (see [`RETRY_FOR`]) or by a stop.
     lost: AtomicUsize,
     /// Told after each flush.
     flushed: Notify,
@@ -305,6 +324,7 @@ async fn flush_loop(
         }
         let count = batch.len();
         let mut attempt = 0;
+        let mut first_refused = None;
         loop {
             let receipts = batch.iter().map(|handled| handled.receipt().clone()).collect();
             let mut results = transport.ack(queue, receipts).await.into_iter();
@@ -328,9 +348,14 @@ async fn flush_loop(
             let Some(e) = failure else { break };
             // One line per attempt of the batch (one per receipt was as many
             // lines as messages, all alike, while the database was down),
-            // and fewer as a stop goes on trying.
+            // and fewer as the tries go on.
+            let now = Instant::now();
+            let running_until = *first_refused.get_or_insert(now) + RETRY_FOR;
             let deadline = counts.stop_deadline();
-            let again = deadline.map_or(attempt < ATTEMPTS, |deadline| Instant::now() < deadline);
+            let again = match deadline {
+                Some(deadline) => now < deadline,
+                None => attempt < ATTEMPTS || (now < running_until && retry.iter().any(Handled::invisible)),
+            };
             if !again {
                 counts.lost.fetch_add(retry.len(), Ordering::SeqCst);
                 tracing::warn!(
@@ -345,14 +370,17 @@ async fn flush_loop(
                 }
                 break;
             }
+            let told = attempt <= ATTEMPTS || attempt.is_power_of_two();
             match deadline {
-                None => tracing::warn!(
+                None if told => tracing::warn!(
                     queue,
                     messages = retry.len(),
-                    "acknowledging {} message(s) failed (attempt {attempt} of {ATTEMPTS}; trying again): {e}",
-                    retry.len()
+                    "acknowledging {} message(s) failed (attempt {attempt}; tried again while they stay invisible, \
+                     for up to {:.1} s more): {e}",
+                    retry.len(),
+                    running_until.saturating_duration_since(now).as_secs_f32()
                 ),
-                Some(deadline) if attempt <= ATTEMPTS || attempt.is_power_of_two() => tracing::warn!(
+                Some(deadline) if told => tracing::warn!(
                     queue,
                     messages = retry.len(),
                     "acknowledging {} message(s) failed (attempt {attempt}; the stop tries again for up to {:.1} s \
@@ -360,7 +388,7 @@ async fn flush_loop(
                     retry.len(),
                     deadline.saturating_duration_since(Instant::now()).as_secs_f32()
                 ),
-                Some(_) => {}
+                _ => {}
             }
             batch = retry;
             tokio::time::sleep(super::retry_pause(attempt)).await;
