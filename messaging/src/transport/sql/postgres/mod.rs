@@ -306,6 +306,18 @@ impl Dialect for Postgres {
              connections opened before it may still reach the old primary: they are closed now, and a retry \
              connects anew",
         ),
+        // SQLSTATE 57014 (query_canceled). Seen from outside: a database
+        // shared with an application that set `statement_timeout` for its
+        // own queries (`ALTER DATABASE … SET`) cancelled the framework's
+        // leases too, with nothing in the error to say where the limit
+        // came from or that the URL can lift it for these connections.
+        (
+            &["57014"],
+            ": the server cancelled the statement, because of a `statement_timeout` (set for the database, the \
+             role or the URL, often meant for the application's own queries) or an operator's cancel. It can be \
+             tried again; to give the framework's connections their own limit, add \
+             `options=-c%20statement_timeout%3D60s` (or `%3D0` for none) to its URL",
+        ),
         // Too many connections, for the server or the role. The pool
         // retries them until its timeout; the connection tried after
         // that (`SqlStore::failure`) carries this hint.

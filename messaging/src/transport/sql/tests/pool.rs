@@ -186,6 +186,28 @@ fn postgres_connections_to_a_server_turned_read_only_are_replaced() {
     });
 }
 
+/// A statement cancelled by a `statement_timeout` that the database or role
+/// sets for an application sharing it says where such a limit comes from
+/// and how the URL lifts it for the framework's connections.
+#[test]
+fn postgres_a_statement_timeout_names_where_it_comes_from_and_the_urls_option() {
+    let db = super::Postgres::new();
+    super::runtime().block_on(async {
+        let url = format!("{}&max_connections=3&migrate=true", db.url);
+        let (store, _) = crate::transport::sql::open::<sqlx::Postgres>(&url).await.expect("connect");
+        // The two connections of the pool that do not listen get the
+        // application's limit, as `ALTER DATABASE … SET` would give them.
+        let mut open = vec![store.pool.acquire().await.unwrap(), store.pool.acquire().await.unwrap()];
+        for conn in &mut open {
+            sqlx::query("SET SESSION statement_timeout = '50ms'").execute(&mut **conn).await.unwrap();
+        }
+        drop(open);
+        let e = store.query("leasing", &["SELECT pg_sleep(1)"], &[]).await.expect_err("cancelled").to_string();
+        assert!(e.contains("(code 57014): the server cancelled the statement"), "{e}");
+        assert!(e.contains("`options=-c%20statement_timeout%3D60s`"), "{e}");
+    });
+}
+
 /// After a read-only error (a failover), the LISTEN connection is made again
 /// at once: on the old primary it would hear none of the new primary's
 /// NOTIFYs, and idle receivers would wait for their poll.
