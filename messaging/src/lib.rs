@@ -46,6 +46,7 @@ pub mod publish;
 pub mod queue;
 pub mod registry;
 mod relay;
+mod retry;
 pub mod schedule;
 mod scheduler;
 pub mod shutdown;

@@ -14,6 +14,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::boxed::BoxFuture;
 use crate::claims::{Claim, ClaimState, IdempotencyStore, MessageInProgress};
+use crate::error::TransportError;
 use crate::registry::Route;
 
 /// Middleware around handler dispatch. Registered with `setup.behaviour(..)`;
@@ -134,17 +135,60 @@ impl Pipeline {
                 });
                 let held = HeldClaim::new(ctx, &claim, spec.lease);
                 let result = route.handler.call(message, ctx.with_claim(claim.clone()), self.resources.clone()).await;
-                drop(held);
+                // The claim stays extended while its completion is tried.
                 let settle = match &result {
                     // The handler completed it in its own transaction.
                     Ok(()) if claim.completed.load(Ordering::Acquire) => Ok(()),
-                    Ok(()) => self.idempotency.complete(id, spec.scope, &processor).await,
+                    Ok(()) => complete(&*self.idempotency, id, spec.scope, &processor, ctx).await,
                     Err(_) => self.idempotency.release(id, spec.scope, &processor).await,
                 };
+                drop(held);
                 if let Err(e) = settle {
                     tracing::warn!(message.id = id, scope = spec.scope, "could not settle the idempotency claim: {e}");
                 }
                 result
+            }
+        }
+    }
+}
+
+/// The longest the completion of a claim whose handler succeeded is tried
+/// again, as long as its message stays invisible: the message is
+/// acknowledged afterwards either way, but a claim left open runs the
+/// handler again for any later delivery of the message (a crash before the
+/// acknowledgement, a duplicate), once its lease has run out.
+const COMPLETE_FOR: Duration = Duration::from_secs(60);
+
+/// Records the claim `processor` holds completed: tried again (three times
+/// at least) while the message stays invisible, [`COMPLETE_FOR`] at most,
+/// when the store refuses (its database restarting). Not when the claim is
+/// no longer `processor`'s ([`TransportError::StaleReceipt`]).
+async fn complete(
+    store: &dyn IdempotencyStore,
+    id: &str,
+    scope: &str,
+    processor: &str,
+    ctx: &MessageContext,
+) -> Result<(), TransportError> {
+    let until = tokio::time::Instant::now() + COMPLETE_FOR;
+    let mut attempt = 0u32;
+    loop {
+        attempt = attempt.saturating_add(1);
+        match store.complete(id, scope, processor).await {
+            Ok(()) => return Ok(()),
+            Err(TransportError::StaleReceipt) => return Err(TransportError::StaleReceipt),
+            Err(e) if attempt >= 3 && (tokio::time::Instant::now() >= until || ctx.visible_for().is_zero()) => {
+                return Err(e)
+            }
+            Err(e) => {
+                if attempt == 1 {
+                    tracing::warn!(
+                        message.id = id,
+                        scope,
+                        "completing the idempotency claim failed ({e}); trying again while the message stays invisible"
+                    );
+                }
+                tokio::time::sleep(crate::retry::retry_pause(attempt)).await;
             }
         }
     }

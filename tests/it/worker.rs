@@ -492,6 +492,8 @@ struct LeaseLog {
     inner: messaging::idempotency::MemoryIdempotencyStore,
     claims: Mutex<Vec<Duration>>,
     extensions: Mutex<Vec<Duration>>,
+    /// This many completions are refused first (the database restarting).
+    refused_completions: AtomicUsize,
 }
 
 impl messaging::idempotency::IdempotencyStore for LeaseLog {
@@ -512,6 +514,11 @@ impl messaging::idempotency::IdempotencyStore for LeaseLog {
         s: &'a str,
         p: &'a str,
     ) -> messaging::BoxFuture<'a, Result<(), messaging::TransportError>> {
+        let refuse = self.refused_completions.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
+        if refuse.is_ok() {
+            let away = messaging::TransportError::Backend("postgresql: connect failed: refused".into());
+            return Box::pin(async move { Err(away) });
+        }
         self.inner.complete(m, s, p)
     }
 
@@ -534,6 +541,36 @@ impl messaging::idempotency::IdempotencyStore for LeaseLog {
         self.extensions.lock().unwrap().push(lease);
         self.inner.extend(m, s, p, lease)
     }
+}
+
+/// A claim whose completion the store refuses for a moment (its database
+/// restarting) is completed once the store takes it, before the message is
+/// acknowledged. Tried once, it stayed open: a later delivery of the message
+/// (a crash before the ack, a duplicate) ran the handler again once the
+/// claim's lease ran out.
+#[tokio::test]
+async fn a_completion_the_store_refuses_for_a_moment_is_tried_until_it_is_recorded() {
+    let rec = Arc::new(Recorder::default());
+    let log = Arc::new(LeaseLog::default());
+    log.refused_completions.store(5, Ordering::SeqCst);
+    let (r, l) = (rec.clone(), log.clone());
+    let app = TestApp::builder()
+        .only::<Charges>()
+        .setup(move |s| {
+            s.provide(r).idempotency_store(l);
+        })
+        .start()
+        .await
+        .unwrap();
+    let id = publish_jobs::<Charges>(&app, 1).await.remove(0);
+    app.handled(&id).await.unwrap();
+    assert_eq!(log.refused_completions.load(Ordering::SeqCst), 0, "tried until the store took it");
+    let later =
+        messaging::idempotency::IdempotencyStore::claim(&log.inner, &id, "charge", "later", Duration::from_secs(1));
+    let later = later.await.unwrap();
+    assert!(matches!(later, messaging::idempotency::Claim::Completed), "a later delivery finds it done: {later:?}");
+    assert_eq!(rec.seen(), ["charged 0"]);
+    app.stop().await;
 }
 
 #[messaging::queue("capped", visibility = "2s")]

@@ -391,7 +391,7 @@ async fn flush_loop(
                 _ => {}
             }
             batch = retry;
-            tokio::time::sleep(super::retry_pause(attempt)).await;
+            tokio::time::sleep(crate::retry::retry_pause(attempt)).await;
         }
         batch.clear();
         counts.pending.fetch_sub(count, Ordering::SeqCst);

@@ -30,6 +30,7 @@ use crate::error::TransportError;
 use crate::observe::SharedObserver;
 use crate::pipeline::Pipeline;
 use crate::registry::Routes;
+use crate::retry::{backoff, retry_pause};
 use crate::shutdown::Shutdown;
 use crate::telemetry::Telemetry;
 use crate::transport::{Delivery, Receipt, Transport};
@@ -41,18 +42,6 @@ pub(crate) struct WorkerSettings {
     pub(crate) receive_wait: Duration,
     /// How long in-flight handlers may run on after shutdown begins.
     pub(crate) grace: Duration,
-}
-
-/// The pause before receiving again after `failures` failed receives in a row.
-fn backoff(failures: u32) -> Duration {
-    Duration::from_millis(100 * u64::from(failures.min(50)))
-}
-
-/// The pause before trying again what the transport refused `attempt`
-/// times in a row (acknowledgements, a stop's release): [`backoff`], a
-/// second at most, so that a stop's last tries fall within its deadline.
-fn retry_pause(attempt: u32) -> Duration {
-    backoff(attempt).min(Duration::from_secs(1))
 }
 
 /// The consumer of one queue.
