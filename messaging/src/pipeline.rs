@@ -16,6 +16,7 @@ use crate::boxed::BoxFuture;
 use crate::claims::{Claim, ClaimState, IdempotencyStore, MessageInProgress};
 use crate::error::TransportError;
 use crate::registry::Route;
+use crate::retry;
 
 /// Middleware around handler dispatch. Registered with `setup.behaviour(..)`;
 /// the first registered is the outermost.
@@ -152,17 +153,13 @@ impl Pipeline {
     }
 }
 
-/// The longest the completion of a claim whose handler succeeded is tried
-/// again, as long as its message stays invisible: the message is
-/// acknowledged afterwards either way, but a claim left open runs the
-/// handler again for any later delivery of the message (a crash before the
-/// acknowledgement, a duplicate), once its lease has run out.
-const COMPLETE_FOR: Duration = Duration::from_secs(60);
-
-/// Records the claim `processor` holds completed: tried again (three times
-/// at least) while the message stays invisible, [`COMPLETE_FOR`] at most,
-/// when the store refuses (its database restarting). Not when the claim is
-/// no longer `processor`'s ([`TransportError::StaleReceipt`]).
+/// Records the claim `processor` holds completed, tried again as long as
+/// [`retry::again_while_running`] says when the store refuses (its database
+/// restarting): the message is acknowledged afterwards either way, but a
+/// claim left open runs the handler again for any later delivery of the
+/// message (a crash before the acknowledgement, a duplicate) once its lease
+/// has run out. Not when the claim is no longer `processor`'s
+/// ([`TransportError::StaleReceipt`]).
 async fn complete(
     store: &dyn IdempotencyStore,
     id: &str,
@@ -170,16 +167,14 @@ async fn complete(
     processor: &str,
     ctx: &MessageContext,
 ) -> Result<(), TransportError> {
-    let until = tokio::time::Instant::now() + COMPLETE_FOR;
+    let first = tokio::time::Instant::now();
     let mut attempt = 0u32;
     loop {
         attempt = attempt.saturating_add(1);
         match store.complete(id, scope, processor).await {
             Ok(()) => return Ok(()),
             Err(TransportError::StaleReceipt) => return Err(TransportError::StaleReceipt),
-            Err(e) if attempt >= 3 && (tokio::time::Instant::now() >= until || ctx.visible_for().is_zero()) => {
-                return Err(e)
-            }
+            Err(e) if !retry::again_while_running(attempt, first, || !ctx.visible_for().is_zero()) => return Err(e),
             Err(e) => {
                 if attempt == 1 {
                     tracing::warn!(
@@ -188,7 +183,7 @@ async fn complete(
                         "completing the idempotency claim failed ({e}); trying again while the message stays invisible"
                     );
                 }
-                tokio::time::sleep(crate::retry::retry_pause(attempt)).await;
+                tokio::time::sleep(retry::retry_pause(attempt)).await;
             }
         }
     }

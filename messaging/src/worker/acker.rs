@@ -25,6 +25,7 @@ use tokio::time::Instant;
 use super::alone::{Gate, GATE};
 use super::inflight::{Batch, InFlight};
 use crate::error::TransportError;
+use crate::retry;
 use crate::transport::{Receipt, Transport};
 
 /// The longest a flush waits for the next ack while handlers are still
@@ -34,21 +35,6 @@ const GAP: Duration = Duration::from_millis(20);
 /// The longest a flush waits in all: well under any visibility timeout, and
 /// short enough that a handled message leaves the queue's depth about at once.
 const LINGER: Duration = Duration::from_millis(200);
-
-/// How many times a batch of acknowledgements is tried at least, while the
-/// worker runs, before it may be given up. A stop tries until its deadline
-/// instead ([`Acker::close_by`]).
-const ATTEMPTS: u32 = 3;
-
-/// The longest a batch of acknowledgements the transport refuses is tried
-/// again while the worker runs, counted from its first refusal, as long as
-/// its messages stay invisible. Three tries alone gave up within 5 s: a
-/// PostgreSQL restart of 20 s, tried from outside with a consumer running,
-/// gave up the acks of 68 handled messages a second or more before the
-/// database was back, and they were handled again once their leases ran
-/// out. Bounded, because the acks queued behind a batch wait while it is
-/// tried, and a refusal that never ends must not hold them for good.
-const RETRY_FOR: Duration = Duration::from_secs(60);
 
 /// A handled message whose acknowledgement is queued or under way. Its batch
 /// stays held, and the heartbeat keeps it invisible, until the transport has
@@ -164,8 +150,8 @@ impl Acker {
     }
 
     /// Acks the transport refused until they were given up (see
-    /// [`RETRY_FOR`]): their messages stay in the queue and come back after
-    /// their visibility timeout.
+    /// [`retry::again_while_running`]): their messages stay in the queue and
+    /// come back after their visibility timeout.
     pub(crate) fn lost(&self) -> usize {
         self.counts.lost.load(Ordering::SeqCst)
     }
@@ -179,7 +165,7 @@ impl Acker {
 
     /// A stop has begun, to end by `deadline`: a batch the transport refuses
     /// from now on is tried again until then, instead of for as long as
-    /// [`RETRY_FOR`] allows.
+    /// [`retry::again_while_running`] says.
     pub(crate) fn stopping_by(&self, deadline: Instant) {
         self.counts.stop_by(deadline);
     }
@@ -227,7 +213,7 @@ pub(crate) async fn all_settled(deadline: Instant) {
 struct Counts {
     /// Acks queued and not yet confirmed or given up.
     pending: AtomicUsize,
-    /// Acks given up while running (see [`RETRY_FOR`]) or by a stop.
+    /// Acks given up while running or by a stop.
     lost: AtomicUsize,
     /// Told after each flush.
     flushed: Notify,
@@ -350,11 +336,11 @@ async fn flush_loop(
             // lines as messages, all alike, while the database was down),
             // and fewer as the tries go on.
             let now = Instant::now();
-            let running_until = *first_refused.get_or_insert(now) + RETRY_FOR;
+            let first = *first_refused.get_or_insert(now);
             let deadline = counts.stop_deadline();
             let again = match deadline {
                 Some(deadline) => now < deadline,
-                None => attempt < ATTEMPTS || (now < running_until && retry.iter().any(Handled::invisible)),
+                None => retry::again_while_running(attempt, first, || retry.iter().any(Handled::invisible)),
             };
             if !again {
                 counts.lost.fetch_add(retry.len(), Ordering::SeqCst);
@@ -370,7 +356,7 @@ async fn flush_loop(
                 }
                 break;
             }
-            let told = attempt <= ATTEMPTS || attempt.is_power_of_two();
+            let told = attempt <= retry::TRIES_AT_LEAST || attempt.is_power_of_two();
             match deadline {
                 None if told => tracing::warn!(
                     queue,
@@ -378,7 +364,7 @@ async fn flush_loop(
                     "acknowledging {} message(s) failed (attempt {attempt}; tried again while they stay invisible, \
                      for up to {:.1} s more): {e}",
                     retry.len(),
-                    running_until.saturating_duration_since(now).as_secs_f32()
+                    (first + retry::TRY_FOR).saturating_duration_since(now).as_secs_f32()
                 ),
                 Some(deadline) if told => tracing::warn!(
                     queue,
@@ -391,7 +377,7 @@ async fn flush_loop(
                 _ => {}
             }
             batch = retry;
-            tokio::time::sleep(crate::retry::retry_pause(attempt)).await;
+            tokio::time::sleep(retry::retry_pause(attempt)).await;
         }
         batch.clear();
         counts.pending.fetch_sub(count, Ordering::SeqCst);
