@@ -256,10 +256,12 @@ pub struct Stopped {
     /// in neither count above and comes back once its visibility timeout
     /// runs out.
     pub receives_cut_off: usize,
-    /// Messages handled whose acknowledgement could not be stored (the
-    /// transport failed it three times, or a forced stop cut the flush
-    /// short) over the whole run: they stay in their queues and are
-    /// received and handled again once their visibility timeout runs out.
+    /// Messages handled whose acknowledgement could not be stored over the
+    /// whole run (the transport refused it for as long as the message
+    /// stayed invisible, a minute at most, or until the stop's deadline; or
+    /// a forced stop cut the flush short): they stay in their queues and
+    /// are received and handled again once their visibility timeout runs
+    /// out.
     pub not_acknowledged: usize,
 }
 
