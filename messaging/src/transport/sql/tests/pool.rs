@@ -165,20 +165,26 @@ fn the_url_sets_the_size_of_the_pool() {
     });
 }
 
+/// A store on `db` whose pool has three connections, the two that do not
+/// listen having run `set` (a `SET SESSION`): what the server or an
+/// administrator would have given every connection.
+async fn store_whose_connections_ran(db: &super::Postgres, set: &str) -> SqlStore<sqlx::Postgres> {
+    let url = format!("{}&max_connections=3&migrate=true", db.url);
+    let (store, _) = crate::transport::sql::open::<sqlx::Postgres>(&url).await.expect("connect");
+    let mut open = vec![store.pool.acquire().await.unwrap(), store.pool.acquire().await.unwrap()];
+    for conn in &mut open {
+        sqlx::query(set).execute(&mut **conn).await.unwrap();
+    }
+    store
+}
+
 #[test]
 fn postgres_connections_to_a_server_turned_read_only_are_replaced() {
     let db = super::Postgres::new();
     super::runtime().block_on(async {
-        let url = format!("{}&max_connections=3&migrate=true", db.url);
-        let (store, _) = crate::transport::sql::open::<sqlx::Postgres>(&url).await.expect("connect");
-        // The two connections of the pool that do not listen turn
-        // read-only, as on a primary that a failover made a standby (the
+        // Read-only, as on a primary that a failover made a standby (the
         // new primary is the same server here).
-        let mut open = vec![store.pool.acquire().await.unwrap(), store.pool.acquire().await.unwrap()];
-        for conn in &mut open {
-            sqlx::query("SET SESSION default_transaction_read_only = on").execute(&mut **conn).await.unwrap();
-        }
-        drop(open);
+        let store = store_whose_connections_ran(&db, "SET SESSION default_transaction_read_only = on").await;
         let write = || store.exec("declaring", &["INSERT INTO messaging_queues VALUES ('jobs', false, 0)"], &[]);
         let e = write().await.expect_err("the connection is read-only").to_string();
         assert!(e.contains("(code 25006): the server is read-only"), "{e}");
@@ -193,15 +199,8 @@ fn postgres_connections_to_a_server_turned_read_only_are_replaced() {
 fn postgres_a_statement_timeout_names_where_it_comes_from_and_the_urls_option() {
     let db = super::Postgres::new();
     super::runtime().block_on(async {
-        let url = format!("{}&max_connections=3&migrate=true", db.url);
-        let (store, _) = crate::transport::sql::open::<sqlx::Postgres>(&url).await.expect("connect");
-        // The two connections of the pool that do not listen get the
-        // application's limit, as `ALTER DATABASE … SET` would give them.
-        let mut open = vec![store.pool.acquire().await.unwrap(), store.pool.acquire().await.unwrap()];
-        for conn in &mut open {
-            sqlx::query("SET SESSION statement_timeout = '50ms'").execute(&mut **conn).await.unwrap();
-        }
-        drop(open);
+        // The application's limit, as `ALTER DATABASE … SET` would give it.
+        let store = store_whose_connections_ran(&db, "SET SESSION statement_timeout = '50ms'").await;
         let e = store.query("leasing", &["SELECT pg_sleep(1)"], &[]).await.expect_err("cancelled").to_string();
         assert!(e.contains("(code 57014): the server cancelled the statement"), "{e}");
         assert!(e.contains("`options=-c%20statement_timeout%3D60s`"), "{e}");
