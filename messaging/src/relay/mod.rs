@@ -6,7 +6,8 @@
 //! sends them in batches of the transport's size (10 per `SendMessageBatch`
 //! on SQS) and settles them in one transaction: sent rows are deleted, rows
 //! the transport refused for good are set aside as `failed`, the others wait
-//! for a retry with backoff. A send that has not answered within
+//! for a retry with backoff. A settle the outbox's database refuses is tried
+//! again while the claim holds. A send that has not answered within
 //! [`SEND_TIMEOUT`] counts as failed, well before the lease ends, so that a
 //! hung request does not let a second relay send the same rows meanwhile.
 //!
@@ -26,6 +27,7 @@ use std::time::Duration;
 use tracing::Instrument as _;
 
 use crate::error::TransportError;
+use crate::retry;
 use crate::shutdown::Shutdown;
 use crate::transport::{Claimed, MessageId, Outbox, Outgoing, Settle, Transport, MESSAGE_ID_ATTRIBUTE};
 
@@ -70,7 +72,7 @@ impl Relay {
             let stopping = stop.is_triggered();
             let mut busy = false;
             for &queue in &self.queues {
-                match self.round(queue).await {
+                match self.round_until(queue, &stop).await {
                     Ok(claimed) => {
                         busy |= claimed > 0;
                         if last_error.take().is_some() {
@@ -115,7 +117,15 @@ impl Relay {
 
     /// Claims, sends and settles one batch of `queue`'s rows; how many rows
     /// it claimed.
+    #[cfg(test)]
     pub(crate) async fn round(&self, queue: &'static str) -> Result<usize, TransportError> {
+        self.round_until(queue, &Shutdown::new()).await
+    }
+
+    /// [`Relay::round`], whose settling is tried again until `stop` is
+    /// triggered (see [`Relay::settle`]).
+    async fn round_until(&self, queue: &'static str, stop: &Shutdown) -> Result<usize, TransportError> {
+        let claimed_at = tokio::time::Instant::now();
         let (token, rows) = self.outbox.store.claim(queue, CLAIM_ROWS, self.lease).await?;
         let claimed = rows.len();
         if claimed == 0 {
@@ -167,8 +177,45 @@ impl Relay {
                 outcomes.push((row.id, outcome));
             }
         }
-        self.outbox.store.settle(token, outcomes).await?;
+        self.settle(queue, token, outcomes, claimed_at + self.lease, stop).await?;
         Ok(claimed)
+    }
+
+    /// Settles the claim `token`, trying again what the outbox's database
+    /// refuses while the claim holds (until `by`) and no stop has begun.
+    /// Tried once, a settle refused by a database restarting left the rows
+    /// claimed although the broker had them: once the claim ran out, a relay
+    /// sent them again, a second delivery on a standard queue.
+    async fn settle(
+        &self,
+        queue: &'static str,
+        token: i64,
+        outcomes: Vec<(i64, Settle)>,
+        by: tokio::time::Instant,
+        stop: &Shutdown,
+    ) -> Result<(), TransportError> {
+        let mut attempt = 0u32;
+        loop {
+            attempt = attempt.saturating_add(1);
+            let Err(e) = self.outbox.store.settle(token, outcomes.clone()).await else { return Ok(()) };
+            let pause = retry::retry_pause(attempt);
+            if stop.is_triggered() || tokio::time::Instant::now() + pause >= by {
+                return Err(e);
+            }
+            if attempt == 1 {
+                tracing::warn!(
+                    queue,
+                    rows = outcomes.len(),
+                    "settling {} outbox row(s) the broker answered for failed ({e}); trying again while the claim \
+                     holds",
+                    outcomes.len()
+                );
+            }
+            tokio::select! {
+                () = tokio::time::sleep(pause) => {}
+                () = stop.wait() => {}
+            }
+        }
     }
 
     /// Sends one batch in a span linked to each message's producer span; one

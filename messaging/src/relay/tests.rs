@@ -18,8 +18,12 @@ use crate::boxed::BoxFuture;
 use crate::error::TransportError;
 use crate::queue::QueueSpec;
 use crate::shutdown::Shutdown;
+use crate::transport::schedules::ScheduleLedger;
 use crate::transport::sql::Dialect;
-use crate::transport::{Delivery, MessageId, Outbox, OutboxWrite, Outgoing, Receipt, Transport};
+use crate::transport::{
+    Claimed, Delivery, FailedOutboxRow, MessageId, Outbox, OutboxQueue, OutboxStore, OutboxWrite, Outgoing, Receipt,
+    Settle, Transport,
+};
 
 /// One message a broker accepted.
 #[derive(Debug, Clone)]
@@ -286,6 +290,77 @@ async fn a_relay_that_dies_after_the_broker_accepted_leaves_the_rows_to_the_next
     assert_group_order(&again.into_iter().cloned().collect::<Vec<_>>());
 }
 
+/// An outbox store that refuses the first `refusals` settles (its database
+/// restarting), and is otherwise `inner`.
+struct RefusesSettles {
+    inner: Arc<dyn OutboxStore>,
+    refusals: AtomicUsize,
+}
+
+impl OutboxStore for RefusesSettles {
+    fn system(&self) -> &'static str {
+        self.inner.system()
+    }
+    fn write<'a>(
+        &'a self,
+        conn: &'a mut (dyn std::any::Any + Send),
+        rows: Vec<OutboxWrite>,
+    ) -> BoxFuture<'a, Result<Vec<MessageId>, TransportError>> {
+        self.inner.write(conn, rows)
+    }
+    fn claim<'a>(
+        &'a self,
+        queue: &'a str,
+        max: usize,
+        lease: Duration,
+    ) -> BoxFuture<'a, Result<(i64, Vec<Claimed>), TransportError>> {
+        self.inner.claim(queue, max, lease)
+    }
+    fn settle(&self, token: i64, outcomes: Vec<(i64, Settle)>) -> BoxFuture<'_, Result<(), TransportError>> {
+        if self.refusals.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1)).is_ok() {
+            let away = TransportError::Backend("postgresql: connect failed: refused".into());
+            return Box::pin(async move { Err(away) });
+        }
+        self.inner.settle(token, outcomes)
+    }
+    fn stats(&self) -> BoxFuture<'_, Result<Vec<OutboxQueue>, TransportError>> {
+        self.inner.stats()
+    }
+    fn failed(&self, max: usize) -> BoxFuture<'_, Result<Vec<FailedOutboxRow>, TransportError>> {
+        self.inner.failed(max)
+    }
+    fn retry_failed<'a>(&'a self, queue: Option<&'a str>) -> BoxFuture<'a, Result<u64, TransportError>> {
+        self.inner.retry_failed(queue)
+    }
+    fn now(&self) -> i64 {
+        self.inner.now()
+    }
+    fn changes(&self) -> Option<tokio::sync::broadcast::Receiver<String>> {
+        self.inner.changes()
+    }
+    fn migrate(&self) -> BoxFuture<'_, Result<(), TransportError>> {
+        self.inner.migrate()
+    }
+    fn schedule_ledger(&self) -> Arc<dyn ScheduleLedger> {
+        self.inner.schedule_ledger()
+    }
+}
+
+/// A settle the outbox's database refuses for a moment (a restart) is tried
+/// again while the claim holds: the rows the broker took are deleted, and
+/// no relay sends them again once the claim runs out.
+async fn a_refused_settle_is_tried_again_while_the_claim_holds<D: Dialect>(outbox: Outbox, pool: Pool<D>) {
+    let rows = (0..5u32).map(|n| row(STANDARD, None, n.to_string())).collect();
+    write(&outbox, &pool, rows).await;
+    let refusing = Outbox::of(Arc::new(RefusesSettles { inner: outbox.store.clone(), refusals: AtomicUsize::new(3) }));
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let lease = Duration::from_secs(5);
+    let relay = relay(&refusing, &Broker::new("a", &log, Mode::Accept { fail_every: 0 }), lease);
+    assert_eq!(relay.round(STANDARD).await.unwrap(), 5, "claimed, sent and settled");
+    assert_eq!(pending(&outbox).await, 0, "the sent rows are deleted");
+    assert_eq!(log.lock().unwrap().len(), 5, "each sent once");
+}
+
 fn postgres_base() -> String {
     std::env::var("TEST_POSTGRES_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
 }
@@ -338,5 +413,6 @@ fn unique() -> String {
 on_both!(
     two_relays_send_every_row_once_in_order,
     a_refused_row_is_set_aside_and_its_group_goes_on,
-    a_relay_that_dies_after_the_broker_accepted_leaves_the_rows_to_the_next
+    a_relay_that_dies_after_the_broker_accepted_leaves_the_rows_to_the_next,
+    a_refused_settle_is_tried_again_while_the_claim_holds
 );

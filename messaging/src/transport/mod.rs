@@ -30,6 +30,8 @@ pub use bytes::Bytes;
 pub use id::MessageId;
 pub use json::{decoded, rfc3339};
 pub use outbox::{Outbox, DEFAULT_MAX_AGE};
+#[cfg(test)]
+pub(crate) use outbox_store::OutboxStore;
 pub(crate) use outbox_store::{Claimed, OutboxWrite, Settle, MESSAGE_ID_ATTRIBUTE, WAKE as OUTBOX_WAKE};
 pub use outbox_store::{FailedOutboxRow, OutboxQueue};
 pub(crate) use url::connect_existing;
