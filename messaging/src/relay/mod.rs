@@ -82,7 +82,11 @@ impl Relay {
                     Err(e) => {
                         let text = e.to_string();
                         if last_error.as_deref() != Some(&text) {
-                            tracing::warn!(queue, "the outbox relay cannot read the outbox: {text}");
+                            tracing::warn!(
+                                queue,
+                                "an outbox relay round failed ({text}); the relay tries again, and rows it sent \
+                                 but could not settle are sent again once their claim ends"
+                            );
                         }
                         last_error = Some(text);
                     }
