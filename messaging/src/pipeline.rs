@@ -167,26 +167,19 @@ async fn complete(
     processor: &str,
     ctx: &MessageContext,
 ) -> Result<(), TransportError> {
-    let first = tokio::time::Instant::now();
-    let mut attempt = 0u32;
-    loop {
-        attempt = attempt.saturating_add(1);
-        match store.complete(id, scope, processor).await {
-            Ok(()) => return Ok(()),
-            Err(TransportError::StaleReceipt) => return Err(TransportError::StaleReceipt),
-            Err(e) if !retry::again_while_running(attempt, first, || !ctx.visible_for().is_zero()) => return Err(e),
-            Err(e) => {
-                if attempt == 1 {
-                    tracing::warn!(
-                        message.id = id,
-                        scope,
-                        "completing the idempotency claim failed ({e}); trying again while the message stays invisible"
-                    );
-                }
-                tokio::time::sleep(retry::retry_pause(attempt)).await;
-            }
+    let again = |e: &TransportError, refused: retry::Refusal| {
+        let again = !matches!(e, TransportError::StaleReceipt)
+            && retry::again_while_running(refused.attempt, refused.first, || !ctx.visible_for().is_zero());
+        if again && refused.attempt == 1 {
+            tracing::warn!(
+                message.id = id,
+                scope,
+                "completing the idempotency claim failed ({e}); trying again while the message stays invisible"
+            );
         }
-    }
+        again
+    };
+    retry::tried(|| store.complete(id, scope, processor), again, std::future::pending()).await
 }
 
 /// A claim the heartbeat extends while its handler runs; it stops when this

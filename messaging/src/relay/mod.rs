@@ -198,15 +198,12 @@ impl Relay {
         by: tokio::time::Instant,
         stop: &Shutdown,
     ) -> Result<(), TransportError> {
-        let mut attempt = 0u32;
-        loop {
-            attempt = attempt.saturating_add(1);
-            let Err(e) = self.outbox.store.settle(token, outcomes.clone()).await else { return Ok(()) };
-            let pause = retry::retry_pause(attempt);
+        let again = |e: &TransportError, refused: retry::Refusal| {
+            let pause = retry::retry_pause(refused.attempt);
             if stop.is_triggered() || tokio::time::Instant::now() + pause >= by {
-                return Err(e);
+                return false;
             }
-            if attempt == 1 {
+            if refused.attempt == 1 {
                 tracing::warn!(
                     queue,
                     rows = outcomes.len(),
@@ -215,11 +212,9 @@ impl Relay {
                     outcomes.len()
                 );
             }
-            tokio::select! {
-                () = tokio::time::sleep(pause) => {}
-                () = stop.wait() => {}
-            }
-        }
+            true
+        };
+        retry::tried(|| self.outbox.store.settle(token, outcomes.clone()), again, stop.wait()).await
     }
 
     /// Sends one batch in a span linked to each message's producer span; one
