@@ -871,6 +871,24 @@ fn read_only_commands_create_no_database_and_say_so() {
 }
 
 #[test]
+fn run_and_publish_on_a_new_file_without_migrate_say_so_and_create_nothing() {
+    let dir = WorkDir::new();
+    for args in [&["run"][..], &["publish", "emails", "--type", "emails.confirmation", "--data", "{}"]] {
+        let out = run(orders_in(&dir).args(["--transport", "sqlite://app.db"]).args(args));
+        assert_eq!(out.status.code(), Some(1), "{args:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("there is no database file `app.db`"), "{args:?}: {err}");
+        assert!(err.contains("add `migrate=true` to it (`sqlite://app.db?migrate=true`)"), "{args:?}: {err}");
+        assert_eq!(files_in(&dir), Vec::<String>::new(), "{args:?} created a file");
+    }
+    // `migrate`, the other fix, creates the file and its tables.
+    let out = run(orders_in(&dir).args(["--transport", "sqlite://app.db", "migrate"]));
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = run(orders_in(&dir).args(["--transport", "sqlite://app.db", "validate"]));
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+}
+
+#[test]
 fn json_output_of_validate_health_and_publish() {
     let dir = WorkDir::new();
     assert!(run(orders_in(&dir).arg("migrate")).status.success());

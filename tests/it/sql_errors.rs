@@ -70,16 +70,25 @@ async fn missing_tables_are_named_with_the_fix() {
     let db = fixtures::Postgres::new().await;
     let transport = messaging::transport::connect(&db.url).await.expect("connects");
     let err = messaging::App::new(transport.clone()).await.expect_err("no tables yet").to_string();
-    assert!(err.contains("table `messaging_queues` is missing"), "{err}");
+    assert!(err.contains("the postgresql database has none of the framework's tables"), "{err}");
     assert!(err.contains("run the `migrate` command"), "{err}");
+    // Said once for every queue of the binary, not once per queue.
+    assert_eq!(err.matches("none of the framework's tables").count(), 1, "{err}");
+    assert!(err.contains("startup validation found 1 problem(s)") && err.contains("queues `"), "{err}");
     transport.migrate().await.expect("migrate");
     messaging::App::new(transport).await.expect("ready after migrate");
     db.drop().await;
 
     let file = fixtures::SqliteFile::new();
     let transport = messaging::transport::connect(&file.url).await.expect("connects");
-    let err = messaging::App::new(transport).await.expect_err("no tables yet").to_string();
-    assert!(err.contains("table `messaging_queues` is missing") && err.contains("migrate"), "{err}");
+    let err = messaging::App::new(transport.clone()).await.expect_err("no tables yet").to_string();
+    assert!(err.contains("the sqlite database has none of the framework's tables") && err.contains("migrate"), "{err}");
+    // One table gone of a migrated database: named.
+    transport.migrate().await.expect("migrate");
+    let pool = messaging::sqlx::SqlitePool::connect(&file.url).await.expect("pool");
+    messaging::sqlx::query("DROP TABLE messaging_schedules").execute(&pool).await.expect("drop table");
+    let err = messaging::App::new(transport).await.expect_err("a table is missing").to_string();
+    assert!(err.contains("table `messaging_schedules` is missing") && err.contains("migrate"), "{err}");
 }
 
 #[tokio::test]

@@ -37,15 +37,28 @@ impl App {
     /// Like [`App::new`] with a given registry.
     pub async fn with_registry(registry: Registry, transport: Arc<dyn Transport>) -> Result<App, Error> {
         let mut problems = Vec::new();
+        // The same problem for several queues (the schema not ready, the
+        // database unreachable) is said once, naming them all.
+        let mut shared: Vec<(String, Vec<&str>)> = Vec::new();
         for spec in registry.queues() {
-            if let Err(e) = transport.declare(spec).await {
-                problems.push(match e {
-                    TransportError::QueueNotFound(_) => {
-                        format!("queue `{}` does not exist on {}", spec.name, transport.system())
+            match transport.declare(spec).await {
+                Ok(()) => {}
+                Err(TransportError::QueueNotFound(_)) => {
+                    problems.push(format!("queue `{}` does not exist on {}", spec.name, transport.system()));
+                }
+                Err(other) => {
+                    let problem = other.to_string();
+                    match shared.iter_mut().find(|(p, _)| *p == problem) {
+                        Some((_, queues)) => queues.push(spec.name),
+                        None => shared.push((problem, vec![spec.name])),
                     }
-                    other => format!("queue `{}`: {other}", spec.name),
-                });
+                }
             }
+        }
+        for (problem, queues) in shared {
+            let names: Vec<String> = queues.iter().map(|q| format!("`{q}`")).collect();
+            let label = if names.len() == 1 { "queue" } else { "queues" };
+            problems.push(format!("{label} {}: {problem}", names.join(", ")));
         }
         if !problems.is_empty() {
             return Err(ValidationErrors::new(problems).into());

@@ -264,6 +264,10 @@ async fn execute(cli: Cli, hook: SetupHook) -> Result<(), Error> {
         (command, _) => command,
     };
     let validate_json = matches!(command, Command::Validate(JsonArg { json: true }));
+    let migrating = matches!(command, Command::Migrate | Command::Run(RunArgs { migrate: true, .. }));
+    if !uses_existing(&command) && !migrating {
+        transport::refuse_new_file_without_tables(&url)?;
+    }
     let transport =
         if uses_existing(&command) { transport::connect_existing(&url).await } else { transport::connect(&url).await };
     let transport = transport.inspect_err(|e| {
@@ -271,7 +275,6 @@ async fn execute(cli: Cli, hook: SetupHook) -> Result<(), Error> {
             print_validation(&problems_of(e));
         }
     })?;
-    let migrating = matches!(command, Command::Migrate | Command::Run(RunArgs { migrate: true, .. }));
     if migrating {
         transport.migrate().await?;
     }

@@ -34,8 +34,8 @@ pub use outbox::{Outbox, DEFAULT_MAX_AGE};
 pub(crate) use outbox_store::OutboxStore;
 pub(crate) use outbox_store::{Claimed, OutboxWrite, Settle, MESSAGE_ID_ATTRIBUTE, WAKE as OUTBOX_WAKE};
 pub use outbox_store::{FailedOutboxRow, OutboxQueue};
-pub(crate) use url::connect_existing;
 pub use url::{connect, DEFAULT_URL};
+pub(crate) use url::{connect_existing, refuse_new_file_without_tables};
 
 pub use crate::boxed::BoxFuture;
 

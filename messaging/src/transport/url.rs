@@ -38,6 +38,31 @@ pub(crate) async fn connect_existing(url: &str) -> Result<Arc<dyn Transport>, Er
     connect(&without_migrate(url)).await
 }
 
+/// For a command that creates a SQLite database file but not its tables
+/// (`run` without `--migrate`, `publish`, on a URL without `migrate=true`):
+/// an error naming the fix when the file does not exist, rather than an
+/// empty file left behind and the same schema problem once per queue.
+pub(crate) fn refuse_new_file_without_tables(url: &str) -> Result<(), Error> {
+    #[cfg(feature = "sqlite")]
+    if url.starts_with("sqlite:") {
+        let (options, rest) = super::sql::SqlOptions::parse(url)?;
+        if options.migrate {
+            return Ok(());
+        }
+        if let Some(file) = super::sql::missing_sqlite_file(&rest) {
+            let separator = if url.contains('?') { '&' } else { '?' };
+            return Err(Error::Command(format!(
+                "there is no database file `{}` ({url}), and this URL does not create the tables: add \
+                 `migrate=true` to it (`{url}{separator}migrate=true`), or run `migrate` first",
+                file.display()
+            )));
+        }
+    }
+    #[cfg(not(feature = "sqlite"))]
+    let _ = url;
+    Ok(())
+}
+
 /// `url` without a `migrate=` parameter.
 fn without_migrate(url: &str) -> String {
     let Some((base, query)) = url.split_once('?') else { return url.to_owned() };

@@ -24,6 +24,12 @@ pub(crate) fn compare(
     found: &[(String, String)],
     step: Option<(Option<i64>, i64)>,
 ) -> Result<(), TransportError> {
+    if EXPECTED.iter().all(|(table, _)| found.iter().all(|(t, _)| t != table)) {
+        return Err(TransportError::Backend(format!(
+            "the {system} database has none of the framework's tables (a new database?): run the `migrate` \
+             command (or connect with `?migrate=true`), or create the tables as documented in the README"
+        )));
+    }
     let mut problems = Vec::new();
     for (table, columns) in EXPECTED {
         let present: Vec<&str> = found.iter().filter(|(t, _)| t == table).map(|(_, c)| c.as_str()).collect();
