@@ -97,8 +97,7 @@ impl SqsTransport {
 
     /// Receives up to 10 messages of the DLQ, reserving them.
     async fn reserve(&self, dlq_url: &str, max: usize) -> Result<Vec<Delivery>, TransportError> {
-        self.count();
-        let out = self
+        let request = self
             .client
             .receive_message()
             .queue_url(dlq_url)
@@ -109,9 +108,9 @@ impl SqsTransport {
             .message_system_attribute_names(MessageSystemAttributeName::MessageGroupId)
             .message_system_attribute_names(MessageSystemAttributeName::SentTimestamp)
             .message_attribute_names("All")
-            .send()
-            .await
-            .map_err(|e| sdk("ReceiveMessage (dead letters)", e))?;
+            .send();
+        let what = "ReceiveMessage (dead letters)";
+        let out = self.call(what, dlq_url, WAIT, request).await.map_err(|e| sdk(what, e))?;
         Ok(out.messages().iter().filter_map(delivery_of).collect())
     }
 
@@ -119,15 +118,14 @@ impl SqsTransport {
     async fn unreserve(&self, dlq_url: &str, deliveries: &[Delivery]) {
         for d in deliveries {
             let Ok(h) = handle(&d.receipt) else { continue };
-            self.count();
-            let result = self
+            let request = self
                 .client
                 .change_message_visibility()
                 .queue_url(dlq_url)
                 .receipt_handle(h)
                 .visibility_timeout(0)
-                .send()
-                .await;
+                .send();
+            let result = self.call("ChangeMessageVisibility", dlq_url, Duration::ZERO, request).await;
             if let Err(e) = result {
                 tracing::warn!(
                     "could not make a dead letter visible again ({}); it will be in {RESERVE:?}",
@@ -138,14 +136,8 @@ impl SqsTransport {
     }
 
     async fn delete(&self, url: &str, d: &Delivery) -> Result<(), TransportError> {
-        self.count();
-        self.client
-            .delete_message()
-            .queue_url(url)
-            .receipt_handle(handle(&d.receipt)?)
-            .send()
-            .await
-            .map_err(|e| sdk("DeleteMessage", e))?;
+        let request = self.client.delete_message().queue_url(url).receipt_handle(handle(&d.receipt)?).send();
+        self.call("DeleteMessage", url, Duration::ZERO, request).await.map_err(|e| sdk("DeleteMessage", e))?;
         Ok(())
     }
 

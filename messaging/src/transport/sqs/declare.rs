@@ -7,6 +7,7 @@ use std::collections::HashMap;
 use aws_sdk_sqs::types::QueueAttributeName;
 use aws_sdk_sqs::Client;
 
+use super::slow::{answered, SLOW_CALL};
 use super::{sdk, SqsOptions, SqsQueue};
 use crate::error::TransportError;
 use crate::queue::QueueSpec;
@@ -57,7 +58,8 @@ async fn find_or_create(
     fifo: bool,
     redrive: Option<String>,
 ) -> Result<String, TransportError> {
-    match client.get_queue_url().queue_name(name).send().await {
+    let looked_up = client.get_queue_url().queue_name(name).send();
+    match answered("GetQueueUrl", name, SLOW_CALL, looked_up).await {
         Ok(out) => out.queue_url().map(str::to_owned).ok_or_else(|| TransportError::QueueNotFound(name.to_owned())),
         Err(e) if e.as_service_error().is_some_and(|s| s.is_queue_does_not_exist()) => {
             if !options.create_queues {
@@ -73,7 +75,8 @@ async fn find_or_create(
             if let Some(policy) = redrive {
                 request = request.attributes(QueueAttributeName::RedrivePolicy, policy);
             }
-            let out = request.send().await.map_err(|e| sdk(&format!("creating queue `{name}`"), e))?;
+            let out = answered("CreateQueue", name, SLOW_CALL, request.send()).await;
+            let out = out.map_err(|e| sdk(&format!("creating queue `{name}`"), e))?;
             tracing::info!(queue = name, "created the SQS queue (create_queues=true)");
             out.queue_url().map(str::to_owned).ok_or_else(|| TransportError::QueueNotFound(name.to_owned()))
         }
@@ -82,13 +85,9 @@ async fn find_or_create(
 }
 
 async fn attributes(client: &Client, url: &str) -> Result<HashMap<QueueAttributeName, String>, TransportError> {
-    let out = client
-        .get_queue_attributes()
-        .queue_url(url)
-        .attribute_names(QueueAttributeName::All)
-        .send()
-        .await
-        .map_err(|e| sdk("GetQueueAttributes", e))?;
+    let request = client.get_queue_attributes().queue_url(url).attribute_names(QueueAttributeName::All).send();
+    let out =
+        answered("GetQueueAttributes", url, SLOW_CALL, request).await.map_err(|e| sdk("GetQueueAttributes", e))?;
     Ok(out.attributes().cloned().unwrap_or_default())
 }
 
@@ -161,15 +160,15 @@ pub(super) async fn depth(client: &Client, url: &str) -> Result<u64, TransportEr
 
 /// The queue's approximate counts: (visible, in flight, delayed).
 pub(super) async fn counts(client: &Client, url: &str) -> Result<(u64, u64, u64), TransportError> {
-    let out = client
+    let request = client
         .get_queue_attributes()
         .queue_url(url)
         .attribute_names(QueueAttributeName::ApproximateNumberOfMessages)
         .attribute_names(QueueAttributeName::ApproximateNumberOfMessagesNotVisible)
         .attribute_names(QueueAttributeName::ApproximateNumberOfMessagesDelayed)
-        .send()
-        .await
-        .map_err(|e| sdk("GetQueueAttributes", e))?;
+        .send();
+    let out =
+        answered("GetQueueAttributes", url, SLOW_CALL, request).await.map_err(|e| sdk("GetQueueAttributes", e))?;
     let read = |name: QueueAttributeName| {
         out.attributes().and_then(|a| a.get(&name)).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0)
     };

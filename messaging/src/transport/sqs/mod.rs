@@ -13,6 +13,7 @@ mod dead_letters;
 mod declare;
 mod options;
 mod outgoing;
+mod slow;
 mod text;
 
 use std::collections::HashMap;
@@ -166,6 +167,20 @@ impl SqsTransport {
     pub(super) fn count(&self) {
         self.requests.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     }
+
+    /// Counts one API request, `what` on the queue at `url`, and awaits it,
+    /// saying so if it goes unanswered for long ([`slow::answered`]; a
+    /// receive's long poll `wait` is not counted as slow).
+    pub(super) async fn call<T>(
+        &self,
+        what: &str,
+        url: &str,
+        wait: Duration,
+        request: impl std::future::Future<Output = T>,
+    ) -> T {
+        self.count();
+        slow::answered(what, url, wait + slow::SLOW_CALL, request).await
+    }
 }
 
 fn delivery_of(m: &aws_sdk_sqs::types::Message) -> Option<Delivery> {
@@ -230,8 +245,8 @@ impl Transport for SqsTransport {
             } else if let Some(delay) = message.delay.filter(|d| !d.is_zero()) {
                 request = request.delay_seconds(seconds(delay));
             }
-            self.count();
-            let out = request.send().await.map_err(|e| sdk("SendMessage", e))?;
+            let out = self.call("SendMessage", &q.url, Duration::ZERO, request.send()).await;
+            let out = out.map_err(|e| sdk("SendMessage", e))?;
             Ok(MessageId::from(out.message_id().unwrap_or_default()))
         })
     }
@@ -287,23 +302,22 @@ impl Transport for SqsTransport {
     ) -> BoxFuture<'a, Result<Vec<Delivery>, TransportError>> {
         Box::pin(async move {
             let q = self.queue(queue)?;
-            self.count();
-            let out = self
+            // Whole seconds, rounded down: the worker waits for a receive in
+            // flight at shutdown, within the grace period.
+            let wait = Duration::from_secs(wait.min(Duration::from_secs(20)).as_secs());
+            let request = self
                 .client
                 .receive_message()
                 .queue_url(&q.url)
                 .max_number_of_messages(max.clamp(1, MAX_BATCH) as i32)
-                // Whole seconds, rounded down: the worker waits for a
-                // receive in flight at shutdown, within the grace period.
-                .wait_time_seconds(wait.min(Duration::from_secs(20)).as_secs() as i32)
+                .wait_time_seconds(wait.as_secs() as i32)
                 .visibility_timeout(seconds(q.spec.visibility.min(MAX_VISIBILITY)))
                 .message_system_attribute_names(MessageSystemAttributeName::ApproximateReceiveCount)
                 .message_system_attribute_names(MessageSystemAttributeName::SentTimestamp)
                 .message_system_attribute_names(MessageSystemAttributeName::MessageGroupId)
                 .message_attribute_names("All")
-                .send()
-                .await
-                .map_err(|e| sdk("ReceiveMessage", e))?;
+                .send();
+            let out = self.call("ReceiveMessage", &q.url, wait, request).await.map_err(|e| sdk("ReceiveMessage", e))?;
             Ok(out.messages().iter().filter_map(delivery_of).collect())
         })
     }
@@ -321,15 +335,8 @@ impl Transport for SqsTransport {
                     .map(|(id, h)| DeleteMessageBatchRequestEntry::builder().id(id).receipt_handle(h).build())
                     .collect::<Result<Vec<_>, _>>()
                     .map_err(|e| TransportError::Backend(format!("sqs: {e}")))?;
-                self.count();
-                let out = self
-                    .client
-                    .delete_message_batch()
-                    .queue_url(&q.url)
-                    .set_entries(Some(entries))
-                    .send()
-                    .await
-                    .map_err(|e| sdk(what, e))?;
+                let request = self.client.delete_message_batch().queue_url(&q.url).set_entries(Some(entries)).send();
+                let out = self.call(what, &q.url, Duration::ZERO, request).await.map_err(|e| sdk(what, e))?;
                 Ok(batch::Answer::of(out.successful().iter().map(|s| s.id()), out.failed()))
             })
             .await
@@ -446,15 +453,9 @@ impl SqsTransport {
                 })
                 .collect::<Result<Vec<_>, _>>()
                 .map_err(|e| TransportError::Backend(format!("sqs: {e}")))?;
-            self.count();
-            let out = self
-                .client
-                .change_message_visibility_batch()
-                .queue_url(&q.url)
-                .set_entries(Some(entries))
-                .send()
-                .await
-                .map_err(|e| sdk(what, e))?;
+            let request =
+                self.client.change_message_visibility_batch().queue_url(&q.url).set_entries(Some(entries)).send();
+            let out = self.call(what, &q.url, Duration::ZERO, request).await.map_err(|e| sdk(what, e))?;
             Ok(batch::Answer::of(out.successful().iter().map(|s| s.id()), out.failed()))
         })
         .await
@@ -462,15 +463,14 @@ impl SqsTransport {
 
     async fn change_visibility(&self, queue: &str, receipt: &Receipt, after: Duration) -> Result<(), TransportError> {
         let q = self.queue(queue)?;
-        self.count();
-        let result = self
+        let request = self
             .client
             .change_message_visibility()
             .queue_url(&q.url)
             .receipt_handle(handle(receipt)?)
             .visibility_timeout(seconds(after.min(MAX_VISIBILITY)))
-            .send()
-            .await;
+            .send();
+        let result = self.call("ChangeMessageVisibility", &q.url, Duration::ZERO, request).await;
         match result {
             Ok(_) => Ok(()),
             Err(e) => {

@@ -94,13 +94,12 @@ impl SqsTransport {
         entries: Vec<(usize, SendMessageBatchRequestEntry)>,
     ) -> Vec<(usize, Result<MessageId, TransportError>)> {
         let indices: Vec<usize> = entries.iter().map(|(i, _)| *i).collect();
-        self.count();
         let request = self
             .client
             .send_message_batch()
             .queue_url(url)
             .set_entries(Some(entries.into_iter().map(|(_, e)| e).collect()));
-        match request.send().await {
+        match self.call("SendMessageBatch", url, Duration::ZERO, request.send()).await {
             Err(e) => {
                 let err = sdk("SendMessageBatch", e).to_string();
                 indices.into_iter().map(|i| (i, Err(TransportError::Backend(err.clone())))).collect()
