@@ -10,8 +10,6 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::error::TransportError;
-
 /// How many times a worker that runs tries at least what the transport or a
 /// store refuses (an acknowledgement, a claim's completion).
 pub(crate) const TRIES_AT_LEAST: u32 = 3;
@@ -63,13 +61,13 @@ pub(crate) struct Refusal {
 /// `interrupted` is ready (a stop), so that `again` can decide at once.
 /// `again` also says, on the first refusal, that it is tried again (a
 /// warning), since only it knows for how long.
-pub(crate) async fn tried<T, F>(
+pub(crate) async fn tried<T, E, F>(
     mut call: impl FnMut() -> F,
-    mut again: impl FnMut(&TransportError, Refusal) -> bool,
+    mut again: impl FnMut(&E, Refusal) -> bool,
     interrupted: impl Future<Output = ()>,
-) -> Result<T, TransportError>
+) -> Result<T, E>
 where
-    F: Future<Output = Result<T, TransportError>>,
+    F: Future<Output = Result<T, E>>,
 {
     tokio::pin!(interrupted);
     let mut ended = false;
@@ -102,6 +100,7 @@ mod tests {
     use std::cell::Cell;
 
     use super::*;
+    use crate::error::TransportError;
 
     fn refused<T>() -> Result<T, TransportError> {
         Err(TransportError::Backend("refused".into()))

@@ -160,6 +160,14 @@ pub trait Dialect: Driver + sealed::Sealed + Sized {
     /// is in `$2`, a JSON array of integers: the rows a batch of receipts
     /// names, looked up by primary key in one statement.
     const BY_IDS: &'static str;
+    /// [`Dialect::BY_IDS`] skipping rows another transaction holds, and the
+    /// statement that bounds how long a transaction waits for a row lock
+    /// (PostgreSQL); `None` where a transaction holds the whole database
+    /// (SQLite). The heartbeat's extensions take what they can at once and
+    /// wait a moment only for the rest ([`SqlStore::apply_all`]).
+    ///
+    /// [`SqlStore::apply_all`]: super::SqlStore::apply_all
+    const SKIP_LOCKED: Option<SkipLocked>;
     /// The most rows (a power of two) one call that stores whole rows
     /// writes, and how (`statements::store_rows`).
     const STORE_ROWS: (usize, StoreForm);
@@ -616,4 +624,13 @@ pub(crate) fn leased<D: Dialect>(found: &[D::Row]) -> Result<Vec<LeasedRow>, Tra
 /// Whole message rows.
 pub(crate) fn rows<D: Dialect>(found: &[D::Row]) -> Result<Vec<Row>, TransportError> {
     found.iter().map(|r| D::record(r).map_err(fail::<D>("reading a message"))?.try_into()).collect()
+}
+
+/// How a database skips rows other transactions hold ([`Dialect::SKIP_LOCKED`]).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct SkipLocked {
+    /// [`Dialect::BY_IDS`] without the rows another transaction holds.
+    pub(crate) by_ids: &'static str,
+    /// Bounds the current transaction's waits for a row lock.
+    pub(crate) wait_briefly: &'static str,
 }

@@ -25,9 +25,11 @@ pub(crate) fn compare(
     step: Option<(Option<i64>, i64)>,
 ) -> Result<(), TransportError> {
     if EXPECTED.iter().all(|(table, _)| found.iter().all(|(t, _)| t != table)) {
+        let tables: Vec<String> = EXPECTED.iter().map(|(table, _)| format!("`{table}`")).collect();
         return Err(TransportError::Backend(format!(
-            "the {system} database has none of the framework's tables (a new database?): run the `migrate` \
-             command (or connect with `?migrate=true`), or create the tables as documented in the README"
+            "the {system} database has none of the framework's tables ({}; a new database?): run the `migrate` \
+             command (or connect with `?migrate=true`), or create the tables as documented in the README",
+            tables.join(", ")
         )));
     }
     let mut problems = Vec::new();

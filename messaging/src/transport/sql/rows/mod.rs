@@ -7,7 +7,7 @@
 mod browse;
 mod write;
 
-use super::dialect::{fail, flag, int, rows, Dialect, SqlStore, Write};
+use super::dialect::{fail, flag, int, rows, Dialect, SkipLocked, SqlStore, Write};
 use super::driver::Value;
 use super::record::{Held, LeasedRow};
 use super::statements::{self as sql, FifoSearch};
@@ -331,9 +331,50 @@ impl<D: Dialect> SqlStore<D> {
         if items.is_empty() {
             return Ok(Vec::new());
         }
+        if let (RowOp::Extend { .. }, Some(skip)) = (op, D::SKIP_LOCKED) {
+            return self.extend_all(queue, now, items, op, skip).await;
+        }
         let mut w = Write::begin(self).await?;
-        let done = self.transition_all(&mut w, queue, now, items, op).await;
+        let done = self.transition_all(&mut w, queue, now, items, op, D::BY_IDS).await;
         w.finish(done).await
+    }
+
+    /// The heartbeat's extension of many leased rows, never held up for
+    /// long by a row another transaction holds (an application's): the
+    /// rows not held are extended at once; the others are waited for a
+    /// moment ([`SkipLocked::wait_briefly`], as long as a completion of
+    /// ours takes) and then fail alone, for the next round to try again.
+    /// Waited for without a bound, one such row held up the whole round,
+    /// and every other message's lease ran out.
+    async fn extend_all(
+        &self,
+        queue: &str,
+        now: i64,
+        items: &[(RowId, u64)],
+        op: &RowOp,
+        skip: SkipLocked,
+    ) -> Result<Vec<Result<(), TransportError>>, TransportError> {
+        let mut w = Write::begin(self).await?;
+        let done = self.transition_all(&mut w, queue, now, items, op, skip.by_ids).await;
+        let mut results = w.finish(done).await?;
+        // Not found while skipping: gone, leased again, or held.
+        let missed: Vec<usize> = (0..results.len()).filter(|&i| results[i].is_err()).collect();
+        if missed.is_empty() {
+            return Ok(results);
+        }
+        let again: Vec<(RowId, u64)> = missed.iter().map(|&i| items[i]).collect();
+        let mut w = Write::begin(self).await?;
+        let done = async {
+            self.exec_in(&mut w, "bounding lock waits", &[skip.wait_briefly], &[]).await?;
+            self.transition_all(&mut w, queue, now, &again, op, D::BY_IDS).await
+        }
+        .await;
+        // A row still held fails with SQLSTATE 55P03, whose hint says why.
+        let second = w.finish(done).await.unwrap_or_else(|e| vec![Err(e); again.len()]);
+        for (i, result) in missed.into_iter().zip(second) {
+            results[i] = result;
+        }
+        Ok(results)
     }
 
     async fn transition_all(
@@ -343,10 +384,11 @@ impl<D: Dialect> SqlStore<D> {
         now: i64,
         items: &[(RowId, u64)],
         op: &RowOp,
+        by_ids: &'static str,
     ) -> Result<Vec<Result<(), TransportError>>, TransportError> {
         let ids: Vec<RowId> = items.iter().map(|&(id, _)| id).collect();
         let list = serde_json::to_string(&ids).unwrap_or_else(|_| "[]".to_owned());
-        let found = self.query_in(w, "loading messages", &[D::BY_IDS], &[queue.into(), list.as_str().into()]).await?;
+        let found = self.query_in(w, "loading messages", &[by_ids], &[queue.into(), list.as_str().into()]).await?;
         // Kept in id order, the order the rows were locked in.
         let mut loaded: std::collections::BTreeMap<RowId, (Row, bool)> =
             rows::<D>(&found)?.into_iter().map(|row| (row.id, (row, false))).collect();

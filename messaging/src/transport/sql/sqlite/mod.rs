@@ -25,7 +25,7 @@ use sqlx::sqlite::{SqliteConnectOptions, SqliteConnection, SqliteJournalMode, Sq
 use sqlx::{Pool, Sqlite, Transaction};
 use tokio::sync::Mutex;
 
-use super::dialect::{fail, full_disk_hint, in_input_order, Dialect, SqlStore, StopOnDrop};
+use super::dialect::{fail, full_disk_hint, in_input_order, Dialect, SkipLocked, SqlStore, StopOnDrop};
 use super::record::{Held, LeasedRow};
 use super::statements::{self as sql, FifoSearch, StoreForm, Tables};
 use crate::error::TransportError;
@@ -294,6 +294,7 @@ impl Dialect for Sqlite {
         sql::columns!(),
         " FROM messaging_messages WHERE queue = $1 AND identity IN (SELECT value FROM json_each($2))"
     );
+    const SKIP_LOCKED: Option<SkipLocked> = None;
     const BY_IDS: &'static str = concat!(
         "SELECT ",
         sql::columns!(),

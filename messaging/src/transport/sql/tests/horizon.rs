@@ -8,17 +8,6 @@ use sqlx::{Connection, PgConnection, PgPool};
 
 use crate::transport::sql::postgres::horizon::{oldest, Holder};
 
-/// `TEST_POSTGRES_URL` on database `name`.
-fn on_database(name: &str) -> String {
-    let base = super::postgres_base();
-    let (path, query) = base.split_once('?').map_or((base.as_str(), None), |(p, q)| (p, Some(q)));
-    let server = path.rsplit_once('/').map_or(path, |(server, _)| server);
-    match query {
-        Some(query) => format!("{server}/{name}?{query}"),
-        None => format!("{server}/{name}"),
-    }
-}
-
 /// A session on `url` named `application`, its pid.
 async fn session(url: &str, application: &str) -> (PgConnection, i32) {
     let mut conn = PgConnection::connect(url).await.unwrap();
@@ -33,9 +22,8 @@ async fn run(conn: &mut PgConnection, sql: &str) {
 
 #[test]
 fn postgres_a_transaction_holding_back_cleanup_is_named_with_what_to_do() {
-    let name = super::unique("msgtest_horizon");
-    super::psql(&format!("CREATE DATABASE {name}"));
-    let url = on_database(&name);
+    let db = super::Database::new("msgtest_horizon");
+    let url = db.url.clone();
     super::runtime().block_on(async {
         let pool = PgPool::connect(&url).await.unwrap();
         // A repeatable-read snapshot, left idle; then a read-committed
@@ -82,5 +70,4 @@ fn postgres_a_transaction_holding_back_cleanup_is_named_with_what_to_do() {
         drop((report, writer, reader));
         pool.close().await;
     });
-    super::psql(&format!("DROP DATABASE {name} WITH (FORCE)"));
 }

@@ -10,6 +10,7 @@ mod claims;
 mod fifo;
 mod horizon;
 mod ids;
+mod locks;
 mod model;
 mod notify;
 mod plans;
@@ -41,6 +42,41 @@ fn psql(sql: &str) {
         .output()
         .expect("psql is installed (PostgreSQL client)");
     assert!(out.status.success(), "psql `{sql}` failed: {}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// The URL of database `name` on the test server.
+fn on_database(name: &str) -> String {
+    let base = postgres_base();
+    let (path, query) = base.split_once('?').map_or((base.as_str(), None), |(p, q)| (p, Some(q)));
+    let server = path.rsplit_once('/').map_or(path, |(server, _)| server);
+    match query {
+        Some(query) => format!("{server}/{name}?{query}"),
+        None => format!("{server}/{name}"),
+    }
+}
+
+/// A database of its own on the test server, dropped on drop: for tests
+/// whose open transactions would hold back the cleanup that other tests
+/// in the shared database wait for (a vacuum only waits for transactions
+/// in its own database).
+struct Database {
+    name: String,
+    url: String,
+}
+
+impl Database {
+    fn new(prefix: &str) -> Database {
+        let name = unique(prefix);
+        psql(&format!("CREATE DATABASE {name}"));
+        let url = on_database(&name);
+        Database { name, url }
+    }
+}
+
+impl Drop for Database {
+    fn drop(&mut self) {
+        psql(&format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", self.name));
+    }
 }
 
 /// A fresh schema in the test database, dropped on drop; `url` connects with

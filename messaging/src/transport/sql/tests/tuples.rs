@@ -11,13 +11,13 @@ use crate::transport::sql::postgres::PostgresStore;
 use crate::transport::sql::record::{LeasedRow, Tuple};
 use crate::transport::sql::RowOp;
 
-const START: i64 = 1_800_000_000_000;
-const LEASE: i64 = 1_000;
+pub(super) const START: i64 = 1_800_000_000_000;
+pub(super) const LEASE: i64 = 1_000;
 
-/// A store on `db` with a standard queue `q` holding `payloads`, the table
+/// A store on `url` with a standard queue `q` holding `payloads`, the table
 /// out of autovacuum's reach (the tests vacuum it themselves).
-async fn store_with(db: &super::Postgres, payloads: &[&str]) -> PostgresStore {
-    let store = PostgresStore::connect(&db.url).await.unwrap();
+pub(super) async fn store_with(url: &str, payloads: &[&str]) -> PostgresStore {
+    let store = PostgresStore::connect(url).await.unwrap();
     store.migrate().await.unwrap();
     sqlx::query("ALTER TABLE messaging_messages SET (autovacuum_enabled = false)").execute(&store.pool).await.unwrap();
     store.declare("q", false, START).await.unwrap();
@@ -46,7 +46,7 @@ async fn count(store: &PostgresStore) -> i64 {
 fn postgres_a_stale_receipt_whose_tuple_the_row_took_back_completes_nothing() {
     let db = super::Postgres::new();
     super::runtime().block_on(async {
-        let store = store_with(&db, &["a"]).await;
+        let store = store_with(&db.url, &["a"]).await;
         let first = lease_one(&store, START).await;
         // Given back and leased again, round after round, each time a new
         // version; the vacuums free the old versions' places (when no other
@@ -83,7 +83,7 @@ fn postgres_a_stale_receipt_whose_tuple_the_row_took_back_completes_nothing() {
 fn postgres_a_receipt_whose_tuple_another_row_took_completes_nothing() {
     let db = super::Postgres::new();
     super::runtime().block_on(async {
-        let store = store_with(&db, &["a"]).await;
+        let store = store_with(&db.url, &["a"]).await;
         let first = lease_one(&store, START).await;
         // Completed with the receipt, gone; its place freed by a vacuum (when
         // no other test's transaction holds it) and taken by a message
@@ -122,7 +122,7 @@ fn postgres_a_receipt_whose_tuple_another_row_took_completes_nothing() {
 fn postgres_a_row_whose_lease_was_extended_is_completed_where_it_moved() {
     let db = super::Postgres::new();
     super::runtime().block_on(async {
-        let store = store_with(&db, &["a", "b", "c"]).await;
+        let store = store_with(&db.url, &["a", "b", "c"]).await;
         let leased = store.lease("q", START, 3, LEASE, false).await.unwrap();
         assert_eq!(leased.len(), 3);
         // The heartbeat extends the second: its row moves to a new version.

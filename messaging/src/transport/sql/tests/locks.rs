@@ -1,0 +1,71 @@
+//! A row of ours that another transaction holds (an application's, sharing
+//! the database): the heartbeat extends every other row at once and fails
+//! that one alone after a brief wait, instead of waiting for it with the
+//! whole round while every other lease runs out.
+
+use std::time::{Duration, Instant};
+
+use sqlx::Connection as _;
+
+use super::tuples::{store_with, LEASE, START};
+use crate::error::TransportError;
+use crate::transport::sql::machine::RowId;
+use crate::transport::sql::postgres::PostgresStore;
+use crate::transport::sql::RowOp;
+
+async fn lease_expires(store: &PostgresStore, id: RowId) -> i64 {
+    sqlx::query_scalar("SELECT lease_expires FROM messaging_messages WHERE id = $1")
+        .bind(id as i64)
+        .fetch_one(&store.pool)
+        .await
+        .unwrap()
+}
+
+#[test]
+fn postgres_an_extension_skips_a_row_another_transaction_holds_and_fails_it_alone() {
+    // A database of its own: the open transaction below would hold back
+    // the vacuums that tests in the shared one rely on.
+    let db = super::Database::new("msgtest_locks");
+    super::runtime().block_on(async {
+        let store = store_with(&db.url, &["a", "b", "c"]).await;
+        let leased = store.lease("q", START, 3, LEASE, false).await.unwrap();
+        assert_eq!(leased.len(), 3);
+        let items: Vec<(RowId, u64)> = leased.iter().map(|r| (r.id, r.token)).collect();
+        // The application's transaction, left open with the second row locked.
+        let mut app = sqlx::PgConnection::connect(&db.url).await.unwrap();
+        let mut tx = app.begin().await.unwrap();
+        sqlx::query("SELECT id FROM messaging_messages WHERE id = $1 FOR UPDATE")
+            .bind(leased[1].id as i64)
+            .fetch_one(&mut *tx)
+            .await
+            .unwrap();
+
+        let extend = RowOp::Extend { lease_ms: LEASE };
+        let started = Instant::now();
+        let results = tokio::time::timeout(Duration::from_secs(10), store.apply_all("q", START + 500, &items, &extend))
+            .await
+            .expect("the extension waits for the held row a moment, not until its transaction ends")
+            .unwrap();
+        assert!(started.elapsed() < Duration::from_secs(5), "took {:?}", started.elapsed());
+        assert!(results[0].is_ok() && results[2].is_ok(), "{results:?}");
+        match &results[1] {
+            Err(TransportError::Backend(e)) => {
+                assert!(e.contains("another transaction holds the message's row"), "{e}")
+            }
+            other => panic!("the held row fails alone, as a transient error: {other:?}"),
+        }
+        assert_eq!(lease_expires(&store, leased[0].id).await, START + 500 + LEASE);
+        assert_eq!(lease_expires(&store, leased[2].id).await, START + 500 + LEASE);
+
+        // Once the application's transaction ends, the row is extended too;
+        // a row completed meanwhile is stale, as before.
+        tx.commit().await.unwrap();
+        let done = store.complete("q", START + 600, vec![leased[0].held()], 0).await;
+        assert!(matches!(done[..], [Ok(())]), "{done:?}");
+        let results = store.apply_all("q", START + 700, &items, &extend).await.unwrap();
+        assert!(matches!(results[0], Err(TransportError::StaleReceipt)), "{results:?}");
+        assert!(results[1].is_ok() && results[2].is_ok(), "{results:?}");
+        assert_eq!(lease_expires(&store, leased[1].id).await, START + 700 + LEASE);
+        store.close().await;
+    });
+}
