@@ -6,7 +6,7 @@
 
 /// Bottom first. Within a layer, modules do not use each other.
 pub(crate) const LAYERS: &[(&str, &[&str])] = &[
-    ("vocabulary", &["boxed", "control", "duration", "error", "hint", "message", "retry", "shutdown"]),
+    ("vocabulary", &["boxed", "control", "duration", "error", "hint", "message", "printed", "retry", "shutdown"]),
     ("wire", &["envelope", "queue"]),
     ("idempotency stores", &["claims"]),
     ("transports", &["transport"]),

@@ -42,6 +42,8 @@ mod layers;
 pub mod message;
 pub mod observe;
 mod pipeline;
+#[cfg(test)]
+mod printed;
 pub mod publish;
 pub mod queue;
 pub mod registry;

@@ -287,40 +287,20 @@ mod otlp {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::{Arc, Mutex};
-
     use super::*;
-
-    /// What a subscriber with [`DEFAULT_FILTER`] prints.
-    #[derive(Clone, Default)]
-    struct Printed(Arc<Mutex<Vec<u8>>>);
-
-    impl std::io::Write for Printed {
-        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-            self.0.lock().unwrap().extend_from_slice(buf);
-            Ok(buf.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
+    use crate::printed::Printed;
 
     #[test]
     fn the_default_filter_keeps_sqlx_s_release_pings_out() {
         let printed = Printed::default();
-        let writer = printed.clone();
-        let subscriber = tracing_subscriber::fmt()
-            .with_env_filter(EnvFilter::new(DEFAULT_FILTER))
-            .with_writer(move || writer.clone())
-            .with_ansi(false)
-            .finish();
+        let subscriber = printed.subscriber().with_env_filter(EnvFilter::new(DEFAULT_FILTER)).finish();
         tracing::subscriber::with_default(subscriber, || {
             tracing::warn!(target: "sqlx_core::pool::connection", "error occurred while testing the connection on-release");
             tracing::warn!(target: "sqlx_core::pool::inner", "error from `before_acquire`");
             tracing::info!(target: "sqlx::query", "a statement");
             tracing::info!(target: "messaging::worker", "receiving again");
         });
-        let text = String::from_utf8(printed.0.lock().unwrap().clone()).unwrap();
+        let text = printed.text();
         assert!(!text.contains("on-release"), "{text}");
         assert!(!text.contains("a statement"), "{text}");
         assert!(text.contains("before_acquire"), "other warnings of sqlx stay: {text}");

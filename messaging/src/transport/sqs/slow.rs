@@ -39,40 +39,16 @@ pub(super) async fn answered<T>(what: &str, queue: &str, slow_after: Duration, c
 
 #[cfg(test)]
 mod tests {
-    use std::sync::{Arc, Mutex};
-
     use super::*;
+    use crate::printed::Printed;
 
-    /// The lines logged, as text.
-    #[derive(Clone, Default)]
-    struct Lines(Arc<Mutex<Vec<u8>>>);
-
-    impl std::io::Write for Lines {
-        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-            self.0.lock().unwrap().extend_from_slice(buf);
-            Ok(buf.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
-
-    impl Lines {
-        fn text(&self) -> String {
-            String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
-        }
-    }
-
-    fn logged(lines: &Lines) -> tracing::subscriber::DefaultGuard {
-        let lines = lines.clone();
-        let subscriber =
-            tracing_subscriber::fmt().with_writer(move || lines.clone()).with_ansi(false).without_time().finish();
-        tracing::subscriber::set_default(subscriber)
+    fn logged(printed: &Printed) -> tracing::subscriber::DefaultGuard {
+        tracing::subscriber::set_default(printed.subscriber().finish())
     }
 
     #[tokio::test(start_paused = true)]
     async fn a_call_answered_in_time_says_nothing() {
-        let lines = Lines::default();
+        let lines = Printed::default();
         let _guard = logged(&lines);
         let answer = answered("SendMessage", "http://sqs/q", SLOW_CALL, async {
             tokio::time::sleep(Duration::from_millis(4_900)).await;
@@ -84,7 +60,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_call_that_hangs_is_said_once_and_again_when_it_answers() {
-        let lines = Lines::default();
+        let lines = Printed::default();
         let _guard = logged(&lines);
         let started = Instant::now();
         let answer = answered("DeleteMessageBatch", "http://sqs/q", SLOW_CALL, async {
