@@ -197,12 +197,18 @@ pub(crate) const LEASE_PICKED: &str = "UPDATE messaging_messages SET status = 'p
 /// never analyzed they were found through the ready index (every queue's
 /// pending rows, the ids a filter: `auto_explain` from outside); `id IN
 /// (pick)` happened to be planned by primary key there, a choice of the
-/// planner's. No row lock in the `LATERAL`: leases of the queue take turns
-/// under the advisory lock, and a row another writer changed meanwhile has
-/// a new tuple id, so the update skips it.
+/// planner's. Leases of the queue take turns under the advisory lock; the
+/// `LATERAL` locks each head it takes, skipping one another transaction
+/// holds (its group waits for it, as for a head in flight). Without the
+/// lock the update waited for such a row: tried from outside, an
+/// application's transaction holding one pending row of a FIFO queue for
+/// 20 s stopped every group of the queue for 20 s, and the lease that
+/// waited handed out leases that had run out meanwhile (4 messages ran
+/// twice).
 pub(crate) const LEASE_HEADS: [&str; 2] = [
     "WITH picked AS MATERIALIZED (SELECT r.tuple FROM (",
-    ") AS p, LATERAL (SELECT ctid AS tuple, status FROM messaging_messages WHERE id = p.id LIMIT 1) r \
+    ") AS p, LATERAL (SELECT ctid AS tuple, status FROM messaging_messages WHERE id = p.id LIMIT 1 \
+            FOR UPDATE SKIP LOCKED) r \
         WHERE r.status = 'pending') \
      UPDATE messaging_messages SET status = 'processing', \
         lease_token = (SELECT nextval('messaging_seq')), lease_expires = $3, attempts = attempts + 1 \

@@ -9,7 +9,7 @@ use sqlx::Connection as _;
 
 use super::tuples::{store_with, LEASE, START};
 use crate::error::TransportError;
-use crate::transport::sql::machine::RowId;
+use crate::transport::sql::machine::{Enqueue, RowId};
 use crate::transport::sql::postgres::PostgresStore;
 use crate::transport::sql::RowOp;
 
@@ -66,6 +66,43 @@ fn postgres_an_extension_skips_a_row_another_transaction_holds_and_fails_it_alon
         assert!(matches!(results[0], Err(TransportError::StaleReceipt)), "{results:?}");
         assert!(results[1].is_ok() && results[2].is_ok(), "{results:?}");
         assert_eq!(lease_expires(&store, leased[1].id).await, START + 700 + LEASE);
+        store.close().await;
+    });
+}
+
+#[test]
+fn postgres_a_fifo_lease_skips_a_head_another_transaction_holds_and_leases_the_other_groups() {
+    let db = super::Database::new("msgtest_locks");
+    super::runtime().block_on(async {
+        let store = PostgresStore::connect(&db.url).await.unwrap();
+        store.migrate().await.unwrap();
+        store.declare("q.fifo", true, START).await.unwrap();
+        let items = ["a1", "b1", "a2", "b2"]
+            .iter()
+            .map(|p| Enqueue { group: Some(p[..1].to_owned()), ..Enqueue::test(&format!("m-{p}"), None, p) })
+            .collect();
+        for result in store.enqueue("q.fifo", START, items, false).await {
+            result.unwrap();
+        }
+        // The application holds group a's head, still pending.
+        let mut app = sqlx::PgConnection::connect(&db.url).await.unwrap();
+        let mut tx = app.begin().await.unwrap();
+        sqlx::query("SELECT id FROM messaging_messages WHERE message_id = 'm-a1' FOR UPDATE")
+            .fetch_one(&mut *tx)
+            .await
+            .unwrap();
+
+        let leased = tokio::time::timeout(Duration::from_secs(10), store.lease("q.fifo", START, 10, LEASE, true))
+            .await
+            .expect("the lease does not wait for the held head")
+            .unwrap();
+        let payloads: Vec<String> = leased.iter().map(|r| String::from_utf8_lossy(&r.payload).into_owned()).collect();
+        assert_eq!(payloads, ["b1"], "group b goes on; group a waits for its head, and a2 stays behind it");
+
+        tx.commit().await.unwrap();
+        let leased = store.lease("q.fifo", START + 1, 10, LEASE, true).await.unwrap();
+        let payloads: Vec<String> = leased.iter().map(|r| String::from_utf8_lossy(&r.payload).into_owned()).collect();
+        assert_eq!(payloads, ["a1"], "once free, the head is leased (b2 waits behind b1 in flight)");
         store.close().await;
     });
 }
