@@ -197,8 +197,15 @@ pub(crate) const HOUSEKEEPING_DUE: &str = "SELECT \
             AND status IN ('processing', 'awaiting_release') AND lease_expires <= $2), \
     $3 AND EXISTS (SELECT 1 FROM messaging_messages WHERE queue = $1 AND status = 'processed' \
             AND processed_at <= $4)";
-/// Sleepers whose time came (one without a time is due, as in `Row::is_eligible`).
-pub(crate) const WAKE: &str = "UPDATE messaging_messages SET status = 'pending' WHERE queue = $1 \
+/// Sleepers whose time came (one without a time is due, as in
+/// `Row::is_eligible`), with [`Dialect::LOCK_SKIP`] and a closing
+/// parenthesis after it: a sleeper another transaction holds (an
+/// application's update by identity) wakes at a later round instead of
+/// holding up this one, and with it every lease of the queue.
+///
+/// [`Dialect::LOCK_SKIP`]: super::Dialect::LOCK_SKIP
+pub(crate) const WAKE: &str = "UPDATE messaging_messages SET status = 'pending' WHERE id IN (\
+    SELECT id FROM messaging_messages WHERE queue = $1 \
     AND status = 'sleeping' AND (process_at IS NULL OR process_at <= $2)";
 pub(crate) const EXPIRED: &str = concat!(
     "SELECT ",

@@ -95,7 +95,7 @@ impl<D: Dialect> SqlStore<D> {
         let due = |i| flag::<D>(&rows, i, what).map(Option::unwrap_or_default);
         let (sleepers, expired, purgeable) = (due(0)?, due(1)?, due(2)?);
         if sleepers {
-            self.exec("waking sleeping messages", &[sql::WAKE], &[queue.into(), now.into()]).await?;
+            self.exec("waking sleeping messages", &[sql::WAKE, D::LOCK_SKIP, ")"], &[queue.into(), now.into()]).await?;
         }
         if expired {
             let mut w = Write::begin(self).await?;

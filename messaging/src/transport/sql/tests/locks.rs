@@ -9,7 +9,7 @@ use sqlx::Connection as _;
 
 use super::tuples::{store_with, LEASE, START};
 use crate::error::TransportError;
-use crate::transport::sql::machine::{Enqueue, RowId};
+use crate::transport::sql::machine::{Enqueue, QueueRules, RowId};
 use crate::transport::sql::postgres::PostgresStore;
 use crate::transport::sql::RowOp;
 
@@ -104,5 +104,96 @@ fn postgres_a_fifo_lease_skips_a_head_another_transaction_holds_and_leases_the_o
         let payloads: Vec<String> = leased.iter().map(|r| String::from_utf8_lossy(&r.payload).into_owned()).collect();
         assert_eq!(payloads, ["a1"], "once free, the head is leased (b2 waits behind b1 in flight)");
         store.close().await;
+    });
+}
+
+#[test]
+fn postgres_housekeeping_wakes_the_sleepers_it_can_and_leaves_a_held_one_for_later() {
+    let db = super::Database::new("msgtest_locks");
+    super::runtime().block_on(async {
+        let store = PostgresStore::connect(&db.url).await.unwrap();
+        store.migrate().await.unwrap();
+        store.declare("q", false, START).await.unwrap();
+        let items = ["a", "b"]
+            .iter()
+            .map(|p| Enqueue { process_at: Some(START + 10), ..Enqueue::test(&format!("m-{p}"), None, p) })
+            .collect();
+        for result in store.enqueue("q", START, items, false).await {
+            result.unwrap();
+        }
+        let status = |id: &'static str| {
+            let pool = store.pool.clone();
+            async move {
+                sqlx::query_scalar::<_, String>("SELECT status FROM messaging_messages WHERE message_id = $1")
+                    .bind(id)
+                    .fetch_one(&pool)
+                    .await
+                    .unwrap()
+            }
+        };
+        assert_eq!((status("m-a").await, status("m-b").await), ("sleeping".to_owned(), "sleeping".to_owned()));
+        let mut app = sqlx::PgConnection::connect(&db.url).await.unwrap();
+        let mut tx = app.begin().await.unwrap();
+        sqlx::query("SELECT id FROM messaging_messages WHERE message_id = 'm-a' FOR UPDATE")
+            .fetch_one(&mut *tx)
+            .await
+            .unwrap();
+
+        let rules = QueueRules::default();
+        tokio::time::timeout(Duration::from_secs(10), store.maintain("q", START + 20, rules))
+            .await
+            .expect("housekeeping does not wait for the held sleeper")
+            .unwrap();
+        assert_eq!((status("m-a").await, status("m-b").await), ("sleeping".to_owned(), "pending".to_owned()));
+
+        tx.commit().await.unwrap();
+        store.maintain("q", START + 21, rules).await.unwrap();
+        assert_eq!(status("m-a").await, "pending");
+        store.close().await;
+    });
+}
+
+#[test]
+fn postgres_a_receiver_waits_for_a_sleeper_it_cannot_wake_without_spinning() {
+    use crate::queue::QueueSpec;
+    use crate::transport::Transport as _;
+
+    let db = super::Database::new("msgtest_locks");
+    super::runtime().block_on(async {
+        let transport =
+            crate::transport::sql::connect::<sqlx::Postgres>(&format!("{}?migrate=true", db.url)).await.unwrap();
+        transport.declare(&QueueSpec::standard("spin")).await.unwrap();
+        let delayed = crate::transport::Outgoing {
+            body: b"{}".to_vec().into(),
+            delay: Some(Duration::from_millis(50)),
+            ..crate::transport::Outgoing::default()
+        };
+        transport.send("spin", delayed).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        // The application holds the sleeper, now due.
+        let mut app = sqlx::PgConnection::connect(&db.url).await.unwrap();
+        let mut tx = app.begin().await.unwrap();
+        sqlx::query("SELECT id FROM messaging_messages WHERE queue = 'spin' FOR UPDATE")
+            .fetch_one(&mut *tx)
+            .await
+            .unwrap();
+        let commits = || async {
+            let mut conn = sqlx::PgConnection::connect(&db.url).await.unwrap();
+            sqlx::query_scalar::<_, i64>("SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()")
+                .fetch_one(&mut conn)
+                .await
+                .unwrap()
+        };
+        let before = commits().await;
+        let got = transport.receive("spin", 10, Duration::from_secs(2)).await.unwrap();
+        assert!(got.is_empty());
+        tokio::time::sleep(Duration::from_millis(700)).await; // the statistics are sent every 500 ms
+        let spent = commits().await - before;
+        // About five statements every 100 ms (housekeeping, a lease, the
+        // next due time): 100-160 here; spinning, 2,605.
+        assert!(spent < 500, "a 2 s receive ran {spent} transactions while it could not wake the sleeper");
+        tx.commit().await.unwrap();
+        let got = transport.receive("spin", 10, Duration::from_secs(2)).await.unwrap();
+        assert_eq!(got.len(), 1, "woken and received once the application lets go");
     });
 }
