@@ -21,6 +21,24 @@ async fn lease_expires(store: &PostgresStore, id: RowId) -> i64 {
         .unwrap()
 }
 
+/// An application's session on `url`, left in a transaction that holds
+/// the rows of `messaging_messages` matching `filter`; `COMMIT` on it
+/// lets them go.
+async fn holding(url: &str, filter: &str) -> sqlx::PgConnection {
+    let mut app = sqlx::PgConnection::connect(url).await.unwrap();
+    sqlx::query("BEGIN").execute(&mut app).await.unwrap();
+    let held = sqlx::query(&format!("SELECT id FROM messaging_messages WHERE {filter} FOR UPDATE"))
+        .fetch_all(&mut app)
+        .await
+        .unwrap();
+    assert_eq!(held.len(), 1, "{filter}");
+    app
+}
+
+async fn let_go(mut app: sqlx::PgConnection) {
+    sqlx::query("COMMIT").execute(&mut app).await.unwrap();
+}
+
 #[test]
 fn postgres_an_extension_skips_a_row_another_transaction_holds_and_fails_it_alone() {
     // A database of its own: the open transaction below would hold back
@@ -32,13 +50,7 @@ fn postgres_an_extension_skips_a_row_another_transaction_holds_and_fails_it_alon
         assert_eq!(leased.len(), 3);
         let items: Vec<(RowId, u64)> = leased.iter().map(|r| (r.id, r.token)).collect();
         // The application's transaction, left open with the second row locked.
-        let mut app = sqlx::PgConnection::connect(&db.url).await.unwrap();
-        let mut tx = app.begin().await.unwrap();
-        sqlx::query("SELECT id FROM messaging_messages WHERE id = $1 FOR UPDATE")
-            .bind(leased[1].id as i64)
-            .fetch_one(&mut *tx)
-            .await
-            .unwrap();
+        let app = holding(&db.url, &format!("id = {}", leased[1].id)).await;
 
         let extend = RowOp::Extend { lease_ms: LEASE };
         let started = Instant::now();
@@ -59,7 +71,7 @@ fn postgres_an_extension_skips_a_row_another_transaction_holds_and_fails_it_alon
 
         // Once the application's transaction ends, the row is extended too;
         // a row completed meanwhile is stale, as before.
-        tx.commit().await.unwrap();
+        let_go(app).await;
         let done = store.complete("q", START + 600, vec![leased[0].held()], 0).await;
         assert!(matches!(done[..], [Ok(())]), "{done:?}");
         let results = store.apply_all("q", START + 700, &items, &extend).await.unwrap();
@@ -85,12 +97,7 @@ fn postgres_a_fifo_lease_skips_a_head_another_transaction_holds_and_leases_the_o
             result.unwrap();
         }
         // The application holds group a's head, still pending.
-        let mut app = sqlx::PgConnection::connect(&db.url).await.unwrap();
-        let mut tx = app.begin().await.unwrap();
-        sqlx::query("SELECT id FROM messaging_messages WHERE message_id = 'm-a1' FOR UPDATE")
-            .fetch_one(&mut *tx)
-            .await
-            .unwrap();
+        let app = holding(&db.url, "message_id = 'm-a1'").await;
 
         let leased = tokio::time::timeout(Duration::from_secs(10), store.lease("q.fifo", START, 10, LEASE, true))
             .await
@@ -99,7 +106,7 @@ fn postgres_a_fifo_lease_skips_a_head_another_transaction_holds_and_leases_the_o
         let payloads: Vec<String> = leased.iter().map(|r| String::from_utf8_lossy(&r.payload).into_owned()).collect();
         assert_eq!(payloads, ["b1"], "group b goes on; group a waits for its head, and a2 stays behind it");
 
-        tx.commit().await.unwrap();
+        let_go(app).await;
         let leased = store.lease("q.fifo", START + 1, 10, LEASE, true).await.unwrap();
         let payloads: Vec<String> = leased.iter().map(|r| String::from_utf8_lossy(&r.payload).into_owned()).collect();
         assert_eq!(payloads, ["a1"], "once free, the head is leased (b2 waits behind b1 in flight)");
@@ -132,12 +139,7 @@ fn postgres_housekeeping_wakes_the_sleepers_it_can_and_leaves_a_held_one_for_lat
             }
         };
         assert_eq!((status("m-a").await, status("m-b").await), ("sleeping".to_owned(), "sleeping".to_owned()));
-        let mut app = sqlx::PgConnection::connect(&db.url).await.unwrap();
-        let mut tx = app.begin().await.unwrap();
-        sqlx::query("SELECT id FROM messaging_messages WHERE message_id = 'm-a' FOR UPDATE")
-            .fetch_one(&mut *tx)
-            .await
-            .unwrap();
+        let app = holding(&db.url, "message_id = 'm-a'").await;
 
         let rules = QueueRules::default();
         tokio::time::timeout(Duration::from_secs(10), store.maintain("q", START + 20, rules))
@@ -146,7 +148,7 @@ fn postgres_housekeeping_wakes_the_sleepers_it_can_and_leaves_a_held_one_for_lat
             .unwrap();
         assert_eq!((status("m-a").await, status("m-b").await), ("sleeping".to_owned(), "pending".to_owned()));
 
-        tx.commit().await.unwrap();
+        let_go(app).await;
         store.maintain("q", START + 21, rules).await.unwrap();
         assert_eq!(status("m-a").await, "pending");
         store.close().await;
@@ -171,12 +173,7 @@ fn postgres_a_receiver_waits_for_a_sleeper_it_cannot_wake_without_spinning() {
         transport.send("spin", delayed).await.unwrap();
         tokio::time::sleep(Duration::from_millis(100)).await;
         // The application holds the sleeper, now due.
-        let mut app = sqlx::PgConnection::connect(&db.url).await.unwrap();
-        let mut tx = app.begin().await.unwrap();
-        sqlx::query("SELECT id FROM messaging_messages WHERE queue = 'spin' FOR UPDATE")
-            .fetch_one(&mut *tx)
-            .await
-            .unwrap();
+        let app = holding(&db.url, "queue = 'spin'").await;
         let commits = || async {
             let mut conn = sqlx::PgConnection::connect(&db.url).await.unwrap();
             sqlx::query_scalar::<_, i64>("SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()")
@@ -192,7 +189,7 @@ fn postgres_a_receiver_waits_for_a_sleeper_it_cannot_wake_without_spinning() {
         // About five statements every 100 ms (housekeeping, a lease, the
         // next due time): 100-160 here; spinning, 2,605.
         assert!(spent < 500, "a 2 s receive ran {spent} transactions while it could not wake the sleeper");
-        tx.commit().await.unwrap();
+        let_go(app).await;
         let got = transport.receive("spin", 10, Duration::from_secs(2)).await.unwrap();
         assert_eq!(got.len(), 1, "woken and received once the application lets go");
     });
