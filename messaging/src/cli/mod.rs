@@ -281,7 +281,7 @@ async fn execute(cli: Cli, hook: SetupHook) -> Result<(), Error> {
     let outbox = match &cli.outbox {
         Some(outbox_url) => {
             let opened = if migrating {
-                crate::transport::Outbox::connect(&with_migrate(outbox_url)).await
+                crate::transport::Outbox::connect(&transport::with_migrate(outbox_url)).await
             } else {
                 crate::transport::Outbox::connect(outbox_url).await
             };
@@ -594,12 +594,6 @@ async fn health(app: &App, outbox: Option<&crate::transport::Outbox>, json: bool
         failing.into_iter().map(|f| format!("unreachable queue `{}`: {}", f.queue, f.error)).collect();
     problems.extend(outbox_problem);
     Err(crate::registry::ValidationErrors::new(problems).into())
-}
-
-/// `url` with `migrate=true` among its parameters.
-fn with_migrate(url: &str) -> String {
-    let separator = if url.contains('?') { '&' } else { '?' };
-    format!("{url}{separator}migrate=true")
 }
 
 /// One declared queue as `queues` shows it.

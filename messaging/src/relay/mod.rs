@@ -121,7 +121,7 @@ impl Relay {
 
     /// Claims, sends and settles one batch of `queue`'s rows; how many rows
     /// it claimed.
-    #[cfg(test)]
+    #[cfg(all(test, feature = "postgres", feature = "sqlite"))]
     pub(crate) async fn round(&self, queue: &'static str) -> Result<usize, TransportError> {
         self.round_until(queue, &Shutdown::new()).await
     }

@@ -30,12 +30,13 @@ pub use bytes::Bytes;
 pub use id::MessageId;
 pub use json::{decoded, rfc3339};
 pub use outbox::{Outbox, DEFAULT_MAX_AGE};
-#[cfg(test)]
+// For the relay's tests, which run where both databases are built.
+#[cfg(all(test, feature = "postgres", feature = "sqlite"))]
 pub(crate) use outbox_store::OutboxStore;
 pub(crate) use outbox_store::{Claimed, OutboxWrite, Settle, MESSAGE_ID_ATTRIBUTE, WAKE as OUTBOX_WAKE};
 pub use outbox_store::{FailedOutboxRow, OutboxQueue};
 pub use url::{connect, DEFAULT_URL};
-pub(crate) use url::{connect_existing, refuse_new_file_without_tables};
+pub(crate) use url::{connect_existing, refuse_new_file_without_tables, with_migrate};
 
 pub use crate::boxed::BoxFuture;
 

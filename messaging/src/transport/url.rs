@@ -50,17 +50,23 @@ pub(crate) fn refuse_new_file_without_tables(url: &str) -> Result<(), Error> {
             return Ok(());
         }
         if let Some(file) = super::sql::missing_sqlite_file(&rest) {
-            let separator = if url.contains('?') { '&' } else { '?' };
             return Err(Error::Command(format!(
                 "there is no database file `{}` ({url}), and this URL does not create the tables: add \
-                 `migrate=true` to it (`{url}{separator}migrate=true`), or run `migrate` first",
-                file.display()
+                 `migrate=true` to it (`{}`), or run `migrate` first",
+                file.display(),
+                with_migrate(url)
             )));
         }
     }
     #[cfg(not(feature = "sqlite"))]
     let _ = url;
     Ok(())
+}
+
+/// `url` with `migrate=true` among its parameters.
+pub(crate) fn with_migrate(url: &str) -> String {
+    let separator = if url.contains('?') { '&' } else { '?' };
+    format!("{url}{separator}migrate=true")
 }
 
 /// `url` without a `migrate=` parameter.
