@@ -4,6 +4,7 @@
 //! ```text
 //! cargo run --example telemetry                                  # handles the demo readings, exits
 //! cargo run --example telemetry -- run --serve --http 9090       # then: curl localhost:9090/metrics
+//!                                                                # (messaging_queue_depth: what the queue holds)
 //! OTEL_EXPORTER_OTLP_ENDPOINT=http://localhost:4318 OTEL_SERVICE_NAME=meters \
 //!     cargo run --example telemetry --features otlp               # traces and metrics to a collector
 //! MESSAGING_LOG_FORMAT=json cargo run --example telemetry        # JSON log lines
@@ -49,6 +50,9 @@ async fn main(setup: &mut Setup) -> Result<(), PublishError> {
             span.set_attribute("app.tenant", tenant.to_owned());
         }
     });
+    // What the queue holds (by status), what is held past its lease and the
+    // oldest message's age, as gauges: for alerts on a backlog that grows.
+    setup.queue_gauges(std::time::Duration::from_secs(15));
     setup.run_mode(RunMode::Drain);
     let publisher = setup.publisher();
     setup.spawn(async move {

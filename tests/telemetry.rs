@@ -436,6 +436,84 @@ async fn without_observability_records_no_metrics_but_keeps_spans() {
     assert_eq!(spans_named("process tele-quiet", 1).await.len(), 1, "spans are still emitted");
 }
 
+#[messaging::queue("tele-gauged", visibility = "1s")]
+struct Gauged;
+
+/// The value of the point of `name` for `queue` whose `messaging.message.status`
+/// is `status` (any point when `None`), if there is one.
+fn point(name: &str, queue: &str, status: Option<&str>) -> Option<f64> {
+    points(name, queue)
+        .into_iter()
+        .find(|(a, _)| status.is_none() || a.get("messaging.message.status").map(String::as_str) == status)
+        .map(|(_, v)| v)
+}
+
+/// The queue gauges of a SQLite queue that this app declares and does not
+/// consume: one message held past its lease by a consumer that stopped (no
+/// receive of the queue takes it back), one due, two delayed.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_queue_gauges_show_depth_by_status_what_is_held_past_its_lease_and_the_oldest_age() {
+    otel();
+    let file = fixtures::SqliteFile::new();
+    let transport = messaging::transport::connect(&format!("{}&migrate=true", file.url)).await.expect("connect");
+    transport.declare(&<Gauged as Queue>::SPEC).await.expect("declare");
+    let publisher = Publisher::new(transport.clone());
+    publisher.send::<Gauged, _>(&job(1, "ok")).await.expect("sent");
+    for n in [2, 3] {
+        publisher.send::<Gauged, _>(&job(n, "ok")).delay(Duration::from_secs(3600)).await.expect("sent");
+    }
+    // A consumer takes the first and stops: its lease (1 s) runs out.
+    let held = transport.receive("tele-gauged", 10, Duration::from_secs(5)).await.expect("receive");
+    assert_eq!(held.len(), 1, "the due message, not the delayed ones");
+    drop(held);
+    publisher.send::<Gauged, _>(&job(4, "ok")).await.expect("sent");
+    tokio::time::sleep(Duration::from_millis(1_200)).await;
+
+    // The app consumes another queue and observes every queue it declares.
+    let app = TestApp::builder()
+        .transport(transport.clone())
+        .only::<Metered>()
+        .setup(|setup| {
+            setup.queue_gauges(Duration::from_millis(20));
+        })
+        .start()
+        .await
+        .expect("app");
+    let depth = |status| point("messaging.queue.depth", "tele-gauged", Some(status));
+    let expected = [("pending", 1.0), ("sleeping", 2.0), ("in_flight", 1.0), ("awaiting_release", 0.0)];
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while expected.iter().any(|&(status, n)| depth(status) != Some(n))
+        || point("messaging.queue.expired", "tele-gauged", None) != Some(1.0)
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the queue gauges never showed 1 pending, 2 sleeping, 1 in flight and expired: depth {:?}, expired {:?}",
+            points("messaging.queue.depth", "tele-gauged"),
+            points("messaging.queue.expired", "tele-gauged"),
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let age = point("messaging.queue.oldest_age", "tele-gauged", None).expect("an age");
+    assert!((1.2..600.0).contains(&age), "the oldest message was sent over 1.2 s ago: {age}");
+    let tagged = points("messaging.queue.depth", "tele-gauged");
+    assert!(tagged.iter().all(|(a, _)| a.get("messaging.system").map(String::as_str) == Some("sqlite")), "{tagged:?}");
+    assert_eq!(unit_of("messaging.queue.depth"), "{message}");
+    assert_eq!(unit_of("messaging.queue.expired"), "{message}");
+    assert_eq!(unit_of("messaging.queue.oldest_age"), "s");
+    app.stop().await;
+}
+
+/// Without `queue_gauges`, no queue gauge is registered.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_queue_gauges_are_off_unless_asked_for() {
+    otel();
+    let app = TestApp::builder().only::<Metered>().start().await.expect("app");
+    app.publisher().send::<Metered, _>(&job(9, "ok")).await.expect("sent");
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(points("messaging.queue.depth", "tele-metered"), Vec::new());
+    app.stop().await;
+}
+
 // --- enrichment ----------------------------------------------------------------------------
 
 #[messaging::queue("tele-enriched")]

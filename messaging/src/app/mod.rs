@@ -2,6 +2,7 @@
 //! queues, let the setup hook configure, then run one worker per queue.
 
 mod setup;
+mod watch;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -15,7 +16,6 @@ use crate::extract::{RequirementKind, Resources};
 use crate::pipeline::Pipeline;
 use crate::registry::{Registry, ValidationErrors};
 use crate::shutdown::Shutdown;
-use crate::telemetry::DlqGauge;
 use crate::transport::{Outbox, PauseScope, Transport};
 use crate::worker::{Hooks, Stopped as WorkerStopped, Worker, WorkerHandle, WorkerSettings};
 
@@ -183,8 +183,12 @@ impl App {
         let queues: Vec<&'static str> = registry.queues().iter().map(|q| q.name).collect();
         // The dead letters of the queues this app consumes.
         let consumed: Vec<&'static str> = handles.iter().map(WorkerHandle::queue).collect();
+        let queue_monitor = setup.queue_gauges.and_then(|every| {
+            let gauges = setup.telemetry.queue_gauges()?;
+            Some(tokio::spawn(watch::watch_queues(setup.transport.clone(), queues.clone(), gauges, every)))
+        });
         let monitor = setup.telemetry.dlq_gauge().map(|gauge| {
-            tokio::spawn(watch_dead_letters(setup.transport.clone(), consumed, gauge, setup.dlq_depth_interval))
+            tokio::spawn(watch::watch_dead_letters(setup.transport.clone(), consumed, gauge, setup.dlq_depth_interval))
         });
         let outbox = setup.outbox.read().unwrap_or_else(|p| p.into_inner()).clone();
         let relay = outbox.clone().map(|outbox| {
@@ -199,7 +203,7 @@ impl App {
         });
         let outbox_monitor = outbox.as_ref().and_then(|outbox| {
             let gauge = setup.telemetry.outbox_gauge()?;
-            Some(tokio::spawn(watch_outbox(outbox.clone(), gauge, setup.dlq_depth_interval)))
+            Some(tokio::spawn(watch::watch_outbox(outbox.clone(), gauge, setup.dlq_depth_interval)))
         });
         tracing::info!(
             transport = setup.transport.system(),
@@ -216,6 +220,7 @@ impl App {
             mode: setup.run_mode,
             queues,
             monitor,
+            queue_monitor,
             http: None,
             relay,
             outbox,
@@ -300,6 +305,9 @@ pub struct Running {
     queues: Vec<&'static str>,
     /// The task observing dead-letter depths for `messaging.dlq.depth`.
     monitor: Option<tokio::task::JoinHandle<()>>,
+    /// The task observing the app's queues for the queue gauges, when asked
+    /// for.
+    queue_monitor: Option<tokio::task::JoinHandle<()>>,
     /// The HTTP endpoint's task, once serving.
     http: Option<tokio::task::JoinHandle<()>>,
     /// The outbox relay (its own stop, triggered once the workers are done),
@@ -455,7 +463,7 @@ impl Running {
         stopped.forced = self.shutdown.is_forced();
         self.tasks.abort_all();
         while self.tasks.join_next().await.is_some() {}
-        if let Some(monitor) = self.monitor.take() {
+        for monitor in [self.monitor.take(), self.queue_monitor.take()].into_iter().flatten() {
             monitor.abort();
         }
         if let Some(http) = self.http.take() {
@@ -534,48 +542,5 @@ async fn outbox_empty(outbox: &Outbox, queues: &[&'static str]) -> bool {
     match outbox.stats().await {
         Ok(rows) => rows.iter().all(|q| q.pending == 0 || !queues.contains(&q.queue.as_str())),
         Err(_) => false,
-    }
-}
-
-/// Observes the outbox every `every`, for its gauges, until aborted.
-async fn watch_outbox(outbox: Outbox, gauge: crate::telemetry::OutboxGauge, every: Duration) {
-    let mut tick = tokio::time::interval(every);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tick.tick().await;
-        match outbox.stats().await {
-            Ok(rows) => *gauge.rows.lock().unwrap_or_else(|p| p.into_inner()) = rows,
-            Err(e) => tracing::debug!("outbox gauges unavailable: {e}"),
-        }
-    }
-}
-
-/// Observes the dead-letter depth of every queue every `every`, for the
-/// `messaging.dlq.depth` gauge, until aborted. Queues without dead letters
-/// (or whose depth cannot be read) are left out.
-async fn watch_dead_letters(
-    transport: Arc<dyn Transport>,
-    queues: Vec<&'static str>,
-    gauge: DlqGauge,
-    every: Duration,
-) {
-    let depths = &gauge.depths;
-    let Some(dead_letters) = transport.dead_letters() else { return };
-    let system = transport.system();
-    let mut tick = tokio::time::interval(every);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tick.tick().await;
-        for &queue in &queues {
-            match dead_letters.depth(queue).await {
-                Ok(depth) => {
-                    depths.lock().unwrap_or_else(|p| p.into_inner()).insert((system, queue), depth);
-                }
-                Err(e) => {
-                    tracing::debug!(queue, "dead-letter depth unavailable: {e}");
-                    depths.lock().unwrap_or_else(|p| p.into_inner()).remove(&(system, queue));
-                }
-            }
-        }
     }
 }

@@ -16,7 +16,7 @@ const DURATION_BUCKETS: [f64; 14] = [0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25,
 pub(crate) type DlqDepths = Arc<Mutex<BTreeMap<(&'static str, &'static str), u64>>>;
 
 /// The framework's meter, from the global meter provider (a no-op without one).
-fn meter() -> opentelemetry::metrics::Meter {
+pub(super) fn meter() -> opentelemetry::metrics::Meter {
     let scope = InstrumentationScope::builder("messaging").with_version(env!("CARGO_PKG_VERSION")).build();
     opentelemetry::global::meter_with_scope(scope)
 }

@@ -17,7 +17,10 @@
 //!   (with `error.type` on failure), `messaging.process.duration` (seconds)
 //!   and `messaging.dlq.depth` (per queue); with an outbox,
 //!   `messaging.outbox.depth`, `messaging.outbox.failed` and
-//!   `messaging.outbox.oldest_age` (seconds) per destination queue. They are recorded through the
+//!   `messaging.outbox.oldest_age` (seconds) per destination queue; when
+//!   asked for ([`Setup::queue_gauges`](crate::Setup::queue_gauges)),
+//!   `messaging.queue.depth` (by status), `messaging.queue.expired` and
+//!   `messaging.queue.oldest_age` (seconds) per queue. They are recorded through the
 //!   global meter provider: without one (no collector) recording is a no-op.
 //!   [`Setup::without_observability`](crate::Setup::without_observability)
 //!   turns them off.
@@ -31,6 +34,7 @@
 mod logging;
 mod metrics;
 mod propagation;
+mod queues;
 mod spans;
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -40,6 +44,7 @@ pub(crate) use logging::gather_prometheus;
 pub use logging::{init, init_logging, prometheus_reader, LogFormat, TelemetryConfig, TelemetryGuard};
 pub(crate) use metrics::{DlqGauge, OutboxGauge};
 pub(crate) use propagation::{extract_span_context, inject};
+pub(crate) use queues::QueueGauges;
 pub(crate) use spans::{consumer_span, producer_span, record_failure, relay_span, schedule_span};
 
 /// The OpenTelemetry API crate this framework records with (the same version
@@ -146,5 +151,12 @@ impl Telemetry {
     /// are off.
     pub(crate) fn outbox_gauge(&self) -> Option<OutboxGauge> {
         self.metrics().map(|_| OutboxGauge::register())
+    }
+
+    /// Registers the queue gauges of a starting app
+    /// ([`Setup::queue_gauges`](crate::Setup::queue_gauges)), or `None` when
+    /// metrics are off.
+    pub(crate) fn queue_gauges(&self) -> Option<QueueGauges> {
+        self.metrics().map(|_| QueueGauges::register())
     }
 }

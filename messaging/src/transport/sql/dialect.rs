@@ -164,9 +164,7 @@ pub trait Dialect: Driver + sealed::Sealed + Sized {
     /// statement that bounds how long a transaction waits for a row lock
     /// (PostgreSQL); `None` where a transaction holds the whole database
     /// (SQLite). The heartbeat's extensions take what they can at once and
-    /// wait a moment only for the rest ([`SqlStore::apply_all`]).
-    ///
-    /// [`SqlStore::apply_all`]: super::SqlStore::apply_all
+    /// wait a moment only for the rest (`SqlStore::apply_all`).
     const SKIP_LOCKED: Option<SkipLocked>;
     /// The most rows (a power of two) one call that stores whole rows
     /// writes, and how (`statements::store_rows`).

@@ -1,0 +1,123 @@
+//! The queue gauges ([`Setup::queue_gauges`](crate::Setup::queue_gauges)):
+//! what each queue of the app holds, as last observed. An operator's first
+//! alerts are here: a backlog that grows (`messaging.queue.depth` of
+//! `pending`), a queue falling behind (`messaging.queue.oldest_age`), and
+//! messages stuck with a consumer that died or lost the database
+//! (`messaging.queue.expired`).
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use opentelemetry::metrics::ObservableGauge;
+use opentelemetry::KeyValue;
+
+use super::metrics::meter;
+use crate::transport::{MessageStatus, QueueCounts};
+
+/// The statuses `messaging.queue.depth` reports (dead letters have
+/// `messaging.dlq.depth`).
+const LIVE: [MessageStatus; 4] =
+    [MessageStatus::Pending, MessageStatus::Sleeping, MessageStatus::InFlight, MessageStatus::AwaitingRelease];
+
+/// Each queue's counts as last observed, by (system, queue).
+pub(crate) type QueueObservations = Arc<Mutex<BTreeMap<(&'static str, &'static str), QueueCounts>>>;
+
+/// The queue gauges of one running app and the counts they report.
+/// Registered when the app starts, as the dead-letter gauge is.
+pub(crate) struct QueueGauges {
+    pub(crate) observed: QueueObservations,
+    /// Kept while the app runs.
+    _gauges: (ObservableGauge<u64>, ObservableGauge<u64>, ObservableGauge<f64>),
+}
+
+/// The attributes every point of a queue carries.
+fn tags(system: &'static str, queue: &'static str) -> [KeyValue; 2] {
+    [KeyValue::new("messaging.system", system), KeyValue::new("messaging.destination.name", queue)]
+}
+
+impl QueueGauges {
+    pub(super) fn register() -> Self {
+        let observed = QueueObservations::default();
+        let counts = observed.clone();
+        let depth = meter()
+            .u64_observable_gauge("messaging.queue.depth")
+            .with_unit("{message}")
+            .with_description("Messages in a queue by status (dead letters apart), as last observed")
+            .with_callback(move |gauge| {
+                for (&(system, queue), counts) in counts.lock().unwrap_or_else(|p| p.into_inner()).iter() {
+                    for status in LIVE {
+                        if let Some(n) = counts.of(status) {
+                            let [a, b] = tags(system, queue);
+                            gauge.observe(n, &[a, b, KeyValue::new("messaging.message.status", status.as_str())]);
+                        }
+                    }
+                }
+            })
+            .build();
+        let counts = observed.clone();
+        let expired = meter()
+            .u64_observable_gauge("messaging.queue.expired")
+            .with_unit("{message}")
+            .with_description(
+                "Messages in flight past their lease: their consumer stopped or lost the queue, as last observed",
+            )
+            .with_callback(move |gauge| {
+                for (&(system, queue), counts) in counts.lock().unwrap_or_else(|p| p.into_inner()).iter() {
+                    if let Some(n) = counts.expired {
+                        gauge.observe(n, &tags(system, queue));
+                    }
+                }
+            })
+            .build();
+        let counts = observed.clone();
+        let age = meter()
+            .f64_observable_gauge("messaging.queue.oldest_age")
+            .with_unit("s")
+            .with_description("Age of the oldest message in a queue that is not a dead letter (0: none)")
+            .with_callback(move |gauge| {
+                let now = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64);
+                for (&(system, queue), counts) in counts.lock().unwrap_or_else(|p| p.into_inner()).iter() {
+                    if let Some(age) = oldest_age(counts, now) {
+                        gauge.observe(age, &tags(system, queue));
+                    }
+                }
+            })
+            .build();
+        QueueGauges { observed, _gauges: (depth, expired, age) }
+    }
+}
+
+/// The age in seconds at `now_ms` of the oldest message `counts` holds
+/// (dead letters apart); 0 when the queue is known to hold none; `None` when
+/// the transport cannot tell (SQS says how many, not since when). Computed
+/// when the gauge is read, so that it grows between observations as the
+/// message waits.
+fn oldest_age(counts: &QueueCounts, now_ms: i64) -> Option<f64> {
+    match counts.oldest_sent_at_ms {
+        Some(sent) => Some(now_ms.saturating_sub(sent).max(0) as f64 / 1000.0),
+        None => LIVE.iter().all(|&s| counts.of(s) == Some(0)).then_some(0.0),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::oldest_age;
+    use crate::transport::{MessageStatus, QueueCounts};
+
+    #[test]
+    fn the_oldest_age_is_known_only_where_the_transport_says_when_or_that_there_is_none() {
+        let mut counts = QueueCounts::zeros();
+        assert_eq!(oldest_age(&counts, 10_000), Some(0.0), "an empty queue: nothing waits");
+        counts.set(MessageStatus::Pending, 3);
+        counts.oldest_sent_at_ms = Some(7_500);
+        assert_eq!(oldest_age(&counts, 10_000), Some(2.5));
+        counts.oldest_sent_at_ms = Some(12_000);
+        assert_eq!(oldest_age(&counts, 10_000), Some(0.0), "a clock behind the sender's is not a negative age");
+        counts.oldest_sent_at_ms = None;
+        assert_eq!(oldest_age(&counts, 10_000), None, "messages, and no time: SQS");
+        let mut dead_only = QueueCounts::zeros();
+        dead_only.set(MessageStatus::Dead, 4);
+        assert_eq!(oldest_age(&dead_only, 10_000), Some(0.0), "dead letters have a gauge of their own");
+    }
+}
