@@ -4,8 +4,8 @@
 //! failures and an in-progress idempotent claim, the enrichment hook (also
 //! when it panics), `without_observability`, and `/health` turning 503 when
 //! a queue disappears; through an outbox, the relay's span links to the
-//! producer's while the consumer continues the producer's trace, and the
-//! outbox's gauges.
+//! producer's while the consumer continues the producer's trace, the
+//! outbox's gauges, and the queue gauges (on when asked for).
 
 mod fixtures;
 
