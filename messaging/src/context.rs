@@ -11,8 +11,8 @@ use crate::transport::{Attributes, Delivery};
 pub(crate) trait Received: Send + Sync {
     /// The delivery at `index`.
     fn delivery(&self, index: usize) -> &Delivery;
-    /// How long the batch's messages stay invisible at least.
-    fn visible_for(&self) -> Duration;
+    /// How long the message at `index` stays invisible at least.
+    fn visible_for(&self, index: usize) -> Duration;
     /// Has the heartbeat extend `claim` (by at most `cap`) while the handler runs.
     fn hold_claim(&self, claim: Arc<ClaimState>, cap: Duration);
     /// Stops extending `claim`.
@@ -67,7 +67,7 @@ impl MessageContext {
 
     /// How long the message stays invisible at least.
     pub(crate) fn visible_for(&self) -> Duration {
-        self.batch.visible_for()
+        self.batch.visible_for(self.index)
     }
 
     /// Has the heartbeat extend `claim` (by at most `cap`) while the handler runs.

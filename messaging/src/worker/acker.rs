@@ -54,7 +54,7 @@ impl Handled {
     /// as the heartbeat's last extension says: an ack tried after that
     /// would most likely find it taken back.
     fn invisible(&self) -> bool {
-        !self.batch.visible_for().is_zero()
+        !self.batch.visible_for(self.index).is_zero()
     }
 
     /// The transport has the ack (or it was given up): done with the message.

@@ -35,6 +35,11 @@ pub(crate) struct Batch {
     /// The transport's own deadline is never earlier than this plus
     /// `visibility`.
     extended_at: Mutex<Instant>,
+    /// Open messages whose last extension failed (a row an application
+    /// holds, say), each with when its visibility was last set: they are
+    /// invisible for less than [`Batch::extended_at`] says, and only they.
+    /// Usually empty.
+    behind: Mutex<Vec<(usize, Instant)>>,
     visibility: Duration,
     /// The idempotency claims held by running handlers of this batch, which
     /// the heartbeat extends with the messages' visibility.
@@ -73,17 +78,43 @@ impl Batch {
             unsettled: AtomicUsize::new(n),
             open: AtomicUsize::new(n),
             extended_at: Mutex::new(received_at),
+            behind: Mutex::new(Vec::new()),
             visibility,
             claims: Mutex::new(Vec::new()),
         }
     }
 
-    /// How long the batch's open messages stay invisible at least (the
+    /// How long the message at `index` stays invisible at least (the
     /// heartbeat pushes this out): an idempotency claim taken now must not
     /// outlive it, or a redelivery after a crash would find it still held.
-    pub(crate) fn visible_for(&self) -> Duration {
-        let since = *self.extended_at.lock().unwrap_or_else(|p| p.into_inner());
+    pub(crate) fn visible_for(&self, index: usize) -> Duration {
+        let behind = self.behind.lock().unwrap_or_else(|p| p.into_inner());
+        let since = match behind.iter().find(|(i, _)| *i == index) {
+            Some(&(_, since)) => since,
+            None => *self.extended_at.lock().unwrap_or_else(|p| p.into_inner()),
+        };
         (since + self.visibility).saturating_duration_since(Instant::now())
+    }
+
+    /// Notes a heartbeat round at `now` whose extensions went through for
+    /// every open message but `failed` (indices): those keep the time their
+    /// visibility was last set. A round where every one failed changes
+    /// nothing.
+    fn extended(&self, now: Instant, open: usize, failed: &[usize]) {
+        if open > 0 && failed.len() == open {
+            return;
+        }
+        let mut extended_at = self.extended_at.lock().unwrap_or_else(|p| p.into_inner());
+        let mut behind = self.behind.lock().unwrap_or_else(|p| p.into_inner());
+        let mut was_behind = std::mem::take(&mut *behind);
+        for &index in failed {
+            let since = match was_behind.iter().position(|(i, _)| *i == index) {
+                Some(at) => was_behind.swap_remove(at).1,
+                None => *extended_at,
+            };
+            behind.push((index, since));
+        }
+        *extended_at = now;
     }
 
     /// Keeps `claim` extended by the heartbeat (at most `cap` at a time)
@@ -155,12 +186,14 @@ impl Batch {
 
     /// The receipts of the messages to keep invisible: held, or handled with
     /// their outcome still on its way.
-    fn open_receipts(&self) -> impl Iterator<Item = &Receipt> + '_ {
+    /// The open messages' places in the batch and receipts.
+    fn open_receipts(&self) -> impl Iterator<Item = (usize, &Receipt)> + '_ {
         self.deliveries
             .iter()
             .zip(&self.states)
-            .filter(|(_, s)| s.load(Ordering::Acquire) != DONE)
-            .map(|(d, _)| &d.receipt)
+            .enumerate()
+            .filter(|(_, (_, s))| s.load(Ordering::Acquire) != DONE)
+            .map(|(i, (d, _))| (i, &d.receipt))
     }
 }
 
@@ -336,24 +369,27 @@ async fn extend_batch(
     // One call for the batch's open messages: one at a time,
     // a batch of 300 on PostgreSQL took longer than a short
     // visibility, and its last messages came back while held.
-    let open: Vec<Receipt> = batch.open_receipts().cloned().collect();
-    let mut extended = true;
+    let (places, open): (Vec<usize>, Vec<Receipt>) = batch.open_receipts().map(|(i, r)| (i, r.clone())).unzip();
+    let mut failed = Vec::new();
     if !open.is_empty() {
-        for result in transport.extend_all(queue, open, visibility).await {
+        let results = transport.extend_all(queue, open, visibility).await;
+        for (index, result) in places.iter().zip(results) {
             match result {
                 Ok(()) | Err(crate::error::TransportError::StaleReceipt) => {}
                 Err(e) => {
-                    if extended {
+                    if failed.is_empty() {
                         tracing::warn!(queue, "could not extend a message's visibility: {e}");
                     }
-                    extended = false;
+                    failed.push(*index);
                 }
             }
         }
     }
-    if extended {
-        *batch.extended_at.lock().unwrap_or_else(|p| p.into_inner()) = now;
-    }
+    // Only the messages whose extension failed are now invisible for less:
+    // one row an application held longer than the visibility had every
+    // message of its batch counted as about to come back (claims taken for
+    // a millisecond, refused acks given up at once).
+    batch.extended(now, places.len(), &failed);
 }
 
 impl crate::context::Received for Batch {
@@ -361,8 +397,8 @@ impl crate::context::Received for Batch {
         &self.deliveries[index]
     }
 
-    fn visible_for(&self) -> Duration {
-        Batch::visible_for(self)
+    fn visible_for(&self, index: usize) -> Duration {
+        Batch::visible_for(self, index)
     }
 
     fn hold_claim(&self, claim: Arc<ClaimState>, cap: Duration) {
@@ -371,5 +407,113 @@ impl crate::context::Received for Batch {
 
     fn drop_claim(&self, claim: &Arc<ClaimState>) {
         Batch::drop_claim(self, claim);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::boxed::BoxFuture;
+    use crate::claims::MemoryIdempotencyStore;
+    use crate::error::TransportError;
+    use crate::queue::QueueSpec;
+    use crate::transport::memory::MemoryTransport;
+    use crate::transport::{MessageId, Outgoing};
+
+    /// A transport whose extensions go through for every receipt but the
+    /// second of each call (a row an application holds); nothing else is
+    /// asked of it.
+    struct HoldsSecond;
+
+    fn closed<T>() -> BoxFuture<'static, Result<T, TransportError>> {
+        Box::pin(async { Err(TransportError::Closed) })
+    }
+
+    impl Transport for HoldsSecond {
+        fn system(&self) -> &'static str {
+            "holds-second"
+        }
+        fn declare<'a>(&'a self, _: &'a QueueSpec) -> BoxFuture<'a, Result<(), TransportError>> {
+            closed()
+        }
+        fn send<'a>(&'a self, _: &'a str, _: Outgoing) -> BoxFuture<'a, Result<MessageId, TransportError>> {
+            closed()
+        }
+        fn send_batch<'a>(
+            &'a self,
+            _: &'a str,
+            messages: Vec<Outgoing>,
+        ) -> BoxFuture<'a, Vec<Result<MessageId, TransportError>>> {
+            Box::pin(async move { messages.iter().map(|_| Err(TransportError::Closed)).collect() })
+        }
+        fn receive<'a>(
+            &'a self,
+            _: &'a str,
+            _: usize,
+            _: Duration,
+        ) -> BoxFuture<'a, Result<Vec<Delivery>, TransportError>> {
+            closed()
+        }
+        fn ack<'a>(&'a self, _: &'a str, receipts: Vec<Receipt>) -> BoxFuture<'a, Vec<Result<(), TransportError>>> {
+            Box::pin(async move { receipts.iter().map(|_| Err(TransportError::Closed)).collect() })
+        }
+        fn nack<'a>(&'a self, _: &'a str, _: Receipt, _: Duration) -> BoxFuture<'a, Result<(), TransportError>> {
+            closed()
+        }
+        fn extend<'a>(&'a self, _: &'a str, _: &'a Receipt, _: Duration) -> BoxFuture<'a, Result<(), TransportError>> {
+            closed()
+        }
+        fn extend_all<'a>(
+            &'a self,
+            _: &'a str,
+            receipts: Vec<Receipt>,
+            _: Duration,
+        ) -> BoxFuture<'a, Vec<Result<(), TransportError>>> {
+            Box::pin(async move {
+                (0..receipts.len())
+                    .map(|i| match i {
+                        1 => Err(TransportError::Backend("canceling statement due to lock timeout".into())),
+                        _ => Ok(()),
+                    })
+                    .collect()
+            })
+        }
+        fn depth<'a>(&'a self, _: &'a str) -> BoxFuture<'a, Result<u64, TransportError>> {
+            closed()
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_message_whose_extension_fails_is_the_only_one_counted_as_coming_back() {
+        let memory = MemoryTransport::new();
+        memory.declare(&QueueSpec::standard("q")).await.unwrap();
+        for _ in 0..3 {
+            memory.send("q", Outgoing { body: b"{}".to_vec().into(), ..Outgoing::default() }).await.unwrap();
+        }
+        let deliveries = memory.receive("q", 3, Duration::ZERO).await.unwrap();
+        let minute = Duration::from_secs(60);
+        let batch = Batch::new(deliveries, false, Instant::now(), minute);
+        let claims = MemoryIdempotencyStore::new();
+        tokio::time::advance(Duration::from_secs(50)).await;
+        extend_batch(&batch, &HoldsSecond, &claims, "q", minute, Instant::now()).await;
+        let left = |i| batch.visible_for(i).as_secs();
+        assert_eq!((left(0), left(1), left(2)), (60, 10, 60), "only the second keeps its old deadline");
+
+        // The second's next extension fails too: its deadline stays where
+        // it was, the others' move on.
+        tokio::time::advance(Duration::from_secs(30)).await;
+        extend_batch(&batch, &HoldsSecond, &claims, "q", minute, Instant::now()).await;
+        assert_eq!((left(0), left(1), left(2)), (60, 0, 60));
+
+        // Settled, the second is no longer extended; a round where every
+        // open message goes through leaves none behind.
+        batch.states[1].store(DONE, Ordering::Release);
+        batch.extended(Instant::now(), 2, &[]);
+        assert_eq!((left(0), left(1), left(2)), (60, 60, 60));
+
+        // A round where every extension fails changes nothing.
+        tokio::time::advance(Duration::from_secs(30)).await;
+        batch.extended(Instant::now(), 2, &[0, 2]);
+        assert_eq!((left(0), left(2)), (30, 30));
     }
 }

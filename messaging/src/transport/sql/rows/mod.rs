@@ -363,14 +363,21 @@ impl<D: Dialect> SqlStore<D> {
             return Ok(results);
         }
         let again: Vec<(RowId, u64)> = missed.iter().map(|&i| items[i]).collect();
-        let mut w = Write::begin(self).await?;
-        let done = async {
-            self.exec_in(&mut w, "bounding lock waits", &[skip.wait_briefly], &[]).await?;
-            self.transition_all(&mut w, queue, now, &again, op, D::BY_IDS).await
+        // The first pass is committed: whatever happens to the second, its
+        // results stand (a second transaction that cannot begin fails the
+        // missed rows, not the whole call).
+        let second = async {
+            let mut w = Write::begin(self).await?;
+            let done = async {
+                self.exec_in(&mut w, "bounding lock waits", &[skip.wait_briefly], &[]).await?;
+                self.transition_all(&mut w, queue, now, &again, op, D::BY_IDS).await
+            }
+            .await;
+            // A row still held fails with SQLSTATE 55P03, whose hint says why.
+            w.finish(done).await
         }
-        .await;
-        // A row still held fails with SQLSTATE 55P03, whose hint says why.
-        let second = w.finish(done).await.unwrap_or_else(|e| vec![Err(e); again.len()]);
+        .await
+        .unwrap_or_else(|e| vec![Err(e); again.len()]);
         for (i, result) in missed.into_iter().zip(second) {
             results[i] = result;
         }
