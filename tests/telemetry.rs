@@ -363,7 +363,9 @@ async fn consume_and_send_metrics_carry_names_units_tags_and_values() {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    assert_eq!(value(&points("messaging.dlq.depth", "tele-metered"), None), 1.0, "tagged per queue");
     app.stop().await;
+    assert_eq!(points("messaging.dlq.depth", "tele-metered"), Vec::new(), "a stopped app reports no depth");
 
     let consumed = points("messaging.client.consumed.messages", "tele-metered");
     assert_eq!(value(&consumed, None), 2.0, "ok, and flaky on its second receive: {consumed:?}");
@@ -382,7 +384,6 @@ async fn consume_and_send_metrics_carry_names_units_tags_and_values() {
     let sent = points("messaging.client.sent.messages", "tele-metered");
     assert_eq!(value(&sent, None), 3.0, "{sent:?}");
     assert!(sent.iter().all(|(a, _)| a.get("messaging.operation.name").map(String::as_str) == Some("send")));
-    assert_eq!(value(&points("messaging.dlq.depth", "tele-metered"), None), 1.0, "tagged per queue");
 }
 
 #[messaging::queue("tele-claims")]
@@ -439,6 +440,20 @@ async fn without_observability_records_no_metrics_but_keeps_spans() {
 #[messaging::queue("tele-gauged", visibility = "1s")]
 struct Gauged;
 
+/// What the app of the gauges' tests consumes (each its own queue, so that
+/// no other test's gauges report it).
+#[messaging::queue("tele-gauging")]
+struct Gauging;
+
+#[messaging::handler(queue = Gauging)]
+async fn gauging(_job: Job) {}
+
+#[messaging::queue("tele-ungauged")]
+struct Ungauged;
+
+#[messaging::handler(queue = Ungauged)]
+async fn ungauged(_job: Job) {}
+
 /// The value of the point of `name` for `queue` whose `messaging.message.status`
 /// is `status` (any point when `None`), if there is one.
 fn point(name: &str, queue: &str, status: Option<&str>) -> Option<f64> {
@@ -450,29 +465,33 @@ fn point(name: &str, queue: &str, status: Option<&str>) -> Option<f64> {
 
 /// The queue gauges of a SQLite queue that this app declares and does not
 /// consume: one message held past its lease by a consumer that stopped (no
-/// receive of the queue takes it back), one due, two delayed.
+/// receive of the queue takes it back), one due, two delayed (sent first:
+/// they do not count toward the pending age until they are due).
 #[tokio::test(flavor = "multi_thread")]
-async fn the_queue_gauges_show_depth_by_status_what_is_held_past_its_lease_and_the_oldest_age() {
+async fn the_queue_gauges_show_depth_by_status_what_is_held_past_its_lease_and_the_pending_age() {
     otel();
     let file = fixtures::SqliteFile::new();
     let transport = messaging::transport::connect(&format!("{}&migrate=true", file.url)).await.expect("connect");
     transport.declare(&<Gauged as Queue>::SPEC).await.expect("declare");
     let publisher = Publisher::new(transport.clone());
-    publisher.send::<Gauged, _>(&job(1, "ok")).await.expect("sent");
+    let delayed_at = Instant::now();
     for n in [2, 3] {
         publisher.send::<Gauged, _>(&job(n, "ok")).delay(Duration::from_secs(3600)).await.expect("sent");
     }
-    // A consumer takes the first and stops: its lease (1 s) runs out.
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    publisher.send::<Gauged, _>(&job(1, "ok")).await.expect("sent");
+    // A consumer takes it and stops: its lease (1 s) runs out.
     let held = transport.receive("tele-gauged", 10, Duration::from_secs(5)).await.expect("receive");
     assert_eq!(held.len(), 1, "the due message, not the delayed ones");
     drop(held);
+    let pending_at = Instant::now();
     publisher.send::<Gauged, _>(&job(4, "ok")).await.expect("sent");
     tokio::time::sleep(Duration::from_millis(1_200)).await;
 
     // The app consumes another queue and observes every queue it declares.
     let app = TestApp::builder()
         .transport(transport.clone())
-        .only::<Metered>()
+        .only::<Gauging>()
         .setup(|setup| {
             setup.queue_gauges(Duration::from_millis(20));
         })
@@ -493,24 +512,41 @@ async fn the_queue_gauges_show_depth_by_status_what_is_held_past_its_lease_and_t
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let age = point("messaging.queue.oldest_age", "tele-gauged", None).expect("an age");
-    assert!((1.2..600.0).contains(&age), "the oldest message was sent over 1.2 s ago: {age}");
+    // Measured from the pending message's send: the delayed ones, sent
+    // 1.5 s earlier and not due for an hour, do not count, nor does the
+    // one held past its lease, which is not pending.
+    let (since_pending, since_delayed) = (pending_at.elapsed(), delayed_at.elapsed());
+    let age = point("messaging.queue.oldest_pending_age", "tele-gauged", None).expect("an age");
+    assert!(
+        age >= 1.2 && age <= since_pending.as_secs_f64() + 0.5 && age < since_delayed.as_secs_f64() - 1.0,
+        "the pending age {age} s: the pending message was sent {since_pending:?} ago, the delayed ones {since_delayed:?}"
+    );
     let tagged = points("messaging.queue.depth", "tele-gauged");
     assert!(tagged.iter().all(|(a, _)| a.get("messaging.system").map(String::as_str) == Some("sqlite")), "{tagged:?}");
     assert_eq!(unit_of("messaging.queue.depth"), "{message}");
     assert_eq!(unit_of("messaging.queue.expired"), "{message}");
-    assert_eq!(unit_of("messaging.queue.oldest_age"), "s");
+    assert_eq!(unit_of("messaging.queue.oldest_pending_age"), "s");
     app.stop().await;
+    // The SDK still calls the gauges; a stopped app reports nothing.
+    for gauge in ["messaging.queue.depth", "messaging.queue.expired", "messaging.queue.oldest_pending_age"] {
+        assert_eq!(points(gauge, "tele-gauged"), Vec::new(), "{gauge} after the stop");
+    }
 }
 
 /// Without `queue_gauges`, no queue gauge is registered.
 #[tokio::test(flavor = "multi_thread")]
 async fn the_queue_gauges_are_off_unless_asked_for() {
     otel();
-    let app = TestApp::builder().only::<Metered>().start().await.expect("app");
-    app.publisher().send::<Metered, _>(&job(9, "ok")).await.expect("sent");
+    let app = TestApp::builder().only::<Ungauged>().start().await.expect("app");
+    let id = app.publisher().send::<Ungauged, _>(&job(9, "ok")).await.expect("sent");
+    app.handled(&id).await.expect("handled");
     tokio::time::sleep(Duration::from_millis(100)).await;
-    assert_eq!(points("messaging.queue.depth", "tele-metered"), Vec::new());
+    // (The other test's app, on SQLite, observes every queue of this binary.)
+    let of_this_app: Vec<_> = points("messaging.queue.depth", "tele-ungauged")
+        .into_iter()
+        .filter(|(a, _)| a.get("messaging.system").map(String::as_str) == Some("memory"))
+        .collect();
+    assert_eq!(of_this_app, Vec::new());
     app.stop().await;
 }
 

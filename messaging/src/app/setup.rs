@@ -252,14 +252,17 @@ impl Setup {
     }
 
     /// Observes every queue this app declares, consumed here or not, every
-    /// `every` (at least 10 ms), for three gauges, each tagged with the system and the queue:
-    /// `messaging.queue.depth` (messages by `messaging.message.status`:
-    /// `pending`, `sleeping`, `in_flight`, `awaiting_release`),
-    /// `messaging.queue.expired` (in flight past their lease: their consumer
-    /// died or lost the queue) and `messaging.queue.oldest_age` (seconds
-    /// since the oldest message that is not a dead letter was sent; 0 for an
-    /// empty queue). Off by default. A transport reports what it can tell:
-    /// SQS its approximate counts, with neither `expired` nor the age.
+    /// `every` (at least 10 ms), for three gauges, each tagged with the
+    /// system and the queue: `messaging.queue.depth` (messages by
+    /// `messaging.message.status`: `pending`, `sleeping`, `in_flight`,
+    /// `awaiting_release`), `messaging.queue.expired` (in flight past their
+    /// lease: their consumer died or lost the queue) and
+    /// `messaging.queue.oldest_pending_age` (seconds the pending message
+    /// that has waited longest has waited since it became receivable: since
+    /// it was sent, or since its delay or backoff ended; 0 when none waits).
+    /// Off by default. A transport reports what it can tell: the database
+    /// queues all three; SQS its approximate counts, and `memory://` its
+    /// counts and `expired`, neither the age while messages wait.
     ///
     /// Each observation counts the queue's rows on the database queues (the
     /// count `app queues` shows): a read of every row of the table, about

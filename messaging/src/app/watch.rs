@@ -10,8 +10,22 @@ use crate::error::TransportError;
 use crate::telemetry::{DlqGauge, OutboxGauge, QueueGauges};
 use crate::transport::{Outbox, Transport};
 
+/// Runs its function when dropped. An observer is aborted when its app
+/// stops, and what it observed must go with it: the SDK calls a gauge's
+/// callback for as long as the meter provider lives (dropping the
+/// instrument does not unregister it), so a stopped app's queues went on
+/// being reported at their last numbers, and an age kept growing.
+struct Forget<F: FnMut()>(F);
+
+impl<F: FnMut()> Drop for Forget<F> {
+    fn drop(&mut self) {
+        (self.0)();
+    }
+}
+
 /// Observes the outbox every `every`, for its gauges, until aborted.
 pub(super) async fn watch_outbox(outbox: Outbox, gauge: OutboxGauge, every: Duration) {
+    let _forget = Forget(|| gauge.rows.lock().unwrap_or_else(|p| p.into_inner()).clear());
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -51,9 +65,9 @@ pub(super) async fn watch_queues(
 }
 
 /// Reads `what` of every queue of `queues` every `every` into `observed`,
-/// until aborted. A queue whose read fails is left out until one succeeds:
-/// its gauge goes quiet rather than showing the last numbers as if they
-/// were still true.
+/// until aborted, and then removes them. A queue whose read fails is left
+/// out until one succeeds: its gauge goes quiet rather than showing the
+/// last numbers as if they were still true.
 async fn watch_each<'t, T>(
     system: &'static str,
     queues: &[&'static str],
@@ -62,6 +76,12 @@ async fn watch_each<'t, T>(
     what: &str,
     read: impl Fn(&'static str) -> BoxFuture<'t, Result<T, TransportError>>,
 ) {
+    let _forget = Forget(|| {
+        let mut observed = observed.lock().unwrap_or_else(|p| p.into_inner());
+        for &queue in queues {
+            observed.remove(&(system, queue));
+        }
+    });
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {

@@ -20,7 +20,7 @@
 //!   `messaging.outbox.oldest_age` (seconds) per destination queue; when
 //!   asked for ([`Setup::queue_gauges`](crate::Setup::queue_gauges)),
 //!   `messaging.queue.depth` (by status), `messaging.queue.expired` and
-//!   `messaging.queue.oldest_age` (seconds) per queue. They are recorded through the
+//!   `messaging.queue.oldest_pending_age` (seconds) per queue. They are recorded through the
 //!   global meter provider: without one (no collector) recording is a no-op.
 //!   [`Setup::without_observability`](crate::Setup::without_observability)
 //!   turns them off.

@@ -1,7 +1,7 @@
 //! The queue gauges ([`Setup::queue_gauges`](crate::Setup::queue_gauges)):
 //! what each queue of the app holds, as last observed. An operator's first
 //! alerts are here: a backlog that grows (`messaging.queue.depth` of
-//! `pending`), a queue falling behind (`messaging.queue.oldest_age`), and
+//! `pending`), consumers falling behind (`messaging.queue.oldest_pending_age`), and
 //! messages stuck with a consumer that died or lost the database
 //! (`messaging.queue.expired`).
 
@@ -72,13 +72,16 @@ impl QueueGauges {
             .build();
         let counts = observed.clone();
         let age = meter()
-            .f64_observable_gauge("messaging.queue.oldest_age")
+            .f64_observable_gauge("messaging.queue.oldest_pending_age")
             .with_unit("s")
-            .with_description("Age of the oldest message in a queue that is not a dead letter (0: none)")
+            .with_description(
+                "How long the message that can be received now and has waited longest has waited, since it was \
+                 sent or since its delay or backoff ended (0: none waits), as last observed",
+            )
             .with_callback(move |gauge| {
                 let now = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64);
                 for (&(system, queue), counts) in counts.lock().unwrap_or_else(|p| p.into_inner()).iter() {
-                    if let Some(age) = oldest_age(counts, now) {
+                    if let Some(age) = pending_age(counts, now) {
                         gauge.observe(age, &tags(system, queue));
                     }
                 }
@@ -88,36 +91,38 @@ impl QueueGauges {
     }
 }
 
-/// The age in seconds at `now_ms` of the oldest message `counts` holds
-/// (dead letters apart); 0 when the queue is known to hold none; `None` when
-/// the transport cannot tell (SQS says how many, not since when). Computed
-/// when the gauge is read, so that it grows between observations as the
-/// message waits.
-fn oldest_age(counts: &QueueCounts, now_ms: i64) -> Option<f64> {
-    match counts.oldest_sent_at_ms {
-        Some(sent) => Some(now_ms.saturating_sub(sent).max(0) as f64 / 1000.0),
-        None => LIVE.iter().all(|&s| counts.of(s) == Some(0)).then_some(0.0),
+/// How long in seconds at `now_ms` the pending message that has waited
+/// longest has waited since it became receivable; 0 when none is known to
+/// wait; `None` when the transport cannot tell (SQS and `memory://` say how
+/// many, not since when). A message delayed or backing off counts only
+/// from when it is due: measured from its send, one message delayed a day
+/// made a queue look a day behind. Computed when the gauge is read, so
+/// that it grows between observations while the message waits.
+fn pending_age(counts: &QueueCounts, now_ms: i64) -> Option<f64> {
+    match counts.oldest_pending_since_ms {
+        Some(since) => Some(now_ms.saturating_sub(since).max(0) as f64 / 1000.0),
+        None => (counts.pending == Some(0)).then_some(0.0),
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::oldest_age;
+    use super::pending_age;
     use crate::transport::{MessageStatus, QueueCounts};
 
     #[test]
-    fn the_oldest_age_is_known_only_where_the_transport_says_when_or_that_there_is_none() {
+    fn the_pending_age_is_known_only_where_the_transport_says_since_when_or_that_none_waits() {
         let mut counts = QueueCounts::zeros();
-        assert_eq!(oldest_age(&counts, 10_000), Some(0.0), "an empty queue: nothing waits");
+        assert_eq!(pending_age(&counts, 10_000), Some(0.0), "an empty queue: nothing waits");
+        counts.set(MessageStatus::Sleeping, 1);
+        counts.oldest_sent_at_ms = Some(1_000);
+        assert_eq!(pending_age(&counts, 10_000), Some(0.0), "a delayed message is not waiting yet");
         counts.set(MessageStatus::Pending, 3);
-        counts.oldest_sent_at_ms = Some(7_500);
-        assert_eq!(oldest_age(&counts, 10_000), Some(2.5));
-        counts.oldest_sent_at_ms = Some(12_000);
-        assert_eq!(oldest_age(&counts, 10_000), Some(0.0), "a clock behind the sender's is not a negative age");
-        counts.oldest_sent_at_ms = None;
-        assert_eq!(oldest_age(&counts, 10_000), None, "messages, and no time: SQS");
-        let mut dead_only = QueueCounts::zeros();
-        dead_only.set(MessageStatus::Dead, 4);
-        assert_eq!(oldest_age(&dead_only, 10_000), Some(0.0), "dead letters have a gauge of their own");
+        counts.oldest_pending_since_ms = Some(7_500);
+        assert_eq!(pending_age(&counts, 10_000), Some(2.5));
+        counts.oldest_pending_since_ms = Some(12_000);
+        assert_eq!(pending_age(&counts, 10_000), Some(0.0), "a clock behind the sender's is not a negative age");
+        counts.oldest_pending_since_ms = None;
+        assert_eq!(pending_age(&counts, 10_000), None, "messages waiting, and no time: SQS, memory://");
     }
 }

@@ -85,6 +85,13 @@ pub struct QueueCounts {
     /// When the oldest message that is not a dead letter was sent, in
     /// milliseconds since the Unix epoch (`None`: none, or not known).
     pub oldest_sent_at_ms: Option<i64>,
+    /// Of the messages that can be received now, when the one that has
+    /// waited longest became receivable: when it was sent, or when its
+    /// delay or retry backoff ended, in milliseconds since the Unix epoch
+    /// (`None`: none, or not known; the database queues know it). How far
+    /// the consumers are behind: a delayed message does not count until
+    /// it is due.
+    pub oldest_pending_since_ms: Option<i64>,
 }
 
 impl QueueCounts {

@@ -920,6 +920,7 @@ impl<D: Dialect> Browse for SqlTransport<D> {
             let found = self.store.counts(queue, self.store.now()).await?;
             let mut counts = QueueCounts {
                 oldest_sent_at_ms: SqlStore::<D>::oldest_live(&found),
+                oldest_pending_since_ms: found.iter().filter_map(|c| c.due_since).min(),
                 expired: Some(found.iter().map(|c| c.expired).sum()),
                 ..QueueCounts::zeros()
             };

@@ -251,9 +251,12 @@ pub(crate) const DELETE_DEAD: &str = "DELETE FROM messaging_messages WHERE id = 
 pub(crate) const DELETE_DEAD_BY_MESSAGE_ID: &str =
     "DELETE FROM messaging_messages WHERE message_id = $1 AND queue = $2 AND status = 'error'";
 /// How many rows `queue` (`$1`) holds per status, the oldest's send time,
-/// and how many of them are held past their lease at `$2` (now).
+/// how many of them are held past their lease at `$2` (now), and for the
+/// pending rows when the longest waiting became receivable (its send, or
+/// the end of its delay or backoff: a woken row keeps its `process_at`).
 pub(crate) const COUNTS: &str = "SELECT status, count(*), min(sent_at), \
-        count(CASE WHEN status IN ('processing', 'awaiting_release') AND lease_expires <= $2 THEN 1 END) \
+        count(CASE WHEN status IN ('processing', 'awaiting_release') AND lease_expires <= $2 THEN 1 END), \
+        min(CASE WHEN status = 'pending' THEN coalesce(process_at, sent_at) END) \
      FROM messaging_messages WHERE queue = $1 GROUP BY status";
 /// A page of the rows of `queue` in status `$2`, in lease order (priority,
 /// then enqueue order) after the row at (`$3` priority, `$4` seq), of identity

@@ -417,6 +417,7 @@ impl Transport for SqsTransport {
                 // SQS counts what is not visible, not why.
                 expired: None,
                 oldest_sent_at_ms: None,
+                oldest_pending_since_ms: None,
             })
         })
     }

@@ -7,13 +7,15 @@ use super::*;
 /// not processed): the oldest of them is the queue's oldest message.
 const LIVE: [&str; 4] = ["pending", "sleeping", "processing", "awaiting_release"];
 
-/// One status's count, its oldest row's send time, and how many of its rows
-/// are held past their lease.
+/// One status's count, its oldest row's send time, how many of its rows
+/// are held past their lease, and (pending rows) when the longest waiting
+/// became receivable.
 pub(crate) struct StatusCount {
     pub(crate) status: String,
     pub(crate) count: u64,
     pub(crate) oldest_sent_at: Option<i64>,
     pub(crate) expired: u64,
+    pub(crate) due_since: Option<i64>,
 }
 
 impl<D: Dialect> SqlStore<D> {
@@ -30,6 +32,7 @@ impl<D: Dialect> SqlStore<D> {
                     count: D::int(r, 1)?.unwrap_or(0).max(0) as u64,
                     oldest_sent_at: D::int(r, 2)?,
                     expired: D::int(r, 3)?.unwrap_or(0).max(0) as u64,
+                    due_since: D::int(r, 4)?,
                 })
             })
             .collect::<Result<_, sqlx::Error>>()
