@@ -881,6 +881,17 @@ fn run_and_publish_on_a_new_file_without_migrate_say_so_and_create_nothing() {
         assert!(err.contains("add `migrate=true` to it (`sqlite://app.db?migrate=true`)"), "{args:?}: {err}");
         assert_eq!(files_in(&dir), Vec::<String>::new(), "{args:?} created a file");
     }
+    // Where `migrate=true` would not help, it is not offered.
+    for (url, why) in [
+        ("sqlite://no-such-dir/app.db", "its directory `no-such-dir` does not exist: create it, or name another file"),
+        ("sqlite://app.db?mode=ro", "a read-only URL (`mode=ro`) does not create it"),
+    ] {
+        let out = run(orders_in(&dir).args(["--transport", url, "run"]));
+        assert_eq!(out.status.code(), Some(1), "{url}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(why) && !err.contains("migrate=true"), "{url}: {err}");
+        assert_eq!(files_in(&dir), Vec::<String>::new(), "{url} created something");
+    }
     // `migrate`, the other fix, creates the file and its tables.
     let out = run(orders_in(&dir).args(["--transport", "sqlite://app.db", "migrate"]));
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));

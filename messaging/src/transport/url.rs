@@ -50,17 +50,27 @@ pub(crate) fn refuse_new_file_without_tables(url: &str) -> Result<(), Error> {
             return Ok(());
         }
         if let Some(file) = super::sql::missing_sqlite_file(&rest) {
-            return Err(Error::Command(format!(
-                "there is no database file `{}` ({url}), and this URL does not create the tables: add \
-                 `migrate=true` to it (`{}`), or run `migrate` first",
-                file.display(),
-                with_migrate(url)
-            )));
+            // `migrate=true` would not help where the file cannot be made.
+            let why = match super::sql::sqlite_directory_problem(&file) {
+                Some(problem) => format!("its directory {problem}: create it, or name another file"),
+                None if read_only(url) => "a read-only URL (`mode=ro`) does not create it".to_owned(),
+                None => format!(
+                    "this URL does not create the tables: add `migrate=true` to it (`{}`), or run `migrate` first",
+                    with_migrate(url)
+                ),
+            };
+            return Err(Error::Command(format!("there is no database file `{}` ({url}), and {why}", file.display())));
         }
     }
     #[cfg(not(feature = "sqlite"))]
     let _ = url;
     Ok(())
+}
+
+/// Whether SQLite URL `url` opens its file read-only (`mode=ro`).
+#[cfg(feature = "sqlite")]
+fn read_only(url: &str) -> bool {
+    url.split_once('?').is_some_and(|(_, query)| query.split('&').any(|p| p == "mode=ro"))
 }
 
 /// `url` with `migrate=true` among its parameters.
