@@ -181,83 +181,13 @@ async fn metrics() -> Response {
 }
 
 #[cfg(test)]
-pub(crate) mod tests {
-    use std::time::Duration;
-
+mod tests {
     use super::*;
-    use crate::boxed::BoxFuture;
-    use crate::error::TransportError;
-    use crate::queue::QueueSpec;
-    use crate::transport::{Delivery, MessageId, Outgoing, QueueCounts, Receipt};
-
-    /// How long [`Stalled`] takes to fail.
-    pub(crate) const STALL: Duration = Duration::from_secs(5);
-
-    /// A transport whose database is away: every question about a queue
-    /// fails after [`STALL`], as a pool's wait for a connection does.
-    pub(crate) struct Stalled;
-
-    fn away<T>() -> BoxFuture<'static, Result<T, TransportError>> {
-        Box::pin(async {
-            tokio::time::sleep(STALL).await;
-            Err(TransportError::Backend("no connection within 5s: connection refused".into()))
-        })
-    }
-
-    impl Transport for Stalled {
-        fn system(&self) -> &'static str {
-            "stalled"
-        }
-
-        fn declare<'a>(&'a self, _: &'a QueueSpec) -> BoxFuture<'a, Result<(), TransportError>> {
-            away()
-        }
-
-        fn send<'a>(&'a self, _: &'a str, _: Outgoing) -> BoxFuture<'a, Result<MessageId, TransportError>> {
-            away()
-        }
-
-        fn send_batch<'a>(
-            &'a self,
-            _: &'a str,
-            messages: Vec<Outgoing>,
-        ) -> BoxFuture<'a, Vec<Result<MessageId, TransportError>>> {
-            Box::pin(async move { messages.iter().map(|_| Err(TransportError::Closed)).collect() })
-        }
-
-        fn receive<'a>(
-            &'a self,
-            _: &'a str,
-            _: usize,
-            _: Duration,
-        ) -> BoxFuture<'a, Result<Vec<Delivery>, TransportError>> {
-            away()
-        }
-
-        fn ack<'a>(&'a self, _: &'a str, receipts: Vec<Receipt>) -> BoxFuture<'a, Vec<Result<(), TransportError>>> {
-            Box::pin(async move { receipts.iter().map(|_| Err(TransportError::Closed)).collect() })
-        }
-
-        fn nack<'a>(&'a self, _: &'a str, _: Receipt, _: Duration) -> BoxFuture<'a, Result<(), TransportError>> {
-            away()
-        }
-
-        fn extend<'a>(&'a self, _: &'a str, _: &'a Receipt, _: Duration) -> BoxFuture<'a, Result<(), TransportError>> {
-            away()
-        }
-
-        fn depth<'a>(&'a self, _: &'a str) -> BoxFuture<'a, Result<u64, TransportError>> {
-            away()
-        }
-
-        fn counts<'a>(&'a self, _: &'a str) -> BoxFuture<'a, Result<QueueCounts, TransportError>> {
-            away()
-        }
-    }
+    use crate::transport::stub::{Stub, STALL};
 
     #[tokio::test(start_paused = true)]
     async fn an_unreachable_database_is_reported_once_for_every_queue_in_one_wait() {
-        let transport: Arc<dyn Transport> = Arc::new(Stalled);
+        let transport: Arc<dyn Transport> = Arc::new(Stub::away());
         let started = tokio::time::Instant::now();
         let failing = probe(&transport, &["a", "b", "c"]).await;
         assert_eq!(started.elapsed(), STALL, "the queues are asked at once");

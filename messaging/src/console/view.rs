@@ -337,13 +337,13 @@ mod tests {
     use std::sync::Arc;
 
     use crate::app::Operations;
-    use crate::health::tests::{Stalled, STALL};
     use crate::queue::QueueSpec;
+    use crate::transport::stub::{Stub, STALL};
 
     #[tokio::test(start_paused = true)]
     async fn the_overview_of_an_unreachable_database_waits_once_for_all_queues() {
         let operations = Operations {
-            transport: Arc::new(Stalled),
+            transport: Arc::new(Stub::away()),
             specs: vec![QueueSpec::standard("a"), QueueSpec::standard("b"), QueueSpec::standard("c")],
             pauses: Default::default(),
             counters: Default::default(),

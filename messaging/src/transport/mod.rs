@@ -22,6 +22,8 @@ pub(crate) mod schedules;
 pub(crate) mod sql;
 #[cfg(feature = "sqs")]
 pub mod sqs;
+#[cfg(test)]
+pub(crate) mod stub;
 mod url;
 
 pub(crate) use browse::{bad_cursor, held_past_lease};

@@ -413,74 +413,22 @@ impl crate::context::Received for Batch {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::boxed::BoxFuture;
     use crate::claims::MemoryIdempotencyStore;
     use crate::error::TransportError;
     use crate::queue::QueueSpec;
     use crate::transport::memory::MemoryTransport;
-    use crate::transport::{MessageId, Outgoing};
+    use crate::transport::stub::Stub;
+    use crate::transport::Outgoing;
 
-    /// A transport whose extensions go through for every receipt but the
-    /// second of each call (a row an application holds); nothing else is
-    /// asked of it.
-    struct HoldsSecond;
-
-    fn closed<T>() -> BoxFuture<'static, Result<T, TransportError>> {
-        Box::pin(async { Err(TransportError::Closed) })
-    }
-
-    impl Transport for HoldsSecond {
-        fn system(&self) -> &'static str {
-            "holds-second"
-        }
-        fn declare<'a>(&'a self, _: &'a QueueSpec) -> BoxFuture<'a, Result<(), TransportError>> {
-            closed()
-        }
-        fn send<'a>(&'a self, _: &'a str, _: Outgoing) -> BoxFuture<'a, Result<MessageId, TransportError>> {
-            closed()
-        }
-        fn send_batch<'a>(
-            &'a self,
-            _: &'a str,
-            messages: Vec<Outgoing>,
-        ) -> BoxFuture<'a, Vec<Result<MessageId, TransportError>>> {
-            Box::pin(async move { messages.iter().map(|_| Err(TransportError::Closed)).collect() })
-        }
-        fn receive<'a>(
-            &'a self,
-            _: &'a str,
-            _: usize,
-            _: Duration,
-        ) -> BoxFuture<'a, Result<Vec<Delivery>, TransportError>> {
-            closed()
-        }
-        fn ack<'a>(&'a self, _: &'a str, receipts: Vec<Receipt>) -> BoxFuture<'a, Vec<Result<(), TransportError>>> {
-            Box::pin(async move { receipts.iter().map(|_| Err(TransportError::Closed)).collect() })
-        }
-        fn nack<'a>(&'a self, _: &'a str, _: Receipt, _: Duration) -> BoxFuture<'a, Result<(), TransportError>> {
-            closed()
-        }
-        fn extend<'a>(&'a self, _: &'a str, _: &'a Receipt, _: Duration) -> BoxFuture<'a, Result<(), TransportError>> {
-            closed()
-        }
-        fn extend_all<'a>(
-            &'a self,
-            _: &'a str,
-            receipts: Vec<Receipt>,
-            _: Duration,
-        ) -> BoxFuture<'a, Vec<Result<(), TransportError>>> {
-            Box::pin(async move {
-                (0..receipts.len())
-                    .map(|i| match i {
-                        1 => Err(TransportError::Backend("canceling statement due to lock timeout".into())),
-                        _ => Ok(()),
-                    })
-                    .collect()
+    /// Extensions that go through for every receipt but the second of each
+    /// call (a row an application holds).
+    fn holds_second(n: usize) -> Vec<Result<(), TransportError>> {
+        (0..n)
+            .map(|i| match i {
+                1 => Err(TransportError::Backend("canceling statement due to lock timeout".into())),
+                _ => Ok(()),
             })
-        }
-        fn depth<'a>(&'a self, _: &'a str) -> BoxFuture<'a, Result<u64, TransportError>> {
-            closed()
-        }
+            .collect()
     }
 
     #[tokio::test(start_paused = true)]
@@ -494,15 +442,16 @@ mod tests {
         let minute = Duration::from_secs(60);
         let batch = Batch::new(deliveries, false, Instant::now(), minute);
         let claims = MemoryIdempotencyStore::new();
+        let transport = Stub { wait: Duration::ZERO, extend_all: holds_second };
         tokio::time::advance(Duration::from_secs(50)).await;
-        extend_batch(&batch, &HoldsSecond, &claims, "q", minute, Instant::now()).await;
+        extend_batch(&batch, &transport, &claims, "q", minute, Instant::now()).await;
         let left = |i| batch.visible_for(i).as_secs();
         assert_eq!((left(0), left(1), left(2)), (60, 10, 60), "only the second keeps its old deadline");
 
         // The second's next extension fails too: its deadline stays where
         // it was, the others' move on.
         tokio::time::advance(Duration::from_secs(30)).await;
-        extend_batch(&batch, &HoldsSecond, &claims, "q", minute, Instant::now()).await;
+        extend_batch(&batch, &transport, &claims, "q", minute, Instant::now()).await;
         assert_eq!((left(0), left(1), left(2)), (60, 0, 60));
 
         // Settled, the second is no longer extended; a round where every
