@@ -458,13 +458,13 @@ impl Running {
             }
         }
         if let Some(monitor) = self.outbox_monitor.take() {
-            monitor.abort();
+            end(monitor).await;
         }
         stopped.forced = self.shutdown.is_forced();
         self.tasks.abort_all();
         while self.tasks.join_next().await.is_some() {}
         for monitor in [self.monitor.take(), self.queue_monitor.take()].into_iter().flatten() {
-            monitor.abort();
+            end(monitor).await;
         }
         if let Some(http) = self.http.take() {
             let _ = http.await;
@@ -534,6 +534,13 @@ fn start_schedules(
         telemetry: setup.telemetry.clone(),
     };
     scheduler.start(schedules, setup.shutdown.clone())
+}
+
+/// Aborts an observer and waits until it is gone, so that what it observed
+/// is forgotten (`watch::Forget`) by the time the stop returns.
+async fn end(monitor: tokio::task::JoinHandle<()>) {
+    monitor.abort();
+    let _ = monitor.await;
 }
 
 /// Whether the outbox holds no pending row for `queues` (an unreadable
