@@ -1,9 +1,9 @@
 //! The queue gauges ([`Setup::queue_gauges`](crate::Setup::queue_gauges)):
 //! what each queue of the app holds, as last observed. An operator's first
 //! alerts are here: a backlog that grows (`messaging.queue.depth` of
-//! `pending`), consumers falling behind (`messaging.queue.oldest_pending_age`), and
-//! messages stuck with a consumer that died or lost the database
-//! (`messaging.queue.expired`).
+//! `pending`), consumers falling behind
+//! (`messaging.queue.oldest_pending_age`), and messages stuck with a
+//! consumer that died or lost the database (`messaging.queue.expired`).
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};

@@ -88,18 +88,17 @@ impl Batch {
     /// heartbeat pushes this out): an idempotency claim taken now must not
     /// outlive it, or a redelivery after a crash would find it still held.
     pub(crate) fn visible_for(&self, index: usize) -> Duration {
+        // In the order `extended` takes them.
+        let extended_at = self.extended_at.lock().unwrap_or_else(|p| p.into_inner());
         let behind = self.behind.lock().unwrap_or_else(|p| p.into_inner());
-        let since = match behind.iter().find(|(i, _)| *i == index) {
-            Some(&(_, since)) => since,
-            None => *self.extended_at.lock().unwrap_or_else(|p| p.into_inner()),
-        };
+        let since = behind.iter().find(|(i, _)| *i == index).map_or(*extended_at, |&(_, since)| since);
         (since + self.visibility).saturating_duration_since(Instant::now())
     }
 
     /// Notes a heartbeat round at `now` whose extensions went through for
     /// every open message but `failed` (indices): those keep the time their
     /// visibility was last set. A round where every one failed changes
-    /// nothing.
+    /// nothing. (Takes `extended_at`, then `behind`.)
     fn extended(&self, now: Instant, open: usize, failed: &[usize]) {
         if open > 0 && failed.len() == open {
             return;
@@ -184,9 +183,8 @@ impl Batch {
         true
     }
 
-    /// The receipts of the messages to keep invisible: held, or handled with
-    /// their outcome still on its way.
-    /// The open messages' places in the batch and receipts.
+    /// The places in the batch and receipts of the messages to keep
+    /// invisible: held, or handled with their outcome still on its way.
     fn open_receipts(&self) -> impl Iterator<Item = (usize, &Receipt)> + '_ {
         self.deliveries
             .iter()
