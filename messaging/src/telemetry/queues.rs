@@ -31,9 +31,14 @@ pub(crate) struct QueueGauges {
     _gauges: (ObservableGauge<u64>, ObservableGauge<u64>, ObservableGauge<f64>),
 }
 
-/// The attributes every point of a queue carries.
-fn tags(system: &'static str, queue: &'static str) -> [KeyValue; 2] {
-    [KeyValue::new("messaging.system", system), KeyValue::new("messaging.destination.name", queue)]
+/// Calls `observe` with each observed queue's counts and the attributes
+/// every point of that queue carries (system, queue): what each gauge's
+/// callback reads.
+fn each(observed: &QueueObservations, mut observe: impl FnMut([KeyValue; 2], &QueueCounts)) {
+    for (&(system, queue), counts) in observed.lock().unwrap_or_else(|p| p.into_inner()).iter() {
+        let tags = [KeyValue::new("messaging.system", system), KeyValue::new("messaging.destination.name", queue)];
+        observe(tags, counts);
+    }
 }
 
 impl QueueGauges {
@@ -45,14 +50,14 @@ impl QueueGauges {
             .with_unit("{message}")
             .with_description("Messages in a queue by status (dead letters apart), as last observed")
             .with_callback(move |gauge| {
-                for (&(system, queue), counts) in counts.lock().unwrap_or_else(|p| p.into_inner()).iter() {
+                each(&counts, |[system, queue], counts| {
                     for status in LIVE {
                         if let Some(n) = counts.of(status) {
-                            let [a, b] = tags(system, queue);
-                            gauge.observe(n, &[a, b, KeyValue::new("messaging.message.status", status.as_str())]);
+                            let status = KeyValue::new("messaging.message.status", status.as_str());
+                            gauge.observe(n, &[system.clone(), queue.clone(), status]);
                         }
                     }
-                }
+                })
             })
             .build();
         let counts = observed.clone();
@@ -63,11 +68,11 @@ impl QueueGauges {
                 "Messages in flight past their lease: their consumer stopped or lost the queue, as last observed",
             )
             .with_callback(move |gauge| {
-                for (&(system, queue), counts) in counts.lock().unwrap_or_else(|p| p.into_inner()).iter() {
+                each(&counts, |tags, counts| {
                     if let Some(n) = counts.expired {
-                        gauge.observe(n, &tags(system, queue));
+                        gauge.observe(n, &tags);
                     }
-                }
+                })
             })
             .build();
         let counts = observed.clone();
@@ -80,11 +85,11 @@ impl QueueGauges {
             )
             .with_callback(move |gauge| {
                 let now = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64);
-                for (&(system, queue), counts) in counts.lock().unwrap_or_else(|p| p.into_inner()).iter() {
+                each(&counts, |tags, counts| {
                     if let Some(age) = pending_age(counts, now) {
-                        gauge.observe(age, &tags(system, queue));
+                        gauge.observe(age, &tags);
                     }
-                }
+                })
             })
             .build();
         QueueGauges { observed, _gauges: (depth, expired, age) }
