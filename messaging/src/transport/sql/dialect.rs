@@ -16,7 +16,7 @@ use std::fmt::Debug;
 use std::future::Future;
 
 use sqlx::pool::PoolConnection;
-use sqlx::{Pool, Transaction};
+use sqlx::Pool;
 
 use super::driver::{Driver, Value};
 use super::record::{Held, LeasedRow};
@@ -140,8 +140,8 @@ pub trait Dialect: Driver + sealed::Sealed + Sized {
     /// (before the pool is closed, which waits for every connection).
     fn release(state: &Self::State) -> impl Future<Output = ()> + Send;
 
-    /// Begins a write transaction.
-    fn begin(pool: &Pool<Self>) -> impl Future<Output = Result<Transaction<'static, Self>, sqlx::Error>> + Send;
+    /// The statement that begins a write transaction ([`Write::begin`]).
+    const BEGIN: &'static str;
 
     /// `n` new values of the sequence (enqueue order and lease tokens), in
     /// increasing order.
@@ -298,7 +298,7 @@ pub(crate) struct Write<'c, D: Dialect> {
 }
 
 enum Conn<'c, D: Dialect> {
-    Tx(Transaction<'static, D>),
+    Tx(Begun<D>),
     Auto(PoolConnection<D>),
     /// A transaction of the application's: its commit is theirs.
     Theirs(&'c mut D::Connection),
@@ -308,8 +308,16 @@ impl<D: Dialect> Write<'static, D> {
     /// A write transaction.
     pub(crate) async fn begin(store: &SqlStore<D>) -> Result<Self, TransportError> {
         let turn = D::turn(&store.state).await;
-        let tx = store.pooled("begin", D::begin(&store.pool)).await?;
-        Ok(Write { conn: Conn::Tx(tx), _turn: turn })
+        let mut tx = Begun { conn: store.acquire("begin").await?, open: true };
+        match D::execute_script(&mut tx.conn, D::BEGIN).await {
+            Ok(()) => Ok(Write { conn: Conn::Tx(tx), _turn: turn }),
+            Err(e) => {
+                // A BEGIN that failed began nothing (SQLite's waited for
+                // the write lock in vain): the connection goes back as it is.
+                tx.open = false;
+                Err(backend::<D>("begin", e))
+            }
+        }
     }
 
     /// A connection for one statement (a transaction where the database
@@ -336,7 +344,7 @@ impl<'c, D: Dialect> Write<'c, D> {
     /// The connection to run statements on.
     pub(crate) fn conn(&mut self) -> &mut D::Connection {
         match &mut self.conn {
-            Conn::Tx(tx) => tx,
+            Conn::Tx(tx) => &mut tx.conn,
             Conn::Auto(conn) => conn,
             Conn::Theirs(conn) => conn,
         }
@@ -347,18 +355,54 @@ impl<'c, D: Dialect> Write<'c, D> {
     /// until then PostgreSQL keeps its row locks: a lease would skip those
     /// rows as locked.) The caller's transaction is left to the caller.
     pub(crate) async fn finish<R>(self, result: Result<R, TransportError>) -> Result<R, TransportError> {
-        let Conn::Tx(tx) = self.conn else { return result };
+        let Conn::Tx(mut tx) = self.conn else { return result };
         match result {
             Ok(value) => {
-                tx.commit().await.map_err(|e| backend::<D>("commit", e))?;
+                tx.end("COMMIT").await.map_err(|e| backend::<D>("commit", e))?;
                 Ok(value)
             }
             Err(e) => {
-                if let Err(rollback) = tx.rollback().await {
-                    tracing::debug!("{}: rollback failed: {rollback}", D::SYSTEM);
+                if let Err(rollback) = tx.end("ROLLBACK").await {
+                    tracing::debug!("{}: rollback failed, closing the connection: {rollback}", D::SYSTEM);
                 }
                 Err(e)
             }
+        }
+    }
+}
+
+/// A write transaction of ours on a pooled connection, begun and ended by
+/// plain statements, not by a `sqlx::Transaction`. sqlx keeps its own count
+/// of a connection's open transactions and trusts it: on SQLite a COMMIT
+/// that fails for a full disk or an I/O error rolls the transaction back by
+/// itself, sqlx's ROLLBACK after it then fails ("no transaction is active"),
+/// and the count stayed at one, so every later BEGIN on that connection
+/// failed ("attempted to call begin_with at non-zero transaction depth") for
+/// as long as the pool kept it: a consumer that had met a full disk once
+/// never wrote again, room or not (tried from outside on a 3 MB tmpfs). A
+/// connection whose transaction did not end cleanly, or whose write was cut
+/// short, is closed instead of going back to the pool; closing rolls back
+/// whatever is still open (and PostgreSQL frees the rows' locks at once).
+struct Begun<D: Dialect> {
+    conn: PoolConnection<D>,
+    /// Whether a transaction may be open: set before BEGIN, cleared once
+    /// COMMIT or ROLLBACK succeeded.
+    open: bool,
+}
+
+impl<D: Dialect> Begun<D> {
+    /// Runs `COMMIT` or `ROLLBACK`.
+    async fn end(&mut self, statement: &str) -> Result<(), sqlx::Error> {
+        D::execute_script(&mut self.conn, statement).await?;
+        self.open = false;
+        Ok(())
+    }
+}
+
+impl<D: Dialect> Drop for Begun<D> {
+    fn drop(&mut self) {
+        if self.open {
+            self.conn.close_on_drop();
         }
     }
 }

@@ -11,7 +11,7 @@ use std::str::FromStr;
 
 use sqlx::postgres::{PgConnectOptions, PgConnection, PgListener, PgPool, PgPoolOptions};
 use sqlx::Connection as _;
-use sqlx::{Pool, Postgres, Transaction};
+use sqlx::{Pool, Postgres};
 use tokio::sync::{broadcast, oneshot};
 
 use super::clock::Clock;
@@ -426,9 +426,7 @@ impl Dialect for Postgres {
 
     async fn release(_: &PgState) {}
 
-    async fn begin(pool: &Pool<Self>) -> Result<Transaction<'static, Self>, sqlx::Error> {
-        pool.begin().await
-    }
+    const BEGIN: &'static str = "BEGIN";
 
     // One draw per block of values (`SEQ_BLOCK`), the values of a block in
     // turn.

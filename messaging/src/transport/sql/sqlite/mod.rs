@@ -22,7 +22,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use sqlx::sqlite::{SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
-use sqlx::{Pool, Sqlite, Transaction};
+use sqlx::{Pool, Sqlite};
 use tokio::sync::Mutex;
 
 use super::dialect::{fail, full_disk_hint, in_input_order, Dialect, SkipLocked, SqlStore, StopOnDrop};
@@ -275,12 +275,9 @@ impl Dialect for Sqlite {
         Turn::take(&state.writer).await.release();
     }
 
-    /// `BEGIN IMMEDIATE` takes the write lock now. If the future is dropped
-    /// before the end, the transaction's drop queues a `ROLLBACK` that runs
-    /// before the connection is used again.
-    async fn begin(pool: &Pool<Self>) -> Result<Transaction<'static, Self>, sqlx::Error> {
-        pool.begin_with("BEGIN IMMEDIATE").await
-    }
+    /// `BEGIN IMMEDIATE` takes the write lock now. If the write is cut
+    /// short, its connection is closed, which rolls back.
+    const BEGIN: &'static str = "BEGIN IMMEDIATE";
 
     async fn next_seqs(conn: &mut SqliteConnection, tables: &Tables, n: usize) -> Result<Vec<u64>, TransportError> {
         let first = reserve(conn, tables, n).await?;

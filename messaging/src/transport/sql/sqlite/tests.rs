@@ -328,7 +328,7 @@ async fn a_batch_of_several_inserts_keeps_each_message_id_in_input_order() {
     for (queue, in_transaction) in [("whole", false), ("caller", true)] {
         let items: Vec<Enqueue> = (0..2_500).map(|i| Enqueue::test(&id(i), None, &i.to_string())).collect();
         let reported: Vec<String> = if in_transaction {
-            let mut tx = sqlx::Sqlite::begin(&store.pool).await.expect("begin");
+            let mut tx = store.pool.begin_with(Sqlite::BEGIN).await.expect("begin");
             let stored = store.enqueue_on(&mut tx, queue, NOW, items, false).await.expect("enqueue");
             tx.commit().await.expect("commit");
             stored.into_iter().map(|e| e.message_id.to_string()).collect()
@@ -984,4 +984,34 @@ async fn a_full_database_says_so_and_what_it_means() {
     assert!(text.contains("sqlite: enqueue failed: ") && text.contains("(code 13)"), "{text}");
     assert!(text.contains(": the disk holding the database file is full"), "{text}");
     assert!(text.contains("not even an acknowledgement; what is stored is kept"), "{text}");
+}
+
+/// SQLite rolls a transaction back by itself when its COMMIT fails for a
+/// full disk or an I/O error (here the rollback is a statement of the
+/// transaction's, which ends it the same way before its COMMIT). The commit
+/// fails, and every write after it must still begin: sqlx counted that
+/// transaction as open for as long as its connection lived, and each later
+/// BEGIN on the connection failed ("attempted to call begin_with at
+/// non-zero transaction depth"), so a consumer that had met a full disk
+/// once never wrote again (tried from outside on a 3 MB tmpfs).
+#[tokio::test]
+async fn a_transaction_that_ended_itself_before_its_commit_leaves_every_later_write_working() {
+    use crate::transport::sql::dialect::Write;
+    let (store, db) = store().await;
+    let mut w = Write::begin(&store).await.expect("begin");
+    sqlx::query("ROLLBACK").execute(w.conn()).await.expect("ended before the commit");
+    let failed = w.finish(Ok(())).await.expect_err("no transaction to commit");
+    assert!(failed.to_string().contains("commit failed"), "{failed}");
+    // More writes than the pool has connections, one after another: each
+    // takes an idle connection, the one the failed commit was on among them.
+    for n in 0..12 {
+        enqueue(&store, "jobs", NOW, msg(None, &format!("p{n}"))).await;
+        let mut w = Write::begin(&store).await.unwrap_or_else(|e| panic!("write {n} begins: {e}"));
+        sqlx::query("SELECT 1").execute(w.conn()).await.expect("a statement");
+        w.finish(Ok(())).await.unwrap_or_else(|e| panic!("write {n} commits: {e}"));
+    }
+    let leased = store.lease("jobs", NOW, 20, LEASE, false).await.expect("lease");
+    assert_eq!(leased.len(), 12);
+    assert!(write_lock_is_free(&db).await);
+    close(store, db).await;
 }

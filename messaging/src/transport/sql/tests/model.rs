@@ -124,7 +124,7 @@ async fn enqueue_via<D: Dialect>(
         return store.enqueue(queue, now, items, idempotent).await;
     }
     let n = items.len();
-    let mut tx = D::begin(&store.pool).await.expect("begin the caller's transaction");
+    let mut tx = store.pool.begin_with(D::BEGIN).await.expect("begin the caller's transaction");
     let got = store.enqueue_on(&mut tx, queue, now, items, idempotent).await;
     if via == Via::Commit {
         tx.commit().await.expect("commit");
@@ -662,7 +662,7 @@ fn postgres_a_batch_meets_an_identity_inserted_meanwhile() {
         store.declare("accounts", false, START).await.expect("declare");
         let version = |id: &str, identity: &str| Enqueue::test(id, Some(identity), id);
         // The other process: `acct-1` inserted, not yet committed.
-        let mut theirs = sqlx::Postgres::begin(&store.pool).await.expect("begin");
+        let mut theirs = store.pool.begin().await.expect("begin");
         let first = store.enqueue_on(&mut theirs, "accounts", START, vec![version("a", "acct-1")], false).await;
         let EnqueueOutcome::Inserted(row) = first.expect("enqueue")[0].outcome else { panic!("a new row") };
         let batch = vec![version("b", "acct-1"), version("c", "acct-2"), version("d", "acct-1")];

@@ -84,14 +84,14 @@ fn postgres_every_enqueue_tells_the_other_processes_once_it_commits() {
         }
 
         // In the application's transaction: at its commit, not before.
-        let mut tx = sqlx::Postgres::begin(&ours.pool).await.expect("begin");
+        let mut tx = ours.pool.begin().await.expect("begin");
         ours.enqueue_on(&mut tx, "jobs", START, vec![message("c", None, 0)], false).await.expect("enqueue");
         quiet(&mut changes, "jobs").await;
         tx.commit().await.expect("commit");
         assert!(told(&mut changes, "jobs").await);
 
         // Rolled back: never.
-        let mut tx = sqlx::Postgres::begin(&ours.pool).await.expect("begin");
+        let mut tx = ours.pool.begin().await.expect("begin");
         ours.enqueue_on(&mut tx, "jobs", START, vec![message("d", None, 0)], false).await.expect("enqueue");
         tx.rollback().await.expect("rollback");
         quiet(&mut changes, "jobs").await;
