@@ -100,7 +100,9 @@ impl<D: Dialect> SqlStore<D> {
         if expired {
             let mut w = Write::begin(self).await?;
             let done = self.abandon_in(&mut w, queue, now, &rules).await;
-            w.finish(done).await?;
+            // Told once committed: a commit that failed (a full disk) took
+            // nothing back, and the next round tries again.
+            w.finish(done).await?.tell(queue);
         }
         if purgeable {
             self.exec("purging processed messages", &[sql::PURGE_PROCESSED], &[queue.into(), cutoff.into()]).await?;
@@ -109,14 +111,14 @@ impl<D: Dialect> SqlStore<D> {
     }
 
     /// Abandons the expired leases of `queue` (rows another transaction
-    /// holds are being settled: skipped).
+    /// holds are being settled: skipped); what it took back.
     async fn abandon_in(
         &self,
         w: &mut Write<'_, D>,
         queue: &str,
         now: i64,
         rules: &QueueRules,
-    ) -> Result<(), TransportError> {
+    ) -> Result<TakenBack, TransportError> {
         let args = [queue.into(), now.into()];
         let found = self.query_in(w, "finding expired leases", &[sql::EXPIRED, D::LOCK_SKIP], &args).await?;
         let mut taken: Vec<Row> = rows::<D>(&found)?.into_iter().filter(|row| row.is_abandoned(now)).collect();
@@ -130,23 +132,12 @@ impl<D: Dialect> SqlStore<D> {
         // holding 1,500 leases left 1,500 single-row updates to the next
         // receive, on the write turn.
         self.store_rows(w, &taken.iter().collect::<Vec<_>>()).await?;
-        if !taken.is_empty() {
-            let dead = taken.iter().filter(|row| row.status == Status::Error).count();
-            let suspects = taken.iter().filter(|row| row.status != Status::Error && row.suspect.runs_alone()).count();
-            tracing::warn!(
-                queue,
-                count = taken.len(),
-                ran_alone = alone,
-                suspects,
-                dead_lettered = dead,
-                "took back {} message(s) whose lease ran out: their consumer stopped or did not extend them in \
-                 time. {alone} had run alone (the attempt counts), the others were held together (not counted); \
-                 {suspects} will run alone, one at a time, as suspects (a lease of theirs had run out before); \
-                 {dead} out of attempts are dead letters",
-                taken.len()
-            );
-        }
-        Ok(())
+        Ok(TakenBack {
+            count: taken.len(),
+            alone,
+            dead: taken.iter().filter(|row| row.status == Status::Error).count(),
+            suspects: taken.iter().filter(|row| row.status != Status::Error && row.suspect.runs_alone()).count(),
+        })
     }
 
     /// The earliest time something becomes due (a sleeper or a lease expiry).
@@ -512,5 +503,36 @@ impl<D: Dialect> SqlStore<D> {
     /// live beside the messages.
     pub(crate) fn idempotency_store(&self) -> std::sync::Arc<dyn crate::claims::IdempotencyStore> {
         std::sync::Arc::new(super::claims::SqlIdempotencyStore::<D>::on(self))
+    }
+}
+
+/// Expired leases taken back by one round of housekeeping.
+struct TakenBack {
+    count: usize,
+    /// Of them, those whose handler ran alone: their attempt counts.
+    alone: usize,
+    /// Of them, those out of attempts: now dead letters.
+    dead: usize,
+    /// Of them, those that will run alone, one at a time.
+    suspects: usize,
+}
+
+impl TakenBack {
+    /// Logs what was taken back, if anything.
+    fn tell(&self, queue: &str) {
+        let TakenBack { count, alone, dead, suspects } = *self;
+        if count > 0 {
+            tracing::warn!(
+                queue,
+                count,
+                ran_alone = alone,
+                suspects,
+                dead_lettered = dead,
+                "took back {count} message(s) whose lease ran out: their consumer stopped or did not extend them in \
+                 time. {alone} had run alone (the attempt counts), the others were held together (not counted); \
+                 {suspects} will run alone, one at a time, as suspects (a lease of theirs had run out before); \
+                 {dead} out of attempts are dead letters"
+            );
+        }
     }
 }
