@@ -23,6 +23,7 @@ use crate::transport::sql::machine::{Enqueue, Row, RowId};
 
 mod failover;
 pub(crate) mod horizon;
+mod idle;
 mod insert;
 
 /// The notification channel enqueues signal on (payload: the queue name).
@@ -107,6 +108,14 @@ async fn background(pool: PgPool, changes: broadcast::Sender<String>, clock: Clo
     let mut listener = listen(&pool, &mut warned).await;
     let mut tick = tokio::time::interval(super::clock::EVERY);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // Under the server's idle_session_timeout the LISTEN connection, which
+    // only waits, runs a statement now and then, or the server closes it.
+    let keepalive = match pool.acquire().await {
+        Ok(mut conn) => idle::keepalive(idle::timeout(&mut conn).await),
+        Err(_) => None,
+    };
+    let mut keep = tokio::time::interval(keepalive.unwrap_or(super::clock::EVERY));
+    keep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         let note = async {
             match &mut listener {
@@ -127,6 +136,14 @@ async fn background(pool: PgPool, changes: broadcast::Sender<String>, clock: Clo
                 }
                 reported.check(&pool).await;
                 listener.is_none() || stale(&listener)
+            }
+            _ = keep.tick(), if keepalive.is_some() => {
+                if let Some((l, _)) = &mut listener {
+                    if let Err(e) = sqlx::query("SELECT 1").execute(l).await {
+                        tracing::debug!("postgresql: the LISTEN connection's keepalive failed ({e})");
+                    }
+                }
+                false
             }
             received = note => {
                 match received {
@@ -379,11 +396,16 @@ impl Dialect for Postgres {
         // One connection first: the pool retries until its timeout and then
         // says only "pool timed out"; a single attempt says what failed
         // (connection refused, unknown host, authentication).
-        match tokio::time::timeout(Duration::from_secs(5), PgConnection::connect_with(&options)).await {
-            Ok(Ok(first)) => drop(first.close().await),
-            Ok(Err(e)) => return Err(refused(&e)),
-            Err(_) => return Err(refused(&"no answer within 5 s")),
-        }
+        let idle_timeout =
+            match tokio::time::timeout(Duration::from_secs(5), PgConnection::connect_with(&options)).await {
+                Ok(Ok(mut first)) => {
+                    let timeout = idle::timeout(&mut first).await;
+                    drop(first.close().await);
+                    timeout
+                }
+                Ok(Err(e)) => return Err(refused(&e)),
+                Err(_) => return Err(refused(&"no answer within 5 s")),
+            };
         let pool = PgPoolOptions::new()
             .max_connections(max_connections)
             .acquire_timeout(Duration::from_secs(5))
@@ -394,7 +416,9 @@ impl Dialect for Postgres {
             // once, all succeeded; the restart chaos test passes); a
             // statement that does fail on one is retried by its caller.
             .test_before_acquire(false)
-            .before_acquire(|_, meta| Box::pin(async move { Ok(failover::usable(&meta)) }))
+            .before_acquire(move |_, meta| {
+                Box::pin(async move { Ok(failover::usable(&meta) && idle::fresh(meta.idle_for, idle_timeout)) })
+            })
             .connect_with(options)
             .await
             .map_err(|e| refused(&e))?;

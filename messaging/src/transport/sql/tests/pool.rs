@@ -256,3 +256,41 @@ fn postgres_the_listen_connection_is_made_again_after_a_read_only_error() {
         assert!(after.is_some_and(|pid| pid != before), "still listening on {before} (now {after:?})");
     });
 }
+
+/// A server that closes every session idle for 1 s (`idle_session_timeout`,
+/// as a DBA may set it on a database shared with an application; the URL
+/// sets it here for this store's sessions alone). After each quiet spell
+/// longer than that, the pool handed out the connections the server had
+/// closed, and the first statements on them failed ("terminating connection
+/// due to idle-session timeout"). Now the pool closes a connection idle for
+/// most of the timeout itself, and every write finds a live one.
+#[test]
+fn postgres_writes_after_quiet_spells_longer_than_the_servers_idle_timeout_all_succeed() {
+    use crate::transport::sql::machine::Enqueue;
+    use crate::transport::sql::postgres::PostgresStore;
+    const NOW: i64 = 1_800_000_000_000;
+    let runtime = super::runtime();
+    let db = super::Postgres::new();
+    let url = format!("{}%20-c%20idle_session_timeout%3D1000", db.url);
+    runtime.block_on(async {
+        let store = PostgresStore::connect(&url).await.expect("connect");
+        store.migrate().await.expect("migrate");
+        store.declare("quiet", false, NOW).await.expect("declare");
+        for spell in 0..3 {
+            // Four at once: the pool holds four connections through the spell.
+            let sends = (0..4).map(|n| {
+                let id = format!("m-{spell}-{n}");
+                let store = &store;
+                async move { store.enqueue("quiet", NOW, vec![Enqueue::test(&id, None, &id)], false).await.remove(0) }
+            });
+            for (n, sent) in futures_util::future::join_all(sends).await.into_iter().enumerate() {
+                if let Err(e) = sent {
+                    panic!("after quiet spell {spell}, send {n} failed: {e}");
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(1_400)).await;
+        }
+        let leased = store.lease("quiet", NOW, 100, 30_000, false).await.expect("lease after the last spell");
+        assert_eq!(leased.len(), 12);
+    });
+}
