@@ -21,6 +21,16 @@ pub(super) const EVERY: Duration = Duration::from_millis(250);
 /// 1,000; 20,000 pages are 80 MB at the default page size).
 pub(super) const AUTOCHECKPOINT_PAGES: &str = "20000";
 
+/// The most bytes of WAL file left on disk once a checkpoint has moved all
+/// of it into the database (`journal_size_limit`). SQLite otherwise keeps
+/// the file at its largest size for as long as the database is open, for
+/// reuse: while an application sharing the file holds a read transaction,
+/// nothing can be checkpointed and the WAL grows with every write, and it
+/// then stayed that large after the reader ended (a single box's disk).
+/// Larger than what the writes between two checkpoints usually add, so that
+/// the file is not cut and grown again every round.
+pub(super) const WAL_KEPT_BYTES: &str = "67108864";
+
 /// Starts checkpointing `pool` every [`EVERY`] until the returned handle
 /// (shared by the store's clones) is dropped; `None` outside a tokio runtime
 /// (commits then checkpoint themselves).

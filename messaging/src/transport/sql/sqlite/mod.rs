@@ -172,6 +172,7 @@ impl SqlStore<Sqlite> {
             .busy_timeout(BUSY_TIMEOUT)
             .synchronous(SqliteSynchronous::Normal)
             .pragma("wal_autocheckpoint", checkpoint::AUTOCHECKPOINT_PAGES)
+            .pragma("journal_size_limit", checkpoint::WAL_KEPT_BYTES)
             .foreign_keys(false)
             // Rows come from the connection's thread through a channel of
             // this many; with sqlx's 50 the thread stopped and was woken

@@ -839,6 +839,42 @@ async fn the_wal_is_checkpointed_in_the_background() {
     close(store, db).await;
 }
 
+/// An application sharing the file holds a read transaction: nothing can be
+/// checkpointed meanwhile and the WAL grows past 64 MiB. Once the reader is
+/// done and the WAL checkpointed, the next write starts the WAL over and
+/// the file is cut back (it stayed at its largest for as long as the
+/// database was open).
+#[tokio::test]
+async fn a_wal_grown_behind_a_long_reader_is_cut_back_once_it_is_checkpointed() {
+    let (store, db) = store().await;
+    let wal = || std::fs::metadata(format!("{}-wal", db.path.display())).map_or(0, |m| m.len());
+    let mut reader = <sqlx::SqliteConnection as sqlx::Connection>::connect(&db.url()).await.expect("connect");
+    sqlx::query("BEGIN").execute(&mut reader).await.expect("begin");
+    sqlx::query("SELECT count(*) FROM messaging_messages").execute(&mut reader).await.expect("a snapshot");
+    let payload = "p".repeat(100_000);
+    for chunk in 0..8 {
+        let items: Vec<Enqueue> = (0..100).map(|i| msg(None, &format!("{chunk}-{i}-{payload}"))).collect();
+        for r in store.enqueue("jobs", NOW, items, false).await {
+            r.expect("enqueued");
+        }
+    }
+    let grown = wal();
+    assert!(grown > 70_000_000, "the reader kept the WAL from being checkpointed ({grown} bytes)");
+    sqlx::query("COMMIT").execute(&mut reader).await.expect("the reader is done");
+    drop(reader);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        // A write after a complete checkpoint starts the WAL over.
+        enqueue(&store, "jobs", NOW, msg(None, "small")).await;
+        if wal() <= 67_108_864 {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "the WAL stayed at {} bytes (was {grown})", wal());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    close(store, db).await;
+}
+
 /// Another connection to `db` in a write transaction, as an application
 /// sharing the file would hold one (`ROLLBACK` on it ends it).
 async fn holding_the_write_lock(db: &TempDb) -> sqlx::SqliteConnection {
