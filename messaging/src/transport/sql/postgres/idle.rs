@@ -18,15 +18,15 @@
 
 use std::time::Duration;
 
-use sqlx::PgConnection;
+use sqlx::Postgres;
 
 /// Of the server's timeout, how long a pooled connection may have waited to
 /// be handed out: the rest leaves time for its first statement to arrive.
 const MARGIN: (u32, u32) = (3, 4);
 
 /// The session's `idle_session_timeout`, if it has one (0 means none; a
-/// server before 14 has no such setting).
-pub(super) async fn timeout(conn: &mut PgConnection) -> Option<Duration> {
+/// server before 14 has no such setting), as `conn` reads it.
+pub(super) async fn timeout<'c>(conn: impl sqlx::Executor<'c, Database = Postgres>) -> Option<Duration> {
     let read = "SELECT setting::bigint FROM pg_settings WHERE name = 'idle_session_timeout'";
     let ms: Option<i64> = sqlx::query_scalar(read).fetch_optional(conn).await.ok().flatten();
     ms.filter(|ms| *ms > 0).map(|ms| Duration::from_millis(ms.unsigned_abs()))
@@ -42,6 +42,15 @@ pub(super) fn fresh(idle_for: Duration, timeout: Option<Duration>) -> bool {
 /// `timeout`: at half of it (none without one).
 pub(super) fn keepalive(timeout: Option<Duration>) -> Option<Duration> {
     timeout.map(|timeout| (timeout / 2).max(Duration::from_millis(100)))
+}
+
+/// The keepalive of a LISTEN connection, `listener`, as its session's
+/// timeout asks: first due after one period.
+pub(super) async fn keepalive_of(listener: &mut sqlx::postgres::PgListener) -> Option<tokio::time::Interval> {
+    let every = keepalive(timeout(listener).await)?;
+    let mut keep = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+    keep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    Some(keep)
 }
 
 #[cfg(test)]

@@ -75,11 +75,23 @@ fn start(pool: &PgPool, clock: Clock) -> PgState {
 }
 
 /// A LISTEN connection on `pool`, or `None` (said once per outage,
-/// `warned`): idle receivers poll meanwhile.
-async fn listen(pool: &PgPool, warned: &mut bool) -> Option<(PgListener, std::time::Instant)> {
+/// `warned`): idle receivers poll meanwhile. `keep` becomes its keepalive
+/// (`idle`), read before the LISTEN so that the session's last statement
+/// names it.
+async fn listen(
+    pool: &PgPool,
+    warned: &mut bool,
+    keep: &mut Option<tokio::time::Interval>,
+) -> Option<(PgListener, std::time::Instant)> {
     let opened = std::time::Instant::now();
+    *keep = None;
     let failed = match PgListener::connect_with(pool).await {
-        Ok(mut l) => match l.listen(CHANNEL).await {
+        Ok(mut l) => match async {
+            *keep = idle::keepalive_of(&mut l).await;
+            l.listen(CHANNEL).await
+        }
+        .await
+        {
             Ok(()) => {
                 if std::mem::take(warned) {
                     tracing::info!("LISTEN connection back; idle receivers are woken by new messages again");
@@ -105,17 +117,12 @@ async fn listen(pool: &PgPool, warned: &mut bool) -> Option<(PgListener, std::ti
 async fn background(pool: PgPool, changes: broadcast::Sender<String>, clock: Clock, mut stop: oneshot::Receiver<()>) {
     let mut warned = false;
     let mut reported = horizon::Reported::default();
-    let mut listener = listen(&pool, &mut warned).await;
-    let mut tick = tokio::time::interval(super::clock::EVERY);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     // Under the server's idle_session_timeout the LISTEN connection, which
     // only waits, runs a statement now and then, or the server closes it.
-    let keepalive = match pool.acquire().await {
-        Ok(mut conn) => idle::keepalive(idle::timeout(&mut conn).await),
-        Err(_) => None,
-    };
-    let mut keep = tokio::time::interval(keepalive.unwrap_or(super::clock::EVERY));
-    keep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut keep = None;
+    let mut listener = listen(&pool, &mut warned, &mut keep).await;
+    let mut tick = tokio::time::interval(super::clock::EVERY);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         let note = async {
             match &mut listener {
@@ -137,7 +144,7 @@ async fn background(pool: PgPool, changes: broadcast::Sender<String>, clock: Clo
                 reported.check(&pool).await;
                 listener.is_none() || stale(&listener)
             }
-            _ = keep.tick(), if keepalive.is_some() => {
+            _ = async { keep.as_mut()?.tick().await; Some(()) }, if keep.is_some() => {
                 if let Some((l, _)) = &mut listener {
                     if let Err(e) = sqlx::query("SELECT 1").execute(l).await {
                         tracing::debug!("postgresql: the LISTEN connection's keepalive failed ({e})");
@@ -165,7 +172,7 @@ async fn background(pool: PgPool, changes: broadcast::Sender<String>, clock: Clo
             }
             // Back to the pool (which closes it) before another is taken.
             drop(listener.take());
-            listener = listen(&pool, &mut warned).await;
+            listener = listen(&pool, &mut warned, &mut keep).await;
         }
     }
 }
