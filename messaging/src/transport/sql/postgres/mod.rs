@@ -86,20 +86,19 @@ async fn listen(
     let opened = std::time::Instant::now();
     *keep = None;
     let failed = match PgListener::connect_with(pool).await {
-        Ok(mut l) => match async {
-            *keep = idle::keepalive_of(&mut l).await;
-            l.listen(CHANNEL).await
-        }
-        .await
-        {
-            Ok(()) => {
-                if std::mem::take(warned) {
-                    tracing::info!("LISTEN connection back; idle receivers are woken by new messages again");
+        Ok(mut l) => {
+            let keepalive = idle::keepalive_of(&mut l).await;
+            match l.listen(CHANNEL).await {
+                Ok(()) => {
+                    if std::mem::take(warned) {
+                        tracing::info!("LISTEN connection back; idle receivers are woken by new messages again");
+                    }
+                    *keep = keepalive;
+                    return Some((l, opened));
                 }
-                return Some((l, opened));
+                Err(e) => format!("LISTEN failed ({e})"),
             }
-            Err(e) => format!("LISTEN failed ({e})"),
-        },
+        }
         Err(e) => format!("no LISTEN connection ({e})"),
     };
     if !std::mem::replace(warned, true) {
