@@ -31,6 +31,13 @@ pub type SqliteIdempotencyStore = SqlIdempotencyStore<sqlx::Sqlite>;
 /// statement and the read that explains why the claim was refused.
 const CLAIM_ATTEMPTS: usize = 3;
 
+/// Whether a statement that changes claims may run twice ([`SqlIdempotencyStore::change`]).
+#[derive(Clone, Copy)]
+enum Runs {
+    Once,
+    Twice,
+}
+
 /// Idempotency claims in a database shared by every process using it:
 /// [`PostgresIdempotencyStore`] or
 /// [`SqliteIdempotencyStore`].
@@ -85,10 +92,26 @@ impl<D: Dialect> SqlIdempotencyStore<D> {
         SystemTime::UNIX_EPOCH + Duration::from_millis(ms)
     }
 
-    /// Runs one statement that changes claims: texts, then a time; the rows affected.
-    async fn change(&self, op: &str, template: &str, texts: &[&str], at: Option<i64>) -> Result<u64, TransportError> {
+    /// Runs one statement that changes claims: texts, then a time; the rows
+    /// affected. `Runs::Twice`: the statement may run twice, and runs once
+    /// more when its connection was lost (`SqlStore::again_if_lost`): an
+    /// extension, a release, a purge. Not a completion: run again after
+    /// the server committed it, it would find the claim completed and
+    /// report it lost.
+    async fn change(
+        &self,
+        op: &str,
+        template: &str,
+        texts: &[&str],
+        at: Option<i64>,
+        runs: Runs,
+    ) -> Result<u64, TransportError> {
         let args: Vec<Value<'_>> = texts.iter().map(|&t| t.into()).chain(at.map(Value::from)).collect();
-        self.store.exec(op, &[template], &args).await.map_err(|e| named::<D>(op, e))
+        let changed = match runs {
+            Runs::Once => self.store.exec(op, &[template], &args).await,
+            Runs::Twice => self.store.exec_again_if_lost(op, &[template], &args).await,
+        };
+        changed.map_err(|e| named::<D>(op, e))
     }
 
     /// [`IdempotencyStore::claim`] at the time `now`.
@@ -141,7 +164,10 @@ impl<D: Dialect> SqlIdempotencyStore<D> {
         processor: &str,
         now: SystemTime,
     ) -> Result<(), TransportError> {
-        match self.change("complete", sql::CLAIM_COMPLETE, &[message_id, scope, processor], Some(millis(now))).await? {
+        match self
+            .change("complete", sql::CLAIM_COMPLETE, &[message_id, scope, processor], Some(millis(now)), Runs::Once)
+            .await?
+        {
             0 => Err(TransportError::StaleReceipt),
             _ => Ok(()),
         }
@@ -157,7 +183,10 @@ impl<D: Dialect> SqlIdempotencyStore<D> {
         now: SystemTime,
     ) -> Result<(), TransportError> {
         let until = millis(now).saturating_add(duration_millis(lease));
-        match self.change("extend", sql::CLAIM_EXTEND, &[message_id, scope, processor], Some(until)).await? {
+        match self
+            .change("extend", sql::CLAIM_EXTEND, &[message_id, scope, processor], Some(until), Runs::Twice)
+            .await?
+        {
             0 => Err(TransportError::StaleReceipt),
             _ => Ok(()),
         }
@@ -166,7 +195,7 @@ impl<D: Dialect> SqlIdempotencyStore<D> {
     /// [`SqlIdempotencyStore::purge`] at the time `now`.
     pub(crate) async fn purge_at(&self, older_than: Duration, now: SystemTime) -> Result<u64, TransportError> {
         let cutoff = millis(now).saturating_sub(duration_millis(older_than));
-        self.change("purge", sql::CLAIMS_PURGE, &[], Some(cutoff)).await
+        self.change("purge", sql::CLAIMS_PURGE, &[], Some(cutoff), Runs::Twice).await
     }
 }
 
@@ -197,7 +226,9 @@ impl<D: Dialect> IdempotencyStore for SqlIdempotencyStore<D> {
         processor: &'a str,
     ) -> BoxFuture<'a, Result<(), TransportError>> {
         Box::pin(async move {
-            self.change("release", sql::CLAIM_RELEASE, &[message_id, scope, processor], None).await.map(drop)
+            self.change("release", sql::CLAIM_RELEASE, &[message_id, scope, processor], None, Runs::Twice)
+                .await
+                .map(drop)
         })
     }
 

@@ -108,6 +108,14 @@ pub trait Dialect: Driver + sealed::Sealed + Sized {
     /// that turned read-only).
     fn noticed(_e: &sqlx::Error) {}
 
+    /// Whether `e` says that the statement's connection is gone (the
+    /// server ended the session, or the socket failed): a statement that
+    /// may run twice runs once more on another ([`SqlStore::again_if_lost`]).
+    /// Never on SQLite, whose connections are files.
+    fn lost(_e: &sqlx::Error) -> bool {
+        false
+    }
+
     /// How many connections a store's pool opens unless the URL says
     /// (`max_connections=`).
     const MAX_CONNECTIONS: u32;
@@ -305,19 +313,27 @@ enum Conn<'c, D: Dialect> {
 }
 
 impl<D: Dialect> Write<'static, D> {
-    /// A write transaction.
+    /// A write transaction; a BEGIN whose connection was lost is tried once
+    /// more on another.
     pub(crate) async fn begin(store: &SqlStore<D>) -> Result<Self, TransportError> {
         let turn = D::turn(&store.state).await;
-        let mut tx = Begun { conn: store.acquire("begin").await?, open: true };
-        match D::execute_script(&mut tx.conn, D::BEGIN).await {
-            Ok(()) => Ok(Write { conn: Conn::Tx(tx), _turn: turn }),
-            Err(e) => {
-                // A BEGIN that failed began nothing (SQLite's waited for
-                // the write lock in vain): the connection goes back as it is.
-                tx.open = false;
-                Err(backend::<D>("begin", e))
-            }
-        }
+        let tx = store
+            .again_if_lost("begin", || async {
+                // Open from before the BEGIN: a BEGIN cut short may have begun.
+                let mut tx = Begun { conn: store.pool.acquire().await?, open: true };
+                match D::execute_script(&mut tx.conn, D::BEGIN).await {
+                    Ok(()) => Ok(tx),
+                    Err(e) => {
+                        // A BEGIN that failed began nothing (SQLite's waited
+                        // for the write lock in vain): the connection goes
+                        // back as it is.
+                        tx.open = false;
+                        Err(e)
+                    }
+                }
+            })
+            .await?;
+        Ok(Write { conn: Conn::Tx(tx), _turn: turn })
     }
 
     /// A connection for one statement (a transaction where the database
@@ -556,6 +572,34 @@ impl<D: Dialect> SqlStore<D> {
         }
     }
 
+    /// What `run` (`what`, which takes a connection of the pool) returns;
+    /// when its connection turned out to be gone ([`Dialect::lost`]: the
+    /// server restarted or failed over, or an operator killed its
+    /// sessions), once more on another, since the mark that the first
+    /// failure leaves closes the pool's connections of its age
+    /// (PostgreSQL's `failover`). Only for statements that may run twice,
+    /// for the server may have committed the first before it closed the
+    /// connection: a BEGIN, a read, a claim (its processor's own is claimed
+    /// again), its extension and release, a lease (rows a lost answer
+    /// leased come back when the lease ends, as after any failure), an
+    /// insert of plain messages (the copies share their message ids, as a
+    /// redelivery's do). Not a completion, which would then find its rows
+    /// gone and report them lost.
+    pub(crate) async fn again_if_lost<T, F>(&self, what: &str, mut run: impl FnMut() -> F) -> Result<T, TransportError>
+    where
+        F: Future<Output = Result<T, sqlx::Error>>,
+    {
+        match run().await {
+            Ok(value) => Ok(value),
+            Err(e) if D::lost(&e) => {
+                D::noticed(&e);
+                tracing::debug!("{}: {what} found its connection closed ({e}); once more on another", D::SYSTEM);
+                self.pooled(what, run()).await
+            }
+            Err(e) => Err(self.failure(what, e).await),
+        }
+    }
+
     /// `e`, the error of `what`, as the transport's. The pool retries a
     /// refused connection until its timeout and then says only "pool timed
     /// out while waiting for an open connection", which reads like a pool
@@ -599,6 +643,9 @@ impl<D: Dialect> SqlStore<D> {
     }
 
     /// The rows of a reading statement, on a pooled connection.
+    /// Runs once more when its connection was lost
+    /// ([`Self::again_if_lost`]): every statement here may run twice (reads,
+    /// and the idempotency claim).
     pub(crate) async fn query(
         &self,
         what: &str,
@@ -606,8 +653,11 @@ impl<D: Dialect> SqlStore<D> {
         args: &[Value<'_>],
     ) -> Result<Vec<D::Row>, TransportError> {
         let sql = self.tables.sql(parts);
-        let mut conn = self.acquire(what).await?;
-        D::fetch_all(&mut conn, &sql, args).await.map_err(fail::<D>(what))
+        self.again_if_lost(what, || async {
+            let mut conn = self.pool.acquire().await?;
+            D::fetch_all(&mut conn, &sql, args).await
+        })
+        .await
     }
 
     /// The rows of a statement run on `w`.
@@ -639,6 +689,27 @@ impl<D: Dialect> SqlStore<D> {
         let mut w = Write::single(self).await?;
         let done = self.exec_in(&mut w, what, parts, args).await;
         w.finish(done).await
+    }
+
+    /// [`Self::exec`] for a statement that may run twice: once more when its
+    /// connection was lost ([`Self::again_if_lost`]). SQLite's writes take
+    /// the write turn, through [`Self::exec`]; its connections, files, are
+    /// never lost.
+    pub(crate) async fn exec_again_if_lost(
+        &self,
+        what: &str,
+        parts: &[&str],
+        args: &[Value<'_>],
+    ) -> Result<u64, TransportError> {
+        if !D::AUTOCOMMIT {
+            return self.exec(what, parts, args).await;
+        }
+        let sql = self.tables.sql(parts);
+        self.again_if_lost(what, || async {
+            let mut conn = self.pool.acquire().await?;
+            D::execute(&mut conn, &sql, args).await
+        })
+        .await
     }
 }
 

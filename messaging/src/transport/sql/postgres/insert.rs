@@ -292,18 +292,19 @@ fn unencodable(e: BoxDynError) -> TransportError {
 /// Appends `items` (not empty, no identity) to `queue` in one statement, the
 /// enqueue order drawn in input order; other processes are told of `queue`
 /// when it commits.
+/// The error is sqlx's, so that a caller can tell a lost connection.
 pub(super) async fn append(
     conn: &mut PgConnection,
     tables: &Tables,
     queue: &str,
     now: i64,
     items: &[Enqueue],
-) -> Result<(), TransportError> {
+) -> Result<(), sqlx::Error> {
     let values = Values::of(items.iter().map(|e| e.written(now)));
     let sql = statement(tables, &values, Form::Append);
     let query: Insert<'_, (i32,)> =
-        sqlx::query_as_with(&sql, arguments(queue, now, values, None).map_err(unencodable)?);
-    query.fetch_one(&mut *conn).await.map_err(fail::<sqlx::Postgres>("enqueue"))?;
+        sqlx::query_as_with(&sql, arguments(queue, now, values, None).map_err(sqlx::Error::Encode)?);
+    query.fetch_one(&mut *conn).await?;
     Ok(())
 }
 

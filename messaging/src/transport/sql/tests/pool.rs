@@ -294,3 +294,139 @@ fn postgres_writes_after_quiet_spells_longer_than_the_servers_idle_timeout_all_s
         assert_eq!(leased.len(), 12);
     });
 }
+
+/// Ends the sessions of every connection named `name` (its application
+/// name), as a server restart or an operator's `pg_terminate_backend` does,
+/// and waits until they are gone.
+async fn end_sessions_of(name: &str) {
+    use sqlx::Connection;
+    let mut admin = sqlx::PgConnection::connect(&super::postgres_base()).await.unwrap();
+    let pids: Vec<i32> = sqlx::query_scalar("SELECT pid FROM pg_stat_activity WHERE application_name = $1")
+        .bind(name)
+        .fetch_all(&mut admin)
+        .await
+        .unwrap();
+    assert!(!pids.is_empty(), "no session of {name}");
+    sqlx::query("SELECT pg_terminate_backend(pid) FROM unnest($1::int[]) AS pid")
+        .bind(&pids)
+        .execute(&mut admin)
+        .await
+        .unwrap();
+    for _ in 0..250 {
+        let left: i64 = sqlx::query_scalar("SELECT count(*) FROM pg_stat_activity WHERE pid = ANY($1)")
+            .bind(&pids)
+            .fetch_one(&mut admin)
+            .await
+            .unwrap();
+        if left == 0 {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("the sessions of {name} did not end");
+}
+
+/// Has the pool hold `n` connections that have each run a statement.
+async fn hold_idle(store: &SqlStore<sqlx::Postgres>, n: usize) {
+    let mut open = Vec::new();
+    for _ in 0..n {
+        open.push(store.pool.acquire().await.unwrap());
+    }
+    for conn in &mut open {
+        sqlx::query("SELECT 1").execute(&mut **conn).await.unwrap();
+    }
+}
+
+/// After a restart, a failover or an operator's kill, the pool still holds
+/// connections whose sessions the server ended, and the first statement on
+/// each failed ("terminating connection due to administrator command",
+/// 57P01): a claim that failed so counted as a failed attempt of its
+/// message, a lease or a BEGIN as a failed receive. Now the statements that
+/// may run twice (reads, claims, their extensions and releases, leases,
+/// BEGINs, and plain sends, whose copies would share a message id) run once
+/// more on a new connection, the first lost one
+/// closes the others of its age, and a connection that waited a second is
+/// pinged on its way out, so a publish after a quiet spell finds a live one.
+#[test]
+fn postgres_statements_after_the_server_ended_every_session_succeed() {
+    use crate::claims::Claim;
+    use crate::transport::sql::claims::SqlIdempotencyStore;
+    use crate::transport::sql::machine::Enqueue;
+    const NOW: i64 = 1_800_000_000_000;
+    let db = super::Postgres::new();
+    let name = super::unique("ended");
+    super::runtime().block_on(async {
+        let (setup, _) =
+            crate::transport::sql::open::<sqlx::Postgres>(&format!("{}&migrate=true", db.url)).await.unwrap();
+        drop(setup);
+        // The store's pool as `connect` makes it, named; its background
+        // task (LISTEN, the clock) on a pool of its own, whose reconnects
+        // would otherwise take the dead connections out of this one.
+        let options = PgConnectOptions::from_str(&db.url).unwrap().application_name(&name);
+        let pool = crate::transport::sql::postgres::pool_options(4, None).connect_with(options).await.unwrap();
+        let state = sqlx::Postgres::adopt(&sqlx::PgPool::connect_lazy(&db.url).unwrap());
+        let store = SqlStore::<sqlx::Postgres>::new(pool, state);
+        store.declare("jobs", false, NOW).await.expect("declare");
+        store.declare("heads.fifo", true, NOW).await.expect("declare");
+        let claims = SqlIdempotencyStore::on(&store);
+        let send = |id: String| {
+            let store = &store;
+            async move { store.enqueue("jobs", NOW, vec![Enqueue::test(&id, None, &id)], false).await.remove(0) }
+        };
+
+        hold_idle(&store, 3).await;
+        end_sessions_of(&name).await;
+        store.query("counting", &["SELECT 1"], &[]).await.expect("a read after the sessions ended");
+
+        hold_idle(&store, 3).await;
+        end_sessions_of(&name).await;
+        let claim = claims.claim_at("m-1", "test", "p-1", Duration::from_secs(30), std::time::SystemTime::now());
+        assert_eq!(claim.await.expect("a claim after the sessions ended"), Claim::Claimed);
+
+        hold_idle(&store, 3).await;
+        end_sessions_of(&name).await;
+        let extension = claims.extend_at("m-1", "test", "p-1", Duration::from_secs(60), std::time::SystemTime::now());
+        extension.await.expect("a claim's extension after the sessions ended");
+
+        hold_idle(&store, 3).await;
+        end_sessions_of(&name).await;
+        store.lease("jobs", NOW, 10, 30_000, false).await.expect("a lease after the sessions ended");
+
+        hold_idle(&store, 3).await;
+        end_sessions_of(&name).await;
+        store
+            .lease("heads.fifo", NOW, 10, 30_000, true)
+            .await
+            .expect("a FIFO lease (a BEGIN) after the sessions ended");
+
+        // Sends run once more too.
+        hold_idle(&store, 3).await;
+        end_sessions_of(&name).await;
+        let sends = futures_util::future::join_all((0..3).map(|n| send(format!("after-{n}")))).await;
+        for (n, sent) in sends.into_iter().enumerate() {
+            sent.unwrap_or_else(|e| panic!("send {n} after the sessions ended: {e}"));
+        }
+
+        // The first lost connection closes the others of its age: writes
+        // that run once find new ones.
+        let touch = || store.exec("touching", &["UPDATE messaging_queues SET created_at = created_at"], &[]);
+        hold_idle(&store, 3).await;
+        end_sessions_of(&name).await;
+        store.query("counting", &["SELECT 1"], &[]).await.expect("a read after the sessions ended");
+        let writes = futures_util::future::join_all((0..3).map(|_| touch())).await;
+        for (n, written) in writes.into_iter().enumerate() {
+            written.unwrap_or_else(|e| panic!("write {n} after the first lost connection: {e}"));
+        }
+
+        // A quiet spell: the connections that waited 1 s or more
+        // (`failover::CHECK_AFTER`) are pinged first.
+        hold_idle(&store, 3).await;
+        end_sessions_of(&name).await;
+        tokio::time::sleep(Duration::from_millis(1_200)).await;
+        let writes = futures_util::future::join_all((0..3).map(|_| touch())).await;
+        for (n, written) in writes.into_iter().enumerate() {
+            written.unwrap_or_else(|e| panic!("write {n} after a quiet spell: {e}"));
+        }
+        assert_eq!(store.lease("jobs", NOW, 10, 30_000, false).await.expect("lease").len(), 3);
+    });
+}
