@@ -79,6 +79,10 @@ pub trait Dialect: Driver + sealed::Sealed + Sized {
     const SCHEMAS: bool;
     /// Whether a single statement may run outside a transaction.
     const AUTOCOMMIT: bool;
+    /// How long the framework's own statements on the hot path wait for
+    /// the server's answer ([`within`]); `None` where the database is a
+    /// file.
+    const ANSWER_WITHIN: Option<std::time::Duration>;
     /// Makes concurrent migrators take turns, inside the migration's
     /// transaction (SQLite's `BEGIN IMMEDIATE` does already).
     const MIGRATION_LOCK: &'static str;
@@ -303,6 +307,10 @@ impl StopOnDrop {
 pub(crate) struct Write<'c, D: Dialect> {
     conn: Conn<'c, D>,
     _turn: Option<D::Turn>,
+    /// How long its statements wait for an answer ([`within`]); none on the
+    /// caller's transaction, whose statements are the caller's to bound (a
+    /// statement given up on there could still commit with it).
+    answer_within: Option<std::time::Duration>,
 }
 
 enum Conn<'c, D: Dialect> {
@@ -333,7 +341,7 @@ impl<D: Dialect> Write<'static, D> {
                 }
             })
             .await?;
-        Ok(Write { conn: Conn::Tx(tx), _turn: turn })
+        Ok(Write { conn: Conn::Tx(tx), _turn: turn, answer_within: store.answer_within })
     }
 
     /// A connection for one statement (a transaction where the database
@@ -344,7 +352,7 @@ impl<D: Dialect> Write<'static, D> {
         }
         let turn = D::turn(&store.state).await;
         let conn = store.acquire("connect").await?;
-        Ok(Write { conn: Conn::Auto(conn), _turn: turn })
+        Ok(Write { conn: Conn::Auto(conn), _turn: turn, answer_within: store.answer_within })
     }
 }
 
@@ -354,7 +362,12 @@ impl<'c, D: Dialect> Write<'c, D> {
     /// it. No write turn: on SQLite the database serializes it with the
     /// framework's writers (its busy timeout applies).
     pub(crate) fn on(conn: &'c mut D::Connection) -> Self {
-        Write { conn: Conn::Theirs(conn), _turn: None }
+        Write { conn: Conn::Theirs(conn), _turn: None, answer_within: None }
+    }
+
+    /// How long a statement on it waits for an answer: pass to [`within`].
+    pub(crate) fn answer_within(&self) -> Option<std::time::Duration> {
+        self.answer_within
     }
 
     /// The connection to run statements on.
@@ -372,13 +385,14 @@ impl<'c, D: Dialect> Write<'c, D> {
     /// rows as locked.) The caller's transaction is left to the caller.
     pub(crate) async fn finish<R>(self, result: Result<R, TransportError>) -> Result<R, TransportError> {
         let Conn::Tx(mut tx) = self.conn else { return result };
+        let wait = self.answer_within;
         match result {
             Ok(value) => {
-                tx.end("COMMIT").await.map_err(|e| backend::<D>("commit", e))?;
+                within::<D, _, _>(wait, tx.end("COMMIT"), |e| e).await.map_err(|e| backend::<D>("commit", e))?;
                 Ok(value)
             }
             Err(e) => {
-                if let Err(rollback) = tx.end("ROLLBACK").await {
+                if let Err(rollback) = within::<D, _, _>(wait, tx.end("ROLLBACK"), |e| e).await {
                     tracing::debug!("{}: rollback failed, closing the connection: {rollback}", D::SYSTEM);
                 }
                 Err(e)
@@ -498,6 +512,8 @@ pub struct SqlStore<D: Dialect> {
     pub(crate) state: D::State,
     pub(crate) tables: Tables,
     diagnosis: Diagnosis,
+    /// [`Dialect::ANSWER_WITHIN`] (shorter in tests).
+    pub(crate) answer_within: Option<std::time::Duration>,
 }
 
 impl<D: Dialect> Clone for SqlStore<D> {
@@ -507,6 +523,7 @@ impl<D: Dialect> Clone for SqlStore<D> {
             state: self.state.clone(),
             tables: self.tables.clone(),
             diagnosis: self.diagnosis.clone(),
+            answer_within: self.answer_within,
         }
     }
 }
@@ -538,7 +555,13 @@ impl<D: Dialect> SqlStore<D> {
 
     /// A store on `pool`, its tables in the connection's schema.
     pub(crate) fn new(pool: Pool<D>, state: D::State) -> Self {
-        SqlStore { pool, state, tables: Tables::default(), diagnosis: Diagnosis::default() }
+        SqlStore {
+            pool,
+            state,
+            tables: Tables::default(),
+            diagnosis: Diagnosis::default(),
+            answer_within: D::ANSWER_WITHIN,
+        }
     }
 
     /// The connection pool.
@@ -589,12 +612,12 @@ impl<D: Dialect> SqlStore<D> {
     where
         F: Future<Output = Result<T, sqlx::Error>>,
     {
-        match run().await {
+        match within::<D, _, _>(self.answer_within, run(), |e| e).await {
             Ok(value) => Ok(value),
             Err(e) if D::lost(&e) => {
                 D::noticed(&e);
-                tracing::debug!("{}: {what} found its connection closed ({e}); once more on another", D::SYSTEM);
-                self.pooled(what, run()).await
+                tracing::debug!("{}: {what} found its connection gone ({e}); once more on another", D::SYSTEM);
+                self.pooled(what, within::<D, _, _>(self.answer_within, run(), |e| e)).await
             }
             Err(e) => Err(self.failure(what, e).await),
         }
@@ -669,7 +692,8 @@ impl<D: Dialect> SqlStore<D> {
         args: &[Value<'_>],
     ) -> Result<Vec<D::Row>, TransportError> {
         let sql = self.tables.sql(parts);
-        D::fetch_all(w.conn(), &sql, args).await.map_err(fail::<D>(what))
+        let wait = w.answer_within();
+        within::<D, _, _>(wait, D::fetch_all(w.conn(), &sql, args), |e| e).await.map_err(fail::<D>(what))
     }
 
     /// Runs a statement on `w`; the rows it changed.
@@ -681,7 +705,8 @@ impl<D: Dialect> SqlStore<D> {
         args: &[Value<'_>],
     ) -> Result<u64, TransportError> {
         let sql = self.tables.sql(parts);
-        D::execute(w.conn(), &sql, args).await.map_err(fail::<D>(what))
+        let wait = w.answer_within();
+        within::<D, _, _>(wait, D::execute(w.conn(), &sql, args), |e| e).await.map_err(fail::<D>(what))
     }
 
     /// Runs one writing statement by itself; the rows it changed.
@@ -716,6 +741,39 @@ impl<D: Dialect> SqlStore<D> {
 /// Names a failed statement.
 pub(crate) fn fail<D: Dialect>(what: &str) -> impl Fn(sqlx::Error) -> TransportError + '_ {
     move |e| backend::<D>(what, e)
+}
+
+/// What `statement` answers, or after `wait` without an answer the error
+/// of a lost connection, through `error` ([`Dialect::lost`]: the
+/// connections of its age are marked stale before the statement is
+/// dropped, so that the pool closes this one as it comes back instead of
+/// pinging it; and a statement that may run twice runs once more).
+///
+/// A server gone from the network (a failover that moved the name to
+/// another address, a partition) answers nothing and closes nothing: tried
+/// from outside through a proxy that stopped forwarding, a publish and
+/// every worker statement waited for good (TCP gives up on unacknowledged
+/// data after about 15 minutes, and never on a request whose answer does
+/// not come), and the pool's places stayed taken by the connections
+/// waiting, so that nothing recovered after the failover either.
+pub(crate) async fn within<D: Dialect, T, E>(
+    wait: Option<std::time::Duration>,
+    statement: impl Future<Output = Result<T, E>>,
+    error: impl FnOnce(sqlx::Error) -> E,
+) -> Result<T, E> {
+    let Some(wait) = wait else { return statement.await };
+    let mut statement = std::pin::pin!(statement);
+    tokio::select! {
+        answer = &mut statement => answer,
+        () = tokio::time::sleep(wait) => {
+            let lost = sqlx::Error::Io(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!("no answer from the server within {wait:?}"),
+            ));
+            D::noticed(&lost);
+            Err(error(lost))
+        }
+    }
 }
 
 /// Column `i` of the first row as a BIGINT (none: no row, or NULL).

@@ -23,6 +23,16 @@
 //! twice run once more when their connection was lost
 //! (`SqlStore::again_if_lost`).
 //!
+//! *A server gone from the network* (a failover that moved the name to
+//! another address, a partition) answers nothing and closes nothing. The
+//! framework's statements wait for an answer at most
+//! `Dialect::ANSWER_WITHIN` (`dialect::within`), and then count as a lost
+//! connection, marking the others stale. sqlx pings every connection given
+//! back to the pool, without a limit, and that ping would hold one of the
+//! pool's places for good: so a stale connection given back is closed, and
+//! any other is pinged first within the same limit ([`answers`], the pool's
+//! `after_release`).
+//!
 //! The mark is the process's, for every PostgreSQL pool in it: a pool on
 //! another server reconnects once for nothing, which is cheap beside
 //! writes failing for half an hour.
@@ -109,8 +119,8 @@ pub(super) fn noticed(e: &sqlx::Error) {
              (after a failover they reach the old primary)"
         ),
         Why::Lost => tracing::warn!(
-            "postgresql: the server closed a connection ({e}); the connections opened before now are closed as they \
-             come back, and new ones are opened (a restart or an operator's kill ends them all)"
+            "postgresql: a connection to the server is gone ({e}); the connections opened before now are closed as \
+             they come back, and new ones are opened (a restart, a failover or an operator's kill ends them all)"
         ),
     }
 }
@@ -160,6 +170,25 @@ pub(super) async fn alive(conn: &mut sqlx::PgConnection, meta: &PoolConnectionMe
         Ok(()) => true,
         Err(e) => {
             noticed(&e);
+            false
+        }
+    }
+}
+
+/// Whether a connection given back to the pool answers a ping within
+/// `wait`. One that does not marks the others of its age stale.
+pub(super) async fn answers(conn: &mut sqlx::PgConnection, wait: Option<std::time::Duration>) -> bool {
+    let Some(wait) = wait else { return true };
+    let ping = sqlx::Connection::ping(conn);
+    match tokio::time::timeout(wait, ping).await {
+        Ok(Ok(())) => true,
+        Ok(Err(e)) => {
+            noticed(&e);
+            false
+        }
+        Err(_) => {
+            let e = std::io::Error::new(std::io::ErrorKind::TimedOut, format!("no answer to a ping within {wait:?}"));
+            noticed(&sqlx::Error::Io(e));
             false
         }
     }

@@ -15,7 +15,9 @@ use sqlx::{Pool, Postgres};
 use tokio::sync::{broadcast, oneshot};
 
 use super::clock::Clock;
-use super::dialect::{backend, fail, full_disk_hint, ids, leased, Dialect, SkipLocked, SqlStore, StopOnDrop, Write};
+use super::dialect::{
+    backend, fail, full_disk_hint, ids, leased, within, Dialect, SkipLocked, SqlStore, StopOnDrop, Write,
+};
 use super::record::{Held, LeasedRow, Tuple};
 use super::statements::{self as sql, FifoSearch, StoreForm, Tables};
 use crate::error::TransportError;
@@ -62,8 +64,13 @@ fn redact(url: &str) -> String {
 }
 
 /// The options of a store's pool of at most `max_connections`, under the
-/// server's `idle_timeout` ([`idle`]).
-pub(crate) fn pool_options(max_connections: u32, idle_timeout: Option<Duration>) -> PgPoolOptions {
+/// server's `idle_timeout` ([`idle`]), its connections' answers awaited for
+/// `answer_within` ([`Dialect::ANSWER_WITHIN`]).
+pub(crate) fn pool_options(
+    max_connections: u32,
+    idle_timeout: Option<Duration>,
+    answer_within: Option<Duration>,
+) -> PgPoolOptions {
     PgPoolOptions::new()
         .max_connections(max_connections)
         .acquire_timeout(Duration::from_secs(5))
@@ -78,6 +85,16 @@ pub(crate) fn pool_options(max_connections: u32, idle_timeout: Option<Duration>)
                     && idle::fresh(meta.idle_for, idle_timeout)
                     && failover::alive(conn, &meta).await)
             })
+        })
+        // sqlx pings every connection given back, without a limit: on a
+        // server gone from the network that ping waited for good, holding
+        // one of the pool's places (in a test, connections given back as
+        // the server went: the pool was short of them from then on). So a
+        // stale connection is closed at once, and another is pinged first
+        // within the limit (`failover::answers`), which leaves sqlx's own
+        // ping right after it nothing to wait for.
+        .after_release(move |conn, meta| {
+            Box::pin(async move { Ok(failover::usable(&meta) && failover::answers(conn, answer_within).await) })
         })
 }
 
@@ -157,10 +174,12 @@ async fn background(pool: PgPool, changes: broadcast::Sender<String>, clock: Clo
             _ = &mut stop => return,
             () = failover::marked() => stale(&listener),
             _ = tick.tick() => {
-                if let Err(e) = clock.sample(|| database_ms(&pool)).await {
+                let wait = <Postgres as Dialect>::ANSWER_WITHIN;
+                if let Err(e) = clock.sample(|| within::<Postgres, _, _>(wait, database_ms(&pool), |e| e)).await {
                     tracing::debug!("postgresql: reading the database clock failed ({e}); keeping the last offset");
                 }
-                reported.check(&pool).await;
+                // Bounded likewise: a hung check would stop this task.
+                let _ = tokio::time::timeout(wait.unwrap_or(Duration::MAX), reported.check(&pool)).await;
                 listener.is_none() || stale(&listener)
             }
             _ = async { keep.as_mut()?.tick().await; Some(()) }, if keep.is_some() => {
@@ -355,6 +374,10 @@ impl Dialect for Postgres {
     ));
     const SCHEMAS: bool = true;
     const AUTOCOMMIT: bool = true;
+    // Generous: the framework's statements take milliseconds (a lease of
+    // 1,000 rows about 10 ms); a server that has not answered in half a
+    // minute is gone, or so stalled that a new connection is as good.
+    const ANSWER_WITHIN: Option<Duration> = Some(Duration::from_secs(30));
     // SQLSTATE 42P01 (undefined_table), whatever the server's language.
     const MIGRATION_LOCK: &'static str = "SELECT pg_advisory_xact_lock(hashtext('messaging:migrate'))";
     const MISSING_TABLE: &'static str = "(code 42P01)";
@@ -436,7 +459,10 @@ impl Dialect for Postgres {
                 Ok(Err(e)) => return Err(refused(&e)),
                 Err(_) => return Err(refused(&"no answer within 5 s")),
             };
-        let pool = pool_options(max_connections, idle_timeout).connect_with(options).await.map_err(|e| refused(&e))?;
+        let pool = pool_options(max_connections, idle_timeout, Self::ANSWER_WITHIN)
+            .connect_with(options)
+            .await
+            .map_err(|e| refused(&e))?;
         let clock = Clock::default();
         clock.sample(|| database_ms(&pool)).await.map_err(|e| backend::<Postgres>("reading the clock", e))?;
         let state = start(&pool, clock);
@@ -565,22 +591,16 @@ impl Dialect for Postgres {
         // FIFO: leases of one queue take turns under an advisory lock, so
         // that two never pick the same group's head.
         let mut w = Write::begin(store).await?;
+        let wait = w.answer_within();
         let result = async {
-            sqlx::query("SELECT pg_advisory_xact_lock(hashtext('messaging:' || $1))")
-                .bind(queue)
-                .execute(&mut *w.conn())
+            let lock = sqlx::query("SELECT pg_advisory_xact_lock(hashtext('messaging:' || $1))").bind(queue);
+            within::<Self, _, _>(wait, lock.execute(&mut *w.conn()), |e| e)
                 .await
                 .map_err(fail::<Self>("lease lock"))?;
             let update = store.tables.sql(&[LEASE_HEADS[0], sql::PICK_FIFO, LEASE_HEADS[1], sql::LEASED, LEASED_AT]);
-            sqlx::query(&update)
-                .bind(queue)
-                .bind(limit)
-                .bind(now + lease_ms)
-                .bind(search.walk)
-                .bind(search.groups)
-                .fetch_all(&mut *w.conn())
-                .await
-                .map_err(fail::<Self>("lease"))
+            let update =
+                sqlx::query(&update).bind(queue).bind(limit).bind(now + lease_ms).bind(search.walk).bind(search.groups);
+            within::<Self, _, _>(wait, update.fetch_all(&mut *w.conn()), |e| e).await.map_err(fail::<Self>("lease"))
         }
         .await;
         leased::<Self>(&w.finish(result).await?)
@@ -624,13 +644,14 @@ impl Dialect for Postgres {
         let mut w = Write::single(store).await?;
         let mut items = items.to_vec();
         items.sort_unstable();
-        let done: Result<Vec<(i64, i64)>, _> = sqlx::query_as(&sql)
+        let completion = sqlx::query_as(&sql)
             .bind(items.iter().map(|&(_, _, tuple)| tuple).collect::<Vec<Tuple>>())
             .bind(items.iter().map(|&(id, _, _)| id as i64).collect::<Vec<_>>())
             .bind(items.iter().map(|&(_, token, _)| token as i64).collect::<Vec<_>>())
             .bind(queue)
-            .bind(now)
-            .fetch_all(w.conn())
+            .bind(now);
+        let wait = w.answer_within();
+        let done: Result<Vec<(i64, i64)>, _> = within::<Self, _, _>(wait, completion.fetch_all(w.conn()), |e| e)
             .await
             .map_err(fail::<Self>("completing messages"));
         let done = w.finish(done).await?;
@@ -654,7 +675,8 @@ impl Dialect for Postgres {
     }
 
     async fn notify<'a>(pool: &'a Pool<Self>, queue: &'a str) {
-        if let Err(e) = sqlx::query("SELECT pg_notify($1, $2)").bind(CHANNEL).bind(queue).execute(pool).await {
+        let notify = sqlx::query("SELECT pg_notify($1, $2)").bind(CHANNEL).bind(queue).execute(pool);
+        if let Err(e) = within::<Self, _, _>(Self::ANSWER_WITHIN, notify, |e| e).await {
             tracing::debug!("NOTIFY failed ({e}); receivers will poll");
         }
     }

@@ -7,7 +7,7 @@
 mod browse;
 mod write;
 
-use super::dialect::{fail, flag, int, rows, Dialect, SkipLocked, SqlStore, Write};
+use super::dialect::{fail, flag, int, rows, within, Dialect, SkipLocked, SqlStore, Write};
 use super::driver::Value;
 use super::record::{Held, LeasedRow};
 use super::statements::{self as sql, FifoSearch};

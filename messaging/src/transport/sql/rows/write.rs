@@ -109,7 +109,8 @@ impl<D: Dialect> SqlStore<D> {
     ) -> Result<(), TransportError> {
         // On failure the caller drops `out` with the error.
         out.extend(appending(&run));
-        D::append(w.conn(), &self.tables, queue, now, &mut run).await
+        let wait = w.answer_within();
+        within::<D, _, _>(wait, D::append(w.conn(), &self.tables, queue, now, &mut run), fail::<D>("enqueue")).await
     }
 
     /// Enqueues messages with an identity, in order, as if one by one: each
@@ -128,7 +129,9 @@ impl<D: Dialect> SqlStore<D> {
         run: Vec<Enqueue>,
         idempotent: bool,
     ) -> Result<Vec<Enqueued>, TransportError> {
-        let seqs = D::next_seqs(w.conn(), &self.tables, run.len()).await?;
+        let wait = w.answer_within();
+        let seqs =
+            within::<D, _, _>(wait, D::next_seqs(w.conn(), &self.tables, run.len()), fail::<D>("nextval")).await?;
         if seqs.len() != run.len() {
             return Err(TransportError::Backend(format!("{}: too few sequence values", D::SYSTEM)));
         }
@@ -190,7 +193,9 @@ impl<D: Dialect> SqlStore<D> {
             })
             .unzip();
         if !rows.is_empty() {
-            let ids = D::insert(w.conn(), &self.tables, queue, now, &rows).await?;
+            let wait = w.answer_within();
+            let insert = D::insert(w.conn(), &self.tables, queue, now, &rows);
+            let ids = within::<D, _, _>(wait, insert, fail::<D>("enqueue")).await?;
             for (versions, id) in created.into_iter().zip(ids) {
                 match id {
                     Some(id) => {

@@ -227,6 +227,9 @@ impl Dialect for Sqlite {
     const SCHEMA_COLUMNS: &'static str = "SELECT m.name, p.name FROM sqlite_master m JOIN pragma_table_info(m.name) p \
         WHERE m.type = 'table' AND m.name LIKE 'messaging\\_%' ESCAPE '\\'";
     const AUTOCOMMIT: bool = false;
+    // A file: no server to lose. Statements wait for the write lock by
+    // the busy timeout.
+    const ANSWER_WITHIN: Option<Duration> = None;
     const MIGRATION_LOCK: &'static str = "SELECT 1";
     const MISSING_TABLE: &'static str = "no such table";
     const HINTS: &'static [(&'static [&'static str], &'static str)] = &[

@@ -21,6 +21,8 @@ struct Proxy {
     port: u16,
     /// Connections it took.
     accepted: Arc<AtomicUsize>,
+    /// Told to stop forwarding on every open link.
+    freeze: Arc<tokio::sync::Notify>,
     _tasks: JoinSet<()>,
 }
 
@@ -30,20 +32,34 @@ impl Proxy {
         let port = listener.local_addr().unwrap().port();
         let accepted = Arc::new(AtomicUsize::new(0));
         let counted = accepted.clone();
+        let freeze = Arc::new(tokio::sync::Notify::new());
+        let frozen = freeze.clone();
         let mut tasks = JoinSet::new();
         tasks.spawn(async move {
             let mut links = JoinSet::new();
             while let Ok((mut client, _)) = listener.accept().await {
                 counted.fetch_add(1, Ordering::SeqCst);
                 let server = server.clone();
+                let frozen = frozen.clone();
                 links.spawn(async move {
                     if let Ok(mut upstream) = TcpStream::connect(server).await {
-                        let _ = tokio::io::copy_bidirectional(&mut client, &mut upstream).await;
+                        tokio::select! {
+                            _ = tokio::io::copy_bidirectional(&mut client, &mut upstream) => {}
+                            // Forwards nothing more and closes nothing: both
+                            // ends stay open, unanswered.
+                            () = frozen.notified() => std::future::pending().await,
+                        }
                     }
                 });
             }
         });
-        Proxy { port, accepted, _tasks: tasks }
+        Proxy { port, accepted, freeze, _tasks: tasks }
+    }
+
+    /// Every link open now stops forwarding for good, without closing (a
+    /// server gone from the network); links opened later forward.
+    fn freeze_open_links(&self) {
+        self.freeze.notify_waiters();
     }
 }
 
@@ -326,7 +342,8 @@ async fn end_sessions_of(name: &str) {
     panic!("the sessions of {name} did not end");
 }
 
-/// Has the pool hold `n` connections that have each run a statement.
+/// Has the pool hold `n` idle connections that have each run a statement
+/// (given back: the pool's checks of them on their way back are done).
 async fn hold_idle(store: &SqlStore<sqlx::Postgres>, n: usize) {
     let mut open = Vec::new();
     for _ in 0..n {
@@ -335,6 +352,14 @@ async fn hold_idle(store: &SqlStore<sqlx::Postgres>, n: usize) {
     for conn in &mut open {
         sqlx::query("SELECT 1").execute(&mut **conn).await.unwrap();
     }
+    drop(open);
+    for _ in 0..250 {
+        if store.pool.num_idle() >= n {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("the pool holds {} idle connections, not {n}", store.pool.num_idle());
 }
 
 /// After a restart, a failover or an operator's kill, the pool still holds
@@ -363,7 +388,8 @@ fn postgres_statements_after_the_server_ended_every_session_succeed() {
         // task (LISTEN, the clock) on a pool of its own, whose reconnects
         // would otherwise take the dead connections out of this one.
         let options = PgConnectOptions::from_str(&db.url).unwrap().application_name(&name);
-        let pool = crate::transport::sql::postgres::pool_options(4, None).connect_with(options).await.unwrap();
+        let wait = <sqlx::Postgres as Dialect>::ANSWER_WITHIN;
+        let pool = crate::transport::sql::postgres::pool_options(4, None, wait).connect_with(options).await.unwrap();
         let state = sqlx::Postgres::adopt(&sqlx::PgPool::connect_lazy(&db.url).unwrap());
         let store = SqlStore::<sqlx::Postgres>::new(pool, state);
         store.declare("jobs", false, NOW).await.expect("declare");
@@ -428,5 +454,82 @@ fn postgres_statements_after_the_server_ended_every_session_succeed() {
             written.unwrap_or_else(|e| panic!("write {n} after a quiet spell: {e}"));
         }
         assert_eq!(store.lease("jobs", NOW, 10, 30_000, false).await.expect("lease").len(), 3);
+    });
+}
+
+/// A server gone from the network (a failover that moved its name to
+/// another address, a partition) answers nothing and closes nothing. A
+/// statement on a connection to it waited for good, and so did the pool's
+/// ping of that connection when it came back, holding one of the pool's
+/// places: the publish and the workers hung, and did not recover after the
+/// failover either. Now every statement of the framework's own waits at
+/// most its store's `answer_within`, the connections of that age are then
+/// closed, not pinged, and those that may run twice run once more on a new
+/// connection.
+#[test]
+fn postgres_statements_on_connections_that_no_longer_answer_give_up_and_go_on_new_ones() {
+    use crate::transport::sql::machine::Enqueue;
+    const NOW: i64 = 1_800_000_000_000;
+    let db = super::Postgres::new();
+    let test = async {
+        let (setup, _) =
+            crate::transport::sql::open::<sqlx::Postgres>(&format!("{}&migrate=true", db.url)).await.unwrap();
+        drop(setup);
+        let proxy = Proxy::start(server()).await;
+        let options = PgConnectOptions::from_str(&db.url).unwrap().host("127.0.0.1").port(proxy.port);
+        let wait = Some(Duration::from_millis(500));
+        let pool = crate::transport::sql::postgres::pool_options(4, None, wait).connect_with(options).await.unwrap();
+        let state = sqlx::Postgres::adopt(&sqlx::PgPool::connect_lazy(&db.url).unwrap());
+        let mut store = SqlStore::<sqlx::Postgres>::new(pool, state);
+        store.answer_within = wait;
+        store.declare("jobs", false, NOW).await.expect("declare");
+        store.declare("heads.fifo", true, NOW).await.expect("declare");
+        let touch = || store.exec("touching", &["UPDATE messaging_queues SET created_at = created_at"], &[]);
+
+        // Writes that run once give up, each after the wait.
+        hold_idle(&store, 4).await;
+        proxy.freeze_open_links();
+        let began = std::time::Instant::now();
+        for written in futures_util::future::join_all((0..4).map(|_| touch())).await {
+            let e = written.expect_err("no answer").to_string();
+            assert!(e.contains("no answer from the server within 500ms"), "{e}");
+        }
+        assert!(began.elapsed() < Duration::from_secs(3), "gave up after {:?}", began.elapsed());
+        // The pool's four places are free again: the connections that did
+        // not answer were closed, not pinged.
+        for (n, written) in futures_util::future::join_all((0..4).map(|_| touch())).await.into_iter().enumerate() {
+            written.unwrap_or_else(|e| panic!("write {n} after the frozen connections were given up: {e}"));
+        }
+
+        // Those that may run twice run once more, on a new connection.
+        hold_idle(&store, 4).await;
+        proxy.freeze_open_links();
+        let began = std::time::Instant::now();
+        let sent = store.enqueue("jobs", NOW, vec![Enqueue::test("m-1", None, "m-1")], false).await.remove(0);
+        sent.expect("a send on a frozen connection, then on a new one");
+        store.query("counting", &["SELECT 1"], &[]).await.expect("a read");
+        store.lease("heads.fifo", NOW, 10, 30_000, true).await.expect("a FIFO lease (a BEGIN)");
+        assert_eq!(store.lease("jobs", NOW, 10, 30_000, false).await.expect("a lease").len(), 1);
+        assert!(began.elapsed() < Duration::from_secs(5), "took {:?}", began.elapsed());
+
+        // Connections given back as the server goes: the pool's check of
+        // each on its way back gets no answer either, and gives up.
+        let mut open = Vec::new();
+        for _ in 0..4 {
+            open.push(store.pool.acquire().await.unwrap());
+        }
+        for conn in &mut open {
+            sqlx::query("SELECT 1").execute(&mut **conn).await.unwrap();
+        }
+        drop(open);
+        proxy.freeze_open_links();
+        for read in futures_util::future::join_all((0..4).map(|_| store.query("counting", &["SELECT 1"], &[]))).await {
+            read.expect("a read after connections were given back as the server went");
+        }
+        // Four at once: none of the pool's places is still taken.
+        hold_idle(&store, 4).await;
+    };
+    super::runtime().block_on(async {
+        tokio::time::timeout(Duration::from_secs(60), test).await.expect("the test waited for good");
     });
 }
