@@ -57,8 +57,11 @@ pub struct Charged {
     pub customer: String,
 }
 
-/// Charges an order once: the charge, the claim and the follow-up commit together.
-#[messaging::handler(queue = Orders, idempotent = "charge")]
+/// Charges an order once: the charge, the claim and the follow-up commit
+/// together. Stopped after 30 s (`timeout`): its own statements, on a
+/// database gone from the network, would otherwise wait for good, and hold
+/// the message and the lane with them.
+#[messaging::handler(queue = Orders, idempotent = "charge", timeout = "30s")]
 async fn charge(
     order: OrderPlaced,
     claim: IdempotencyClaim,

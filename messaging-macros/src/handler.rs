@@ -8,12 +8,13 @@ use syn::{FnArg, ItemFn, LitStr, Path, ReturnType, Type};
 
 use crate::attr::{mentions_impl, with_error, Args, Errors, Reader};
 
-const KNOWN: &[&str] = &["queue", "idempotent", "lease", "retry"];
+const KNOWN: &[&str] = &["queue", "idempotent", "lease", "retry", "timeout"];
 
 struct HandlerArgs {
     queue: Path,
     idempotent: Option<(LitStr, u64)>,
     retry: Option<(u64, u64)>,
+    timeout: Option<u64>,
 }
 
 /// The checked signature: the message type and the extractor types.
@@ -49,6 +50,7 @@ fn parse_args(args: Args, errors: &mut Errors) -> Option<HandlerArgs> {
         errors.push(lit.span(), "name the queue type: `#[messaging::handler(queue = Orders)]`");
     }
     let (mut queue, mut scope, mut lease, mut lease_span, mut retry) = (None, None, None, None, None);
+    let mut timeout = None;
     let mut reader = Reader::new("handler", KNOWN, errors);
     for arg in &args.args {
         if !reader.accept(&arg.key) {
@@ -67,6 +69,14 @@ fn parse_args(args: Args, errors: &mut Errors) -> Option<HandlerArgs> {
                 lease_span = Some(arg.key.span());
                 lease = reader.duration(arg).map(|(ms, _)| ms);
             }
+            "timeout" => match reader.duration(arg) {
+                Some((0, span)) => reader.errors.push(
+                    span,
+                    "`timeout` must be longer than zero: it is how long the handler may run, e.g. `timeout = \"5m\"`",
+                ),
+                Some((ms, _)) => timeout = Some(ms),
+                None => {}
+            },
             "retry" => {
                 let Some(items) = reader.list(arg) else { continue };
                 let (mut base, mut max) = (1_000, 300_000);
@@ -107,7 +117,7 @@ fn parse_args(args: Args, errors: &mut Errors) -> Option<HandlerArgs> {
         );
         return None;
     };
-    Some(HandlerArgs { queue, idempotent: scope.map(|s| (s, lease.unwrap_or(30_000))), retry })
+    Some(HandlerArgs { queue, idempotent: scope.map(|s| (s, lease.unwrap_or(30_000))), retry, timeout })
 }
 
 fn parse_signature(func: &ItemFn, errors: &mut Errors) -> Option<Signature> {
@@ -189,6 +199,10 @@ fn generate(func: &ItemFn, args: &HandlerArgs, sig: &Signature) -> TokenStream {
         },
         None => quote!(::core::option::Option::None),
     };
+    let timeout = match args.timeout {
+        Some(ms) => quote!(::core::option::Option::Some(::messaging::__private::Duration::from_millis(#ms))),
+        None => quote!(::core::option::Option::None),
+    };
     quote! {
         #func
 
@@ -267,6 +281,7 @@ fn generate(func: &ItemFn, args: &HandlerArgs, sig: &Signature) -> TokenStream {
                     decode: ::messaging::__private::decode::<S::Message>,
                     idempotency: #idempotency,
                     retry: #retry,
+                    timeout: #timeout,
                     requirements: __messaging_requirements,
                     handler: __messaging_make::<S>,
                 };

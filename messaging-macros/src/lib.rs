@@ -108,6 +108,13 @@ pub fn message(args: TokenStream, item: TokenStream) -> TokenStream {
 /// the claim held elsewhere is kept and tried again when that claim's lease
 /// ends, without counting an attempt.
 ///
+/// `timeout = "5m"` stops a run of the handler that takes longer: its
+/// future is dropped where it waits, and the attempt fails like any other
+/// (retried, then dead-lettered with the timeout as its reason). Without
+/// one, a handler that waits for good (on a server gone from the network,
+/// say) holds its message and its lane for good, since the heartbeat keeps
+/// the message invisible while the handler runs.
+///
 /// One handler on a queue makes it a single-type queue; several make it a
 /// multi-type queue routed by the envelope's type name. The function stays
 /// callable as written.

@@ -94,7 +94,7 @@ impl Pipeline {
 
     async fn invoke(&self, message: AnyMessage, route: &Route, ctx: &MessageContext) -> Result<(), HandlerError> {
         match &route.entry.idempotency {
-            None => route.handler.call(message, ctx.clone(), self.resources.clone()).await,
+            None => within_timeout(route, route.handler.call(message, ctx.clone(), self.resources.clone())).await,
             Some(spec) => self.invoke_idempotent(spec, message, route, ctx).await,
         }
     }
@@ -135,7 +135,8 @@ impl Pipeline {
                     completed: AtomicBool::new(false),
                 });
                 let held = HeldClaim::new(ctx, &claim, spec.lease);
-                let result = route.handler.call(message, ctx.with_claim(claim.clone()), self.resources.clone()).await;
+                let run = route.handler.call(message, ctx.with_claim(claim.clone()), self.resources.clone());
+                let result = within_timeout(route, run).await;
                 // The claim stays extended while its completion is tried.
                 let settle = match &result {
                     // The handler completed it in its own transaction.
@@ -150,6 +151,26 @@ impl Pipeline {
                 result
             }
         }
+    }
+}
+
+/// The handler's run `run`, stopped after the handler's `timeout`: its
+/// future is dropped where it waits (a statement on a database gone from
+/// the network, a call that never answers), and the attempt fails like any
+/// other. Without one a handler that waits for good holds its message, kept
+/// invisible by the heartbeat, and its lane, for good.
+async fn within_timeout(
+    route: &Route,
+    run: crate::boxed::BoxFuture<'static, Result<(), HandlerError>>,
+) -> Result<(), HandlerError> {
+    let Some(limit) = route.entry.timeout else { return run.await };
+    match tokio::time::timeout(limit, run).await {
+        Ok(result) => result,
+        Err(_) => Err(HandlerError::transient(format!(
+            "the handler did not finish within its `timeout` of {} and was stopped (raise `timeout` on \
+             `#[messaging::handler]` if it needs longer)",
+            crate::duration::format_duration(u64::try_from(limit.as_millis()).unwrap_or(u64::MAX))
+        ))),
     }
 }
 

@@ -267,6 +267,38 @@ async fn after_max_receives_a_failing_message_is_dead_lettered_not_lost() {
     app.stop().await;
 }
 
+#[messaging::queue("stuck", dlq = "stuck-dlq", max_receives = 2, concurrency = 1)]
+struct Stuck;
+
+/// Job 0 waits for good (a call that never answers), the others return.
+#[messaging::handler(queue = Stuck, timeout = "200ms", retry(base = "10ms", max = "20ms"))]
+async fn stuck(job: Job, rec: State<Arc<Recorder>>) -> Result<(), HandlerError> {
+    rec.run(format!("{}", job.n), Duration::ZERO).await;
+    if job.n == 0 {
+        std::future::pending::<()>().await;
+    }
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_handler_that_waits_for_good_is_stopped_at_its_timeout_and_its_lane_goes_on() {
+    let rec = Arc::new(Recorder::default());
+    let app = start::<Stuck>(&rec).await;
+    let ids = publish_jobs::<Stuck>(&app, 2).await;
+    app.dead_lettered(&ids[0]).await.unwrap();
+    app.handled(&ids[1]).await.unwrap();
+    let letters = app.transport().dead_letters().unwrap().peek("stuck", 10).await.unwrap();
+    assert_eq!(
+        letters[0].reason.as_deref(),
+        Some(
+            "the handler did not finish within its `timeout` of 200ms and was stopped (raise `timeout` on \
+             `#[messaging::handler]` if it needs longer) (after 2 attempts)"
+        )
+    );
+    assert_eq!(rec.seen().iter().filter(|s| *s == "0").count(), 2, "two attempts, each stopped");
+    app.stop().await;
+}
+
 #[messaging::queue("poison", dlq = "poison-dlq")]
 struct Poison;
 

@@ -84,6 +84,8 @@ pub struct HandlerEntry {
     pub idempotency: Option<IdempotencySpec>,
     /// `retry(base = "..", max = "..")`.
     pub retry: Option<RetryPolicy>,
+    /// `timeout = ".."`: how long one run of the handler may take.
+    pub timeout: Option<std::time::Duration>,
     /// The states its extractors need.
     pub requirements: fn() -> Vec<Requirement>,
     /// Builds the handler.

@@ -36,7 +36,8 @@ pub struct Ledger;
     queue = Billing,
     idempotent = "charge-ledger",
     lease = "20s",
-    retry(base = "500ms", max = "2m")
+    retry(base = "500ms", max = "2m"),
+    timeout = "90s"
 )]
 async fn record_charge(
     charge: Charged,
