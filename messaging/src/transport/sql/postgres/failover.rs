@@ -48,6 +48,8 @@ use std::time::Instant;
 
 use sqlx::pool::PoolConnectionMetadata;
 
+use crate::transport::sql::dialect::within;
+
 /// SQLSTATE `read_only_sql_transaction`.
 pub(super) const READ_ONLY: &str = "25006";
 
@@ -160,35 +162,29 @@ pub(super) fn usable(meta: &PoolConnectionMetadata) -> bool {
 pub(super) const CHECK_AFTER: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Whether a pooled connection that waited `meta.idle_for` still answers:
-/// pinged when it waited [`CHECK_AFTER`] or more. One that does not marks
-/// the others of its age stale ([`noticed`]).
-pub(super) async fn alive(conn: &mut sqlx::PgConnection, meta: &PoolConnectionMetadata) -> bool {
-    if meta.idle_for < CHECK_AFTER {
-        return true;
-    }
-    match sqlx::Connection::ping(conn).await {
-        Ok(()) => true,
-        Err(e) => {
-            noticed(&e);
-            false
-        }
-    }
+/// pinged, within `wait`, when it waited [`CHECK_AFTER`] or more.
+pub(super) async fn alive(
+    conn: &mut sqlx::PgConnection,
+    meta: &PoolConnectionMetadata,
+    wait: Option<std::time::Duration>,
+) -> bool {
+    meta.idle_for < CHECK_AFTER || pings(conn, wait).await
 }
 
 /// Whether a connection given back to the pool answers a ping within
-/// `wait`. One that does not marks the others of its age stale.
+/// `wait` (without one, sqlx's own ping is left to tell).
 pub(super) async fn answers(conn: &mut sqlx::PgConnection, wait: Option<std::time::Duration>) -> bool {
-    let Some(wait) = wait else { return true };
-    let ping = sqlx::Connection::ping(conn);
-    match tokio::time::timeout(wait, ping).await {
-        Ok(Ok(())) => true,
-        Ok(Err(e)) => {
+    wait.is_none() || pings(conn, wait).await
+}
+
+/// Whether `conn` answers a ping within `wait`. One that does not marks the
+/// others of its age stale ([`noticed`]; `within` has already marked them
+/// when the answer did not come in time).
+async fn pings(conn: &mut sqlx::PgConnection, wait: Option<std::time::Duration>) -> bool {
+    match within::<sqlx::Postgres, _, _>(wait, sqlx::Connection::ping(conn), |e| e).await {
+        Ok(()) => true,
+        Err(e) => {
             noticed(&e);
-            false
-        }
-        Err(_) => {
-            let e = std::io::Error::new(std::io::ErrorKind::TimedOut, format!("no answer to a ping within {wait:?}"));
-            noticed(&sqlx::Error::Io(e));
             false
         }
     }

@@ -76,14 +76,15 @@ pub(crate) fn pool_options(
         .acquire_timeout(Duration::from_secs(5))
         // No ping before each use: it was a round trip more on every
         // statement (a publish was four round trips where two do). Only a
-        // connection that waited a second or more is pinged, and none older
-        // than the last one found closed is handed out (`failover`).
+        // connection that waited a second or more is pinged (within
+        // `answer_within`), and none older than the last one found closed
+        // is handed out (`failover`).
         .test_before_acquire(false)
         .before_acquire(move |conn, meta| {
             Box::pin(async move {
                 Ok(failover::usable(&meta)
                     && idle::fresh(meta.idle_for, idle_timeout)
-                    && failover::alive(conn, &meta).await)
+                    && failover::alive(conn, &meta, answer_within).await)
             })
         })
         // sqlx pings every connection given back, without a limit: on a
