@@ -136,6 +136,23 @@ pub enum DecodeError {
     },
 }
 
+impl DecodeError {
+    /// Whether a newer build of the consumer may read what this one cannot:
+    /// a version newer than any known here, or an envelope whose type no
+    /// handler here takes (a type a newer build may handle). What a rolling
+    /// deploy meets while the old and new builds consume side by side.
+    pub(crate) fn awaits_newer_build(&self) -> bool {
+        match self {
+            DecodeError::TooNew { .. } => true,
+            DecodeError::NoHandler { name, .. } => name != BARE_NAME,
+            _ => false,
+        }
+    }
+}
+
+/// What [`DecodeError::NoHandler`] names for a body without an envelope.
+pub(crate) const BARE_NAME: &str = "<bare body>";
+
 impl<'a> Incoming<'a> {
     /// Classifies a body. A JSON object with a `type` key and a `v` or `data`
     /// key is an envelope and must be a valid one; any other JSON is bare.

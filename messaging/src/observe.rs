@@ -26,6 +26,15 @@ pub enum Outcome {
         /// When it is tried again.
         retry_in: std::time::Duration,
     },
+    /// The body is of a newer version, or a type no handler here takes,
+    /// and was given back uncharged for a newer build of the consumer to
+    /// take (see [`Setup::wait_for_newer`](crate::Setup::wait_for_newer)).
+    AwaitingNewer {
+        /// Why this build could not read it.
+        error: String,
+        /// When it may be received again.
+        retry_in: std::time::Duration,
+    },
     /// The body could not be decoded for any handler; retried like a failure
     /// (and dead-lettered after `max_receives` attempts).
     Undecodable {

@@ -30,6 +30,7 @@ mod outbox;
 mod publish;
 mod publish_tx;
 mod readiness;
+mod rolling;
 mod sql_batches;
 mod sql_claims;
 #[cfg(all(feature = "postgres", target_os = "linux"))]

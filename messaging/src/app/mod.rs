@@ -169,7 +169,13 @@ impl App {
             counters: setup.counters.clone(),
         };
         for routes in registry.routes() {
-            let handle = Worker::start(routes.clone(), setup.transport.clone(), pipeline.clone(), hooks.clone());
+            let handle = Worker::start(
+                routes.clone(),
+                setup.transport.clone(),
+                pipeline.clone(),
+                hooks.clone(),
+                setup.newer_wait,
+            );
             handles.push(handle.clone());
             workers.spawn(handle.run(settings, shutdown.clone()));
         }

@@ -52,6 +52,8 @@ pub struct Setup {
     pub(crate) shutdown: Shutdown,
     pub(crate) run_mode: RunMode,
     pub(crate) grace: Duration,
+    /// [`Setup::wait_for_newer`].
+    pub(crate) newer_wait: Duration,
     pub(crate) receive_wait: Duration,
     pub(crate) observer: Option<Arc<dyn Observer>>,
     pub(crate) telemetry: Arc<Telemetry>,
@@ -87,6 +89,10 @@ impl std::fmt::Debug for Setup {
 }
 
 impl Setup {
+    /// [`Setup::wait_for_newer`]'s default: a quarter of an hour, longer
+    /// than most rolling deploys take.
+    pub const DEFAULT_WAIT_FOR_NEWER: Duration = Duration::from_secs(15 * 60);
+
     pub(crate) fn new(transport: Arc<dyn Transport>) -> Self {
         Setup {
             transport,
@@ -98,6 +104,7 @@ impl Setup {
             shutdown: Shutdown::new(),
             run_mode: RunMode::Serve,
             grace: Duration::from_secs(30),
+            newer_wait: Setup::DEFAULT_WAIT_FOR_NEWER,
             receive_wait: Duration::from_secs(5),
             observer: None,
             telemetry: Arc::new(Telemetry::default()),
@@ -208,6 +215,27 @@ impl Setup {
     /// How long in-flight handlers may finish after shutdown begins (30 s by default).
     pub fn grace_period(&mut self, grace: Duration) -> &mut Self {
         self.grace = grace;
+        self
+    }
+
+    /// How long after it was sent a message that this build cannot read,
+    /// and a newer one may, is left for a newer build (15 minutes by
+    /// default; zero turns it off): a version newer than any this build
+    /// knows, or an envelope whose type no handler of its queue takes here.
+    ///
+    /// During a rolling deploy the old build's replicas receive what the new
+    /// build's replicas publish. Such a message is given back without
+    /// charging an attempt, and comes back after a pause (2 s at first,
+    /// longer as it waits; 5 minutes at most), for a newer consumer to
+    /// take. Once
+    /// this long has passed since it was sent, it fails like any other
+    /// attempt: retried with backoff, then dead-lettered with the decode
+    /// error as its reason. Database queues give it back uncharged; SQS
+    /// does on standard queues (every receive counts toward the redrive
+    /// policy there, so the last receive it allows fails the message
+    /// instead); SQS FIFO queues and `memory://` fail it at once as before.
+    pub fn wait_for_newer(&mut self, wait: Duration) -> &mut Self {
+        self.newer_wait = wait;
         self
     }
 

@@ -149,7 +149,7 @@ impl Routes {
             }
             Incoming::Bare(body) => match self.single() {
                 Some(route) => self.bare(route, body),
-                None => Err(no_handler("<bare body>")),
+                None => Err(no_handler(crate::envelope::BARE_NAME)),
             },
         }
     }

@@ -378,6 +378,33 @@ pub trait Transport: Send + Sync + 'static {
         })
     }
 
+    /// Whether a worker of `spec` gives a delivery it cannot read yet (a
+    /// newer version of its message, or a type no handler here takes) back
+    /// with [`Transport::postpone`], for a newer build of the consumer to
+    /// take during a rolling deploy. The default is `false`: every consumer
+    /// of the queue runs in this process (`memory://`), so none would read
+    /// it. SQS says so for standard queues only: a FIFO message is given
+    /// back with the rest of its group, and every receive counts against
+    /// each of them toward the redrive policy.
+    fn postpones(&self, spec: &QueueSpec) -> bool {
+        let _ = spec;
+        false
+    }
+
+    /// Makes a delivery that this consumer cannot read yet visible again
+    /// after `delay`, for another consumer to take (see
+    /// [`Transport::postpones`]), without charging the attempt where the
+    /// backend counts attempts. The default calls `nack` (on SQS every
+    /// receive counts anyway: see [`QueueSpec::redrive_after`]).
+    fn postpone<'a>(
+        &'a self,
+        queue: &'a str,
+        receipt: Receipt,
+        delay: Duration,
+    ) -> BoxFuture<'a, Result<(), TransportError>> {
+        self.nack(queue, receipt, delay)
+    }
+
     /// Like [`Transport::nack`] after a failed attempt: also records
     /// `failure` in the message's error history, where the backend keeps one
     /// (the default only calls `nack`).

@@ -70,6 +70,9 @@ impl Worker {
         let decoded = match self.routes.decode(&delivery.body) {
             Ok(decoded) => decoded,
             Err(e) => {
+                if let Some(step) = self.leave_for_newer(batch, i, tries, &e).await {
+                    return step;
+                }
                 let error = HandlerError::transient(e);
                 self.hooks.telemetry.consumed(system, spec.name, Duration::ZERO, Some("Undecodable"));
                 let step = self.failed(batch, i, tries, &error, RetryPolicy::default(), None).await;
@@ -330,10 +333,10 @@ impl Worker {
         }
     }
 
-    fn report(&self, delivery: &Delivery, outcome: Outcome) {
+    pub(super) fn report(&self, delivery: &Delivery, outcome: Outcome) {
         match outcome {
             Outcome::Handled => self.counted.handled(),
-            Outcome::InProgressElsewhere { .. } => {}
+            Outcome::InProgressElsewhere { .. } | Outcome::AwaitingNewer { .. } => {}
             Outcome::Retried { .. } | Outcome::DeadLettered { .. } | Outcome::Undecodable { .. } => {
                 self.counted.failed()
             }
@@ -351,7 +354,7 @@ impl Worker {
 
 /// Says so when the retry of `delivery` could not be scheduled (`result`,
 /// of a `fail` or a `nack`).
-fn retry_scheduled(queue: &str, delivery: &Delivery, result: Result<(), TransportError>) {
+pub(super) fn retry_scheduled(queue: &str, delivery: &Delivery, result: Result<(), TransportError>) {
     match result {
         Ok(()) => {}
         Err(TransportError::StaleReceipt) => lease_lost(queue, delivery, "schedule its retry"),

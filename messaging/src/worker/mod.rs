@@ -8,6 +8,7 @@ mod acker;
 mod alone;
 mod dispatch;
 mod inflight;
+mod newer;
 mod pace;
 mod ready;
 
@@ -64,6 +65,9 @@ pub(crate) struct Worker {
     counted: Arc<QueueCounters>,
     /// This queue's pause switch in this process.
     paused: PauseWatch,
+    /// How long after it was sent a delivery that a newer build may read is
+    /// given back for one ([`Setup::wait_for_newer`](crate::Setup::wait_for_newer)).
+    newer_wait: Duration,
 }
 
 /// What watches a worker: the test observer, metrics, the span enrichment hook.
@@ -108,6 +112,7 @@ impl Worker {
         transport: Arc<dyn Transport>,
         pipeline: Arc<Pipeline>,
         hooks: Hooks,
+        newer_wait: Duration,
     ) -> WorkerHandle {
         let inflight = Arc::new(InFlight::default());
         let acker = Acker::start(transport.clone(), routes.spec().name, inflight.clone());
@@ -130,6 +135,7 @@ impl Worker {
                 receive_error: std::sync::Mutex::new(None),
                 counted,
                 paused,
+                newer_wait,
             }),
         }
     }

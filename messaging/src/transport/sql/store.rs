@@ -32,6 +32,12 @@ pub(crate) enum RowOp {
     },
     /// Give the lease back without charging the attempt.
     Release,
+    /// Give the lease back without charging the attempt, Sleeping until
+    /// `retry_at`: left for a consumer that can read it.
+    Postpone {
+        /// When it may be leased again (ms).
+        retry_at: i64,
+    },
     /// A permanent failure: Error at once.
     DeadLetter {
         /// Why.
@@ -56,6 +62,7 @@ impl RowOp {
             RowOp::Fail { retry_at, failure, max_attempts } => row.fail(now, token, *retry_at, failure, *max_attempts),
             RowOp::Note { failure } => row.note(now, token, failure),
             RowOp::Release => row.release(now, token),
+            RowOp::Postpone { retry_at } => row.postpone(now, token, *retry_at),
             RowOp::DeadLetter { failure } => row.dead_letter(now, token, failure),
             RowOp::Extend { lease_ms } => row.extend(now, token, *lease_ms),
         }

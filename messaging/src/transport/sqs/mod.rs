@@ -422,6 +422,12 @@ impl Transport for SqsTransport {
         })
     }
 
+    fn postpones(&self, spec: &QueueSpec) -> bool {
+        // A FIFO message goes back with the rest of its group, and each of
+        // them would be charged a receive toward the redrive policy.
+        !spec.fifo
+    }
+
     fn dead_letters(&self) -> Option<&dyn DeadLetters> {
         Some(self)
     }

@@ -587,6 +587,26 @@ impl Row {
         Ok(())
     }
 
+    /// Gives the lease back without charging the attempt, to be leased
+    /// again at `retry_at` (Sleeping until then): a consumer that cannot
+    /// read this version yet leaves it for a newer one. As a release, it
+    /// made no attempt; the history stays as it was.
+    pub fn postpone(&mut self, now: i64, token: u64, retry_at: i64) -> Result<(), LeaseLost> {
+        self.check(now, token)?;
+        if self.status == Status::AwaitingRelease {
+            self.apply_deferred(now);
+        } else {
+            self.clear_lease();
+            self.attempts = self.attempts.saturating_sub(1);
+            self.process_at = Some(retry_at);
+            self.status = landing(Some(retry_at), now);
+            if self.suspect == Suspect::Alone {
+                self.suspect = Suspect::Yes;
+            }
+        }
+        Ok(())
+    }
+
     /// Marks the leased row as run alone in its process from now (a
     /// suspect's handler about to start with nothing else running): if
     /// this lease runs out, the attempt counts. (The worker asks for it
@@ -841,6 +861,11 @@ impl IdentityQueue {
     /// Gives the lease back without charging the attempt (shutdown).
     pub(crate) fn release(&mut self, now: i64, id: RowId, token: u64) -> Result<(), LeaseLost> {
         self.row_mut(id)?.release(now, token)
+    }
+
+    /// Gives the lease back uncharged until `retry_at` (see [`Row::postpone`]).
+    pub(crate) fn postpone(&mut self, now: i64, id: RowId, token: u64, retry_at: i64) -> Result<(), LeaseLost> {
+        self.row_mut(id)?.postpone(now, token, retry_at)
     }
 
     /// Pushes the lease's expiry out (heartbeat).

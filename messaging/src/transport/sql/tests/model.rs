@@ -1,6 +1,6 @@
 //! Model-based tests of the database queues: random sequences of enqueue
 //! (with and without identity, identical payloads, future process-at,
-//! priority), lease, complete, fail, release, dead-letter, extend, a
+//! priority), lease, complete, fail, release, postpone, dead-letter, extend, a
 //! suspect's mark of running alone and its taking back, lease expiry (counted or given back),
 //! redrive and the console's retry now, delete and redrive by id
 //! run against the pure state machine
@@ -52,6 +52,12 @@ enum Cmd {
     },
     Release {
         pick: usize,
+    },
+    /// Given back uncharged until a later time (a consumer that cannot read
+    /// the message's version leaves it for a newer one).
+    Postpone {
+        pick: usize,
+        delay: i64,
     },
     /// Several leases given back in one call (what a worker does when it
     /// stops), maybe naming one twice.
@@ -164,6 +170,7 @@ fn cmd() -> impl Strategy<Value = Cmd> {
         2 => any::<usize>().prop_map(|pick| Cmd::Complete { pick }),
         1 => (any::<usize>(), 0i64..800).prop_map(|(pick, backoff)| Cmd::Fail { pick, backoff }),
         1 => any::<usize>().prop_map(|pick| Cmd::Release { pick }),
+        1 => (any::<usize>(), 0i64..800).prop_map(|(pick, delay)| Cmd::Postpone { pick, delay }),
         1 => proptest::collection::vec(any::<usize>(), 1..6).prop_map(|picks| Cmd::ReleaseAll { picks }),
         1 => any::<usize>().prop_map(|pick| Cmd::DeadLetter { pick }),
         1 => any::<usize>().prop_map(|pick| Cmd::Extend { pick }),
@@ -346,6 +353,7 @@ async fn run_case<D: Dialect>(store: &SqlStore<D>, queue: &str, rules: QueueRule
             Cmd::Complete { pick }
             | Cmd::Fail { pick, .. }
             | Cmd::Release { pick }
+            | Cmd::Postpone { pick, .. }
             | Cmd::DeadLetter { pick }
             | Cmd::Extend { pick }
             | Cmd::Note { pick }
@@ -377,6 +385,7 @@ async fn run_case<D: Dialect>(store: &SqlStore<D>, queue: &str, rules: QueueRule
                                 max_attempts: rules.max_attempts,
                             },
                             Cmd::Release { .. } => RowOp::Release,
+                            Cmd::Postpone { delay, .. } => RowOp::Postpone { retry_at: now + delay },
                             Cmd::DeadLetter { .. } => {
                                 RowOp::DeadLetter { failure: FailedAttempt::new(0, "Error", "permanent") }
                             }
@@ -386,6 +395,7 @@ async fn run_case<D: Dialect>(store: &SqlStore<D>, queue: &str, rules: QueueRule
                         let e = match &op {
                             RowOp::Fail { retry_at, .. } => model.fail(now, mid, mtok, *retry_at, "failed").is_ok(),
                             RowOp::Release => model.release(now, mid, mtok).is_ok(),
+                            RowOp::Postpone { retry_at } => model.postpone(now, mid, mtok, *retry_at).is_ok(),
                             RowOp::DeadLetter { .. } => model.dead_letter(now, mid, mtok, "permanent").is_ok(),
                             RowOp::Extend { lease_ms } => model.extend(now, mid, mtok, *lease_ms).is_ok(),
                             RowOp::Note { .. } => model.note(now, mid, mtok, "again").is_ok(),
