@@ -81,7 +81,7 @@ pub mod __private;
 pub mod idempotency {
     #[doc(hidden)]
     pub use crate::claims::SqlClaims;
-    pub use crate::claims::{Claim, IdempotencyStore, MemoryIdempotencyStore, MessageInProgress};
+    pub use crate::claims::{Claim, ClaimsUnavailable, IdempotencyStore, MemoryIdempotencyStore, MessageInProgress};
     #[cfg(any(feature = "postgres", feature = "sqlite"))]
     pub use crate::extract::ClaimsConnection;
     pub use crate::extract::IdempotencyClaim;

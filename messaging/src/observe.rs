@@ -26,6 +26,15 @@ pub enum Outcome {
         /// When it is tried again.
         retry_in: std::time::Duration,
     },
+    /// The idempotency store could not be asked for the message's claim
+    /// (its database restarting, or out of reach): the handler did not run,
+    /// and the message is kept and tried again (not an attempt).
+    ClaimsUnavailable {
+        /// What the store said.
+        error: String,
+        /// When it is tried again.
+        retry_in: std::time::Duration,
+    },
     /// The body is of a newer version, or a type no handler here takes,
     /// and was given back uncharged for a newer build of the consumer to
     /// take (see [`Setup::wait_for_newer`](crate::Setup::wait_for_newer)).

@@ -13,7 +13,7 @@ use crate::handler::{AnyMessage, IdempotencySpec};
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::boxed::BoxFuture;
-use crate::claims::{Claim, ClaimState, IdempotencyStore, MessageInProgress};
+use crate::claims::{Claim, ClaimState, ClaimsUnavailable, IdempotencyStore, MessageInProgress};
 use crate::error::TransportError;
 use crate::registry::Route;
 use crate::retry;
@@ -113,7 +113,11 @@ impl Pipeline {
         // expired instead of waiting on a dead process.
         let lease = spec.lease.min(ctx.visible_for()).max(Duration::from_millis(1));
         match self.idempotency.claim(id, spec.scope, &processor, lease).await {
-            Err(e) => Err(HandlerError::transient(e)),
+            Err(error) => Err(HandlerError::transient(ClaimsUnavailable {
+                message_id: id.to_owned(),
+                scope: spec.scope.to_owned(),
+                error,
+            })),
             Ok(Claim::Completed) => {
                 tracing::debug!(
                     message.id = id,

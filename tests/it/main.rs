@@ -22,6 +22,7 @@
 #[path = "../fixtures/mod.rs"]
 mod fixtures;
 
+mod claims_down;
 mod cli;
 mod console;
 mod console_browser;

@@ -24,7 +24,7 @@ struct ReadyJob {
 async fn ready_job(_job: ReadyJob) {}
 
 /// Waits until `/ready` on `addr` answers `status`; returns the body.
-async fn until_ready_is(addr: &str, status: u16, what: &str) -> String {
+pub(crate) async fn until_ready_is(addr: &str, status: u16, what: &str) -> String {
     let deadline = std::time::Instant::now() + Duration::from_secs(15);
     loop {
         let addr = addr.to_owned();

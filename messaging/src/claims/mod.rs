@@ -63,6 +63,21 @@ pub struct MessageInProgress {
     pub scope: String,
 }
 
+/// The idempotency store could not be asked for a message's claim (its
+/// database restarting, or out of reach). The handler did not run: the
+/// worker holds the message and tries again, and this does not count as an
+/// attempt.
+#[derive(Debug, thiserror::Error)]
+#[error("the idempotency store could not claim message `{message_id}` in scope `{scope}`: {error}")]
+pub struct ClaimsUnavailable {
+    /// The message id.
+    pub message_id: String,
+    /// The idempotency scope.
+    pub scope: String,
+    /// What the store said.
+    pub error: TransportError,
+}
+
 /// A store of idempotency claims.
 pub trait IdempotencyStore: Send + Sync + 'static {
     /// Tries to claim (message id, scope) for `processor` for `lease`.

@@ -11,7 +11,7 @@ use super::acker;
 use super::alone::{self, GATE};
 use super::inflight::Batch;
 use super::Worker;
-use crate::claims::MessageInProgress;
+use crate::claims::{ClaimsUnavailable, MessageInProgress};
 use crate::context::MessageContext;
 use crate::error::{HandlerError, TransportError};
 use crate::handler::RetryPolicy;
@@ -149,6 +149,26 @@ impl Worker {
                         retry_in = ?after, "{error}; trying again when its claim's lease ends");
                 });
                 self.report(delivery, Outcome::InProgressElsewhere { retry_in: after });
+                Step::Again { after, counted: false }
+            }
+            Err(error) if error.source_error().is::<ClaimsUnavailable>() => {
+                // The store, not the message: held and tried again, not an
+                // attempt, and this queue receives nothing more meanwhile.
+                if alone.is_some() {
+                    self.rejoin(delivery).await;
+                }
+                let (after, began) = self.outage.refused(&error.to_string());
+                if began {
+                    span.in_scope(|| {
+                        tracing::warn!(queue = spec.name, message.id = %delivery.message_id,
+                            handler = route.entry.name, retry_in = ?after,
+                            "{error}; holding the message and trying again (not an attempt), and receiving nothing \
+                             more on this queue until the store takes claims again");
+                    });
+                } else {
+                    tracing::debug!(queue = spec.name, message.id = %delivery.message_id, retry_in = ?after, "{error}");
+                }
+                self.report(delivery, Outcome::ClaimsUnavailable { error: error.to_string(), retry_in: after });
                 Step::Again { after, counted: false }
             }
             Err(error) if error.is_permanent() => {
@@ -336,7 +356,8 @@ impl Worker {
     pub(super) fn report(&self, delivery: &Delivery, outcome: Outcome) {
         match outcome {
             Outcome::Handled => self.counted.handled(),
-            Outcome::InProgressElsewhere { .. } | Outcome::AwaitingNewer { .. } => {}
+            Outcome::InProgressElsewhere { .. } | Outcome::AwaitingNewer { .. } | Outcome::ClaimsUnavailable { .. } => {
+            }
             Outcome::Retried { .. } | Outcome::DeadLettered { .. } | Outcome::Undecodable { .. } => {
                 self.counted.failed()
             }

@@ -9,6 +9,7 @@ mod alone;
 mod dispatch;
 mod inflight;
 mod newer;
+mod outage;
 mod pace;
 mod ready;
 
@@ -68,6 +69,8 @@ pub(crate) struct Worker {
     /// How long after it was sent a delivery that a newer build may read is
     /// given back for one ([`Setup::wait_for_newer`](crate::Setup::wait_for_newer)).
     newer_wait: Duration,
+    /// The idempotency store refusing claims: receives wait meanwhile.
+    outage: outage::ClaimOutage,
 }
 
 /// What watches a worker: the test observer, metrics, the span enrichment hook.
@@ -99,10 +102,12 @@ impl WorkerHandle {
         self.worker.routes.spec().name
     }
 
-    /// The error of the last receive while receives fail; `None` once one
-    /// succeeds again (or before the first).
+    /// The error of the last receive while receives fail, or what the
+    /// idempotency store said while it refuses claims; `None` once receives
+    /// succeed and claims are taken again (or before the first).
     pub(crate) fn receive_error(&self) -> Option<String> {
-        self.worker.receive_error.lock().unwrap_or_else(|p| p.into_inner()).clone()
+        let failed = self.worker.receive_error.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        failed.or_else(|| self.worker.outage.error())
     }
 }
 
@@ -136,6 +141,7 @@ impl Worker {
                 counted,
                 paused,
                 newer_wait,
+                outage: outage::ClaimOutage::default(),
             }),
         }
     }
@@ -479,6 +485,8 @@ impl Worker {
                 _ = shutdown.wait() => {}
             }
         }
+        // Claims refused: what is received now would only be held.
+        self.outage.passed(spec.name, &shutdown).await;
         if spec.fifo {
             self.acker.settled(Duration::from_secs(1)).await;
         }
