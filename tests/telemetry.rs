@@ -398,7 +398,7 @@ async fn a_message_in_progress_elsewhere_counts_as_message_in_progress() {
     let app = TestApp::builder()
         .only::<Claims>()
         .setup(|setup| {
-            setup.idempotency_store(fixtures::BusyOnce::new());
+            setup.idempotency_store(fixtures::busy_once());
         })
         .start()
         .await

@@ -7,11 +7,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use messaging::idempotency::{Claim, IdempotencyStore, MemoryIdempotencyStore};
+use messaging::idempotency::IdempotencyStore;
 use messaging::observe::Outcome;
 use messaging::prelude::*;
 use messaging::testing::TestApp;
-use messaging::{BoxFuture, TransportError};
+use messaging::TransportError;
 
 use crate::readiness::until_ready_is;
 
@@ -31,47 +31,17 @@ async fn on_job(job: Job, ran: State<Ran>) {
     ran.lock().unwrap().push(job.n);
 }
 
-/// The memory store, refusing every claim for `outage` from its first one.
-struct RefusingFor {
-    inner: MemoryIdempotencyStore,
-    outage: Duration,
-    first: Mutex<Option<Instant>>,
-    refused: Arc<AtomicUsize>,
-}
-
-impl IdempotencyStore for RefusingFor {
-    fn claim<'a>(
-        &'a self,
-        message_id: &'a str,
-        scope: &'a str,
-        processor: &'a str,
-        lease: Duration,
-    ) -> BoxFuture<'a, Result<Claim, TransportError>> {
-        let first = *self.first.lock().unwrap().get_or_insert_with(Instant::now);
-        if first.elapsed() < self.outage {
-            self.refused.fetch_add(1, Ordering::SeqCst);
-            return Box::pin(async { Err(TransportError::Backend("connection refused (the test's outage)".into())) });
-        }
-        self.inner.claim(message_id, scope, processor, lease)
-    }
-
-    fn complete<'a>(&'a self, m: &'a str, s: &'a str, p: &'a str) -> BoxFuture<'a, Result<(), TransportError>> {
-        self.inner.complete(m, s, p)
-    }
-
-    fn release<'a>(&'a self, m: &'a str, s: &'a str, p: &'a str) -> BoxFuture<'a, Result<(), TransportError>> {
-        self.inner.release(m, s, p)
-    }
-
-    fn extend<'a>(
-        &'a self,
-        m: &'a str,
-        s: &'a str,
-        p: &'a str,
-        lease: Duration,
-    ) -> BoxFuture<'a, Result<(), TransportError>> {
-        self.inner.extend(m, s, p, lease)
-    }
+/// The memory store, refusing every claim for `outage` from its first one;
+/// `refused` counts the refusals.
+fn refusing_for(outage: Duration, refused: Arc<AtomicUsize>) -> impl IdempotencyStore {
+    let first = Mutex::new(None::<Instant>);
+    crate::fixtures::ClaimsAnswered::new(move || {
+        let first = *first.lock().unwrap().get_or_insert_with(Instant::now);
+        (first.elapsed() < outage).then(|| {
+            refused.fetch_add(1, Ordering::SeqCst);
+            Err(TransportError::Backend("connection refused (the test's outage)".into()))
+        })
+    })
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -79,12 +49,7 @@ async fn a_claim_store_outage_charges_no_attempt_and_every_message_runs_once_aft
     const OUTAGE: Duration = Duration::from_secs(3);
     let ran: Ran = Arc::default();
     let refused = Arc::new(AtomicUsize::new(0));
-    let store = RefusingFor {
-        inner: MemoryIdempotencyStore::default(),
-        outage: OUTAGE,
-        first: Mutex::new(None),
-        refused: refused.clone(),
-    };
+    let store = refusing_for(OUTAGE, refused.clone());
     let r = ran.clone();
     let mut app = TestApp::builder()
         .only::<ClaimsDownJobs>()

@@ -502,7 +502,7 @@ async fn a_message_in_progress_elsewhere_is_retried_later() {
     let app = TestApp::builder()
         .only::<Charges>()
         .setup(move |s| {
-            s.provide(r).idempotency_store(fixtures::BusyOnce::new());
+            s.provide(r).idempotency_store(fixtures::busy_once());
         })
         .start()
         .await
@@ -1533,7 +1533,7 @@ async fn a_suspect_that_finds_its_claim_held_elsewhere_no_longer_runs_alone_whil
     let transport = Arc::new(Observed::default());
     *transport.suspect.lock().unwrap() = Some(r#""n":1}"#.into());
     let busy_once = |s: &mut messaging::Setup| {
-        s.idempotency_store(fixtures::BusyOnce::new());
+        s.idempotency_store(fixtures::busy_once());
     };
     let (publisher, running) = consuming_with(&transport, "busy-suspects", &transport, busy_once).await;
     publisher.send::<BusySuspects, _>(&Job { n: 1 }).await.unwrap();

@@ -592,17 +592,11 @@ impl Row {
     /// read this version yet leaves it for a newer one. As a release, it
     /// made no attempt; the history stays as it was.
     pub fn postpone(&mut self, now: i64, token: u64, retry_at: i64) -> Result<(), LeaseLost> {
-        self.check(now, token)?;
-        if self.status == Status::AwaitingRelease {
-            self.apply_deferred(now);
-        } else {
-            self.clear_lease();
-            self.attempts = self.attempts.saturating_sub(1);
+        let deferred = self.status == Status::AwaitingRelease;
+        self.release(now, token)?;
+        if !deferred {
             self.process_at = Some(retry_at);
             self.status = landing(Some(retry_at), now);
-            if self.suspect == Suspect::Alone {
-                self.suspect = Suspect::Yes;
-            }
         }
         Ok(())
     }
