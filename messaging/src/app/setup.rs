@@ -227,13 +227,13 @@ impl Setup {
     /// build's replicas publish. Such a message is given back without
     /// charging an attempt, and comes back after a pause (2 s at first,
     /// longer as it waits; 5 minutes at most), for a newer consumer to
-    /// take. Once
-    /// this long has passed since it was sent, it fails like any other
-    /// attempt: retried with backoff, then dead-lettered with the decode
-    /// error as its reason. Database queues give it back uncharged; SQS
-    /// does on standard queues (every receive counts toward the redrive
+    /// take. Once this long has passed since it was sent, it fails like any
+    /// other attempt: retried with backoff, then dead-lettered with the
+    /// decode error as its reason. Database queues give it back uncharged;
+    /// SQS does on standard queues (every receive counts toward the redrive
     /// policy there, so the last receive it allows fails the message
-    /// instead); SQS FIFO queues and `memory://` fail it at once as before.
+    /// instead); SQS FIFO queues and `memory://` fail it at once, as
+    /// without the wait. `examples/rolling.rs` shows the old build's side.
     pub fn wait_for_newer(&mut self, wait: Duration) -> &mut Self {
         self.newer_wait = wait;
         self

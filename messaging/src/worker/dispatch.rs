@@ -356,8 +356,9 @@ impl Worker {
     pub(super) fn report(&self, delivery: &Delivery, outcome: Outcome) {
         match outcome {
             Outcome::Handled => self.counted.handled(),
-            Outcome::InProgressElsewhere { .. } | Outcome::AwaitingNewer { .. } | Outcome::ClaimsUnavailable { .. } => {
-            }
+            // Not attempts: the message is tried again, here or elsewhere.
+            Outcome::InProgressElsewhere { .. } => {}
+            Outcome::AwaitingNewer { .. } | Outcome::ClaimsUnavailable { .. } => {}
             Outcome::Retried { .. } | Outcome::DeadLettered { .. } | Outcome::Undecodable { .. } => {
                 self.counted.failed()
             }
