@@ -157,16 +157,18 @@ impl Worker {
                 if alone.is_some() {
                     self.rejoin(delivery).await;
                 }
-                let (after, began) = self.outage.refused(&error.to_string());
-                if began {
-                    span.in_scope(|| {
-                        tracing::warn!(queue = spec.name, message.id = %delivery.message_id,
-                            handler = route.entry.name, retry_in = ?after,
+                let (after, say) = self.outage.refused(&error.to_string());
+                let (queue, id) = (spec.name, &delivery.message_id);
+                match say {
+                    Some(lasted) if lasted.is_zero() => span.in_scope(|| {
+                        tracing::warn!(queue, message.id = %id, handler = route.entry.name, retry_in = ?after,
                             "{error}; holding the message and trying again (not an attempt), and receiving nothing \
                              more on this queue until the store takes claims again");
-                    });
-                } else {
-                    tracing::debug!(queue = spec.name, message.id = %delivery.message_id, retry_in = ?after, "{error}");
+                    }),
+                    Some(lasted) => tracing::warn!(queue, message.id = %id, refused_for = ?lasted,
+                        "the idempotency store has refused claims for {lasted:.0?} ({error}); this queue's messages \
+                         are held and it receives nothing more until the store takes claims again"),
+                    None => tracing::debug!(queue, message.id = %id, retry_in = ?after, "{error}"),
                 }
                 self.report(delivery, Outcome::ClaimsUnavailable { error: error.to_string(), retry_in: after });
                 Step::Again { after, counted: false }

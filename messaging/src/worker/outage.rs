@@ -22,6 +22,11 @@ use crate::shutdown::Shutdown;
 /// let through before that brings in messages only to hold them.
 const SLACK: Duration = Duration::from_secs(1);
 
+/// How often an outage that goes on is said again at WARN: one that never
+/// ends (a claims table missing, a store pointed at the wrong database)
+/// stops the queue, and one line at its start is easily missed.
+const SAY_EVERY: Duration = Duration::from_secs(60);
+
 /// The refusals of one worker's idempotency claims.
 #[derive(Debug, Default)]
 pub(super) struct ClaimOutage {
@@ -36,6 +41,8 @@ struct Refusals {
     first: Instant,
     /// Receives wait until then.
     until: Instant,
+    /// When it was last said at WARN.
+    said: Instant,
     /// What the store said last.
     error: String,
 }
@@ -43,17 +50,24 @@ struct Refusals {
 impl ClaimOutage {
     /// A claim was refused with `error`: returns the pause before its
     /// message is tried again ([`retry::backoff`] of the refusals in a row,
-    /// 5 s at most) and whether this refusal began an outage.
-    pub(super) fn refused(&self, error: &str) -> (Duration, bool) {
+    /// 5 s at most) and, when it is to be said at WARN, how long the outage
+    /// has lasted: zero when this refusal began it, then every
+    /// [`SAY_EVERY`].
+    pub(super) fn refused(&self, error: &str) -> (Duration, Option<Duration>) {
         let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
         let now = Instant::now();
         let began = state.is_none();
-        let refusals = state.get_or_insert_with(|| Refusals { count: 0, first: now, until: now, error: String::new() });
+        let refusals =
+            state.get_or_insert_with(|| Refusals { count: 0, first: now, until: now, said: now, error: String::new() });
         refusals.count = refusals.count.saturating_add(1);
         refusals.error = error.to_owned();
         let pause = retry::backoff(refusals.count);
         refusals.until = refusals.until.max(now + pause * 2 + SLACK);
-        (pause, began)
+        let say = began || now.duration_since(refusals.said) >= SAY_EVERY;
+        if say {
+            refusals.said = now;
+        }
+        (pause, say.then(|| now.duration_since(refusals.first)))
     }
 
     /// Waits while claims are refused: until the last refusal's pause has
@@ -100,21 +114,34 @@ mod tests {
         outage.passed("q", &shutdown).await;
         assert_eq!(started.elapsed(), Duration::ZERO, "no outage: no wait");
 
-        let (pause, began) = outage.refused("connection refused");
-        assert!(began);
+        let (pause, say) = outage.refused("connection refused");
+        assert_eq!(say, Some(Duration::ZERO), "said when it begins");
         assert_eq!(pause, retry::backoff(1));
         assert_eq!(outage.error().as_deref(), Some("the idempotency store refuses claims: connection refused"));
         // Refused again while the first pause runs: the wait grows.
         tokio::time::advance(Duration::from_millis(500)).await;
-        let (second, began) = outage.refused("pool timed out");
-        assert!(!began);
+        let (second, say) = outage.refused("pool timed out");
+        assert_eq!(say, None);
         assert_eq!(second, retry::backoff(2));
         let waiting = Instant::now();
         outage.passed("q", &shutdown).await;
         assert_eq!(waiting.elapsed(), second * 2 + SLACK);
         assert_eq!(outage.error(), None, "over once a pause passed without a refusal");
-        let (_, began) = outage.refused("again");
-        assert!(began, "a later refusal begins another outage");
+        let (_, say) = outage.refused("again");
+        assert_eq!(say, Some(Duration::ZERO), "a later refusal begins another outage");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_outage_that_goes_on_is_said_again_each_minute() {
+        let outage = ClaimOutage::default();
+        let mut said = Vec::new();
+        for _ in 0..150 {
+            if let (_, Some(lasted)) = outage.refused("down") {
+                said.push(lasted.as_secs());
+            }
+            tokio::time::advance(Duration::from_secs(1)).await;
+        }
+        assert_eq!(said, [0, 60, 120]);
     }
 
     #[tokio::test(start_paused = true)]
