@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use messaging::observe::{DispatchEvent, Observer, Outcome};
 use messaging::prelude::*;
-use messaging::transport::{Outgoing, Transport};
+use messaging::transport::{Listing, MessageStatus, Outgoing, Transport};
 
 /// What this (old) build's handlers read: two types, so that a type only a
 /// newer build handles meets "no handler".
@@ -130,6 +130,21 @@ async fn waits_then_fails(transport: Arc<dyn Transport>, what: &str) -> Vec<mess
     let newer = send(&transport, NEWER_VERSION).await;
     let other = send(&transport, NEWER_TYPE).await;
     let malformed = send(&transport, MALFORMED).await;
+    if let Some(browse) = transport.browse() {
+        // While it waits, the queue says why (what `show` and the console print).
+        let listing = Listing::of(MessageStatus::Sleeping);
+        let deadline = Instant::now() + WAIT;
+        let reason = loop {
+            let page = browse.list("rolling-jobs", &listing).await.expect("list");
+            let found = page.messages.into_iter().find(|m| m.message_id.as_str() == newer);
+            if let Some(reason) = found.and_then(|m| m.reason) {
+                break reason;
+            }
+            assert!(Instant::now() < deadline, "{what}: never seen sleeping with its reason");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        assert!(reason.starts_with("waiting for a newer build of the consumer: `test.rolling.job` v2"), "{reason}");
+    }
     let letters = dead_letters(&transport, &[&newer, &other, &malformed], what).await;
     running.stop().await;
     for (id, why) in [(&newer, "newer than the current v1"), (&other, "no handler on queue `rolling-jobs` takes")] {

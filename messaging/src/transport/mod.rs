@@ -394,14 +394,18 @@ pub trait Transport: Send + Sync + 'static {
     /// Makes a delivery that this consumer cannot read yet visible again
     /// after `delay`, for another consumer to take (see
     /// [`Transport::postpones`]), without charging the attempt where the
-    /// backend counts attempts. The default calls `nack` (on SQS every
-    /// receive counts anyway: see [`QueueSpec::redrive_after`]).
+    /// backend counts attempts; `reason` is what it says of the message
+    /// meanwhile where it keeps a last error (`show`, the console). The
+    /// default calls `nack` (on SQS every receive counts anyway: see
+    /// [`QueueSpec::redrive_after`]).
     fn postpone<'a>(
         &'a self,
         queue: &'a str,
         receipt: Receipt,
         delay: Duration,
+        reason: &'a str,
     ) -> BoxFuture<'a, Result<(), TransportError>> {
+        let _ = reason;
         self.nack(queue, receipt, delay)
     }
 

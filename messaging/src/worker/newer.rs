@@ -74,7 +74,9 @@ impl Worker {
              from {:?} after it was sent it fails like any other attempt", self.newer_wait);
         self.hooks.telemetry.consumed(self.transport.system(), spec.name, Duration::ZERO, Some("AwaitingNewer"));
         self.inflight.settle(batch, i);
-        retry_scheduled(spec.name, delivery, self.transport.postpone(spec.name, delivery.receipt.clone(), pause).await);
+        let reason = format!("waiting for a newer build of the consumer: {error}");
+        let postponed = self.transport.postpone(spec.name, delivery.receipt.clone(), pause, &reason).await;
+        retry_scheduled(spec.name, delivery, postponed);
         self.report(delivery, Outcome::AwaitingNewer { error: error.to_string(), retry_in: pause });
         Some(Step::Released)
     }

@@ -712,12 +712,14 @@ impl<D: Dialect> Transport for SqlTransport<D> {
         queue: &'a str,
         receipt: Receipt,
         delay: Duration,
+        reason: &'a str,
     ) -> BoxFuture<'a, Result<(), TransportError>> {
         Box::pin(async move {
             self.queue(queue)?;
             let now = self.store.now();
             let retry_at = now.saturating_add(delay.as_millis().min(i64::MAX as u128) as i64);
-            self.store.apply(queue, now, receipt.key, receipt.token, RowOp::Postpone { retry_at }).await
+            let op = RowOp::Postpone { retry_at, reason: reason.to_owned() };
+            self.store.apply(queue, now, receipt.key, receipt.token, op).await
         })
     }
 

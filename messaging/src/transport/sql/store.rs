@@ -37,6 +37,8 @@ pub(crate) enum RowOp {
     Postpone {
         /// When it may be leased again (ms).
         retry_at: i64,
+        /// Why, as its last error meanwhile.
+        reason: String,
     },
     /// A permanent failure: Error at once.
     DeadLetter {
@@ -62,7 +64,7 @@ impl RowOp {
             RowOp::Fail { retry_at, failure, max_attempts } => row.fail(now, token, *retry_at, failure, *max_attempts),
             RowOp::Note { failure } => row.note(now, token, failure),
             RowOp::Release => row.release(now, token),
-            RowOp::Postpone { retry_at } => row.postpone(now, token, *retry_at),
+            RowOp::Postpone { retry_at, reason } => row.postpone(now, token, *retry_at, reason),
             RowOp::DeadLetter { failure } => row.dead_letter(now, token, failure),
             RowOp::Extend { lease_ms } => row.extend(now, token, *lease_ms),
         }

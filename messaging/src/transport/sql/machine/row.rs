@@ -590,13 +590,15 @@ impl Row {
     /// Gives the lease back without charging the attempt, to be leased
     /// again at `retry_at` (Sleeping until then): a consumer that cannot
     /// read this version yet leaves it for a newer one. As a release, it
-    /// made no attempt; the history stays as it was.
-    pub fn postpone(&mut self, now: i64, token: u64, retry_at: i64) -> Result<(), LeaseLost> {
+    /// made no attempt, and the history stays as it was; `reason` is its
+    /// last error, what `show` and the console say of it meanwhile.
+    pub fn postpone(&mut self, now: i64, token: u64, retry_at: i64, reason: &str) -> Result<(), LeaseLost> {
         let deferred = self.status == Status::AwaitingRelease;
         self.release(now, token)?;
         if !deferred {
             self.process_at = Some(retry_at);
             self.status = landing(Some(retry_at), now);
+            self.error = Some(reason.to_owned());
         }
         Ok(())
     }
@@ -858,8 +860,15 @@ impl IdentityQueue {
     }
 
     /// Gives the lease back uncharged until `retry_at` (see [`Row::postpone`]).
-    pub(crate) fn postpone(&mut self, now: i64, id: RowId, token: u64, retry_at: i64) -> Result<(), LeaseLost> {
-        self.row_mut(id)?.postpone(now, token, retry_at)
+    pub(crate) fn postpone(
+        &mut self,
+        now: i64,
+        id: RowId,
+        token: u64,
+        retry_at: i64,
+        reason: &str,
+    ) -> Result<(), LeaseLost> {
+        self.row_mut(id)?.postpone(now, token, retry_at, reason)
     }
 
     /// Pushes the lease's expiry out (heartbeat).

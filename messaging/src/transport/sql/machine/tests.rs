@@ -210,16 +210,17 @@ fn postpone_charges_no_attempt_and_sleeps_until_its_time() {
     for round in 0..3 {
         let now = round * 1_000;
         let l = q.lease(now, 1, LEASE).remove(0);
-        q.postpone(now + 1, id, l.token, now + 500).unwrap();
+        q.postpone(now + 1, id, l.token, now + 500, "waiting for a newer build").unwrap();
         let row = q.row(id).unwrap();
         assert_eq!((row.status, row.attempts, row.process_at), (Status::Sleeping, 0, Some(now + 500)));
         assert!(row.history.is_empty(), "a postponement is not a failed attempt");
+        assert_eq!(row.error.as_deref(), Some("waiting for a newer build"), "what `show` says of it");
         assert!(q.lease(now + 499, 1, LEASE).is_empty(), "not leased before its time");
     }
     // A stale token is refused, as for every other settlement.
     let l = q.lease(5_000, 1, LEASE).remove(0);
     q.release(5_001, id, l.token).unwrap();
-    assert!(q.postpone(5_002, id, l.token, 6_000).is_err());
+    assert!(q.postpone(5_002, id, l.token, 6_000, "late").is_err());
 }
 
 #[test]

@@ -385,7 +385,9 @@ async fn run_case<D: Dialect>(store: &SqlStore<D>, queue: &str, rules: QueueRule
                                 max_attempts: rules.max_attempts,
                             },
                             Cmd::Release { .. } => RowOp::Release,
-                            Cmd::Postpone { delay, .. } => RowOp::Postpone { retry_at: now + delay },
+                            Cmd::Postpone { delay, .. } => {
+                                RowOp::Postpone { retry_at: now + delay, reason: "newer".into() }
+                            }
                             Cmd::DeadLetter { .. } => {
                                 RowOp::DeadLetter { failure: FailedAttempt::new(0, "Error", "permanent") }
                             }
@@ -395,7 +397,9 @@ async fn run_case<D: Dialect>(store: &SqlStore<D>, queue: &str, rules: QueueRule
                         let e = match &op {
                             RowOp::Fail { retry_at, .. } => model.fail(now, mid, mtok, *retry_at, "failed").is_ok(),
                             RowOp::Release => model.release(now, mid, mtok).is_ok(),
-                            RowOp::Postpone { retry_at } => model.postpone(now, mid, mtok, *retry_at).is_ok(),
+                            RowOp::Postpone { retry_at, .. } => {
+                                model.postpone(now, mid, mtok, *retry_at, "newer").is_ok()
+                            }
                             RowOp::DeadLetter { .. } => model.dead_letter(now, mid, mtok, "permanent").is_ok(),
                             RowOp::Extend { lease_ms } => model.extend(now, mid, mtok, *lease_ms).is_ok(),
                             RowOp::Note { .. } => model.note(now, mid, mtok, "again").is_ok(),
