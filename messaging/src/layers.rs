@@ -6,7 +6,10 @@
 
 /// Bottom first. Within a layer, modules do not use each other.
 pub(crate) const LAYERS: &[(&str, &[&str])] = &[
-    ("vocabulary", &["boxed", "control", "duration", "error", "hint", "message", "printed", "retry", "shutdown"]),
+    (
+        "vocabulary",
+        &["boxed", "control", "duration", "error", "hint", "message", "printed", "retry", "shutdown", "throttle"],
+    ),
     ("wire", &["envelope", "queue"]),
     ("idempotency stores", &["claims"]),
     ("transports", &["transport"]),

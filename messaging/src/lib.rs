@@ -54,6 +54,7 @@ mod scheduler;
 pub mod shutdown;
 pub mod telemetry;
 pub mod testing;
+mod throttle;
 pub mod transport;
 mod worker;
 

@@ -15,6 +15,7 @@ use futures_util::StreamExt as _;
 use tokio::time::Instant;
 
 use crate::claims::{ClaimState, IdempotencyStore};
+use crate::throttle::Throttle;
 use crate::transport::{Delivery, Receipt, Transport};
 
 /// One received batch, shared by the lanes that handle it.
@@ -287,7 +288,7 @@ impl InFlight {
         let period = period.max(Duration::from_millis(50));
         let mut tick = tokio::time::interval(period);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let mut warned: Option<Instant> = None;
+        let lagging = Throttle::default();
         loop {
             tick.tick().await;
             let now = Instant::now();
@@ -320,8 +321,7 @@ impl InFlight {
             // most once a minute): the warnings after it (an ack or lease
             // that came too late) do not say why.
             let took = now.elapsed();
-            if took > period && warned.is_none_or(|at| at.elapsed() >= LAG_WARNING_EVERY) {
-                warned = Some(Instant::now());
+            if took > period && lagging.due(LAG_WARNING_EVERY, false) {
                 tracing::warn!(
                     queue,
                     batches,

@@ -15,6 +15,7 @@ use tokio::time::Instant;
 
 use crate::retry;
 use crate::shutdown::Shutdown;
+use crate::throttle::Throttle;
 
 /// How much longer than the pause of the last refusal receives wait: a
 /// held message tried again at its pause needs time to meet the store
@@ -41,8 +42,8 @@ struct Refusals {
     first: Instant,
     /// Receives wait until then.
     until: Instant,
-    /// When it was last said at WARN.
-    said: Instant,
+    /// When it is said at WARN.
+    said: Throttle,
     /// What the store said last.
     error: String,
 }
@@ -57,16 +58,18 @@ impl ClaimOutage {
         let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
         let now = Instant::now();
         let began = state.is_none();
-        let refusals =
-            state.get_or_insert_with(|| Refusals { count: 0, first: now, until: now, said: now, error: String::new() });
+        let refusals = state.get_or_insert_with(|| Refusals {
+            count: 0,
+            first: now,
+            until: now,
+            said: Throttle::default(),
+            error: String::new(),
+        });
         refusals.count = refusals.count.saturating_add(1);
         refusals.error = error.to_owned();
         let pause = retry::backoff(refusals.count);
         refusals.until = refusals.until.max(now + pause * 2 + SLACK);
-        let say = began || now.duration_since(refusals.said) >= SAY_EVERY;
-        if say {
-            refusals.said = now;
-        }
+        let say = refusals.said.due(SAY_EVERY, began);
         (pause, say.then(|| now.duration_since(refusals.first)))
     }
 

@@ -59,6 +59,7 @@ pub(crate) use store::RowOp;
 use crate::boxed::BoxFuture;
 use crate::error::TransportError;
 use crate::queue::QueueSpec;
+use crate::throttle::Throttle;
 use crate::transport::schedules::ScheduleLedger;
 use crate::transport::sql::machine::{Enqueue, EnqueueOutcome, QueueRules, Row, RowId, Status};
 use crate::transport::{
@@ -95,24 +96,8 @@ pub(crate) struct SqlTransport<D: Dialect> {
 
 type QueueMap = RwLock<HashMap<String, Arc<SqlQueue>>>;
 
-/// Lets work run at most once per period.
-#[derive(Debug, Default)]
-struct Throttle(Mutex<Option<std::time::Instant>>);
-
 /// How often at most a receiver runs housekeeping unless woken by time.
 const MAINTAIN_EVERY: Duration = Duration::from_millis(100);
-
-impl Throttle {
-    /// Whether `every` has passed since this last said yes (yes when `force`).
-    fn due(&self, every: Duration, force: bool) -> bool {
-        let mut last = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        let due = force || last.is_none_or(|at| at.elapsed() >= every);
-        if due {
-            *last = Some(std::time::Instant::now());
-        }
-        due
-    }
-}
 
 impl<D: Dialect> std::fmt::Debug for SqlTransport<D> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

@@ -13,6 +13,8 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use crate::throttle::Throttle;
+
 /// How long a call other than a receive may go unanswered before it is
 /// said to be slow: SQS answers in tens of milliseconds.
 pub(super) const SLOW_CALL: Duration = Duration::from_secs(5);
@@ -26,30 +28,22 @@ const SAY_EVERY: Duration = Duration::from_secs(30);
 /// An action and the queue it was called on.
 type Call = (String, String);
 
-/// When each call last said it was slow at WARN, and how many slow calls
-/// it has held back since.
-static SAID: Mutex<Option<HashMap<Call, (Instant, u32)>>> = Mutex::new(None);
+/// When each call says it is slow at WARN, and how many slow calls it has
+/// held back since it last did.
+static SAID: Mutex<Option<HashMap<Call, (Throttle, u32)>>> = Mutex::new(None);
 
 /// Whether a slow call of `what` on `queue` is said at WARN now: `Some`
 /// with the slow calls held back since the last one said, or `None` (it is
 /// held back and counted).
 fn say(what: &str, queue: &str) -> Option<u32> {
     let mut said = SAID.lock().unwrap_or_else(|p| p.into_inner());
-    let said = said.get_or_insert_with(HashMap::new);
-    let now = Instant::now();
-    match said.get_mut(&(what.to_owned(), queue.to_owned())) {
-        Some((at, held)) if now.duration_since(*at) < SAY_EVERY => {
-            *held += 1;
-            None
-        }
-        Some((at, held)) => {
-            *at = now;
-            Some(std::mem::take(held))
-        }
-        None => {
-            said.insert((what.to_owned(), queue.to_owned()), (now, 0));
-            Some(0)
-        }
+    let (throttle, held) =
+        said.get_or_insert_with(HashMap::new).entry((what.to_owned(), queue.to_owned())).or_default();
+    if throttle.due(SAY_EVERY, false) {
+        Some(std::mem::take(held))
+    } else {
+        *held += 1;
+        None
     }
 }
 
