@@ -89,6 +89,13 @@ pub enum TransportError {
         /// How long the publish waited for room.
         waited: Duration,
     },
+    /// A message's row is held by another transaction on the database, such
+    /// as an application transaction that updated or locked it and has not
+    /// ended: this call gave up waiting for it after a moment. Tried again,
+    /// it goes through once that transaction ends (the worker does so for
+    /// acknowledgements, without holding up the others).
+    #[error("{0}")]
+    Held(String),
     /// Any other backend failure.
     #[error("{0}")]
     Backend(String),

@@ -270,7 +270,15 @@ const PROBE: std::time::Duration = std::time::Duration::from_secs(2);
 /// one (operators search for SQLSTATEs; `Dialect::MISSING_TABLE` names one).
 pub(crate) fn backend<D: Dialect>(what: &str, e: sqlx::Error) -> TransportError {
     D::noticed(&e);
-    TransportError::Backend(format!("{}: {what} failed: {}", D::SYSTEM, described::<D>(&e)))
+    let text = format!("{}: {what} failed: {}", D::SYSTEM, described::<D>(&e));
+    let held = D::SKIP_LOCKED.is_some_and(
+        |skip| matches!(&e, sqlx::Error::Database(db) if db.code().is_some_and(|code| code == skip.held_code)),
+    );
+    if held {
+        TransportError::Held(text)
+    } else {
+        TransportError::Backend(text)
+    }
 }
 
 /// `e` with the database's error code and the dialect's hint for it, if any.
@@ -804,4 +812,6 @@ pub(crate) struct SkipLocked {
     pub(crate) by_ids: &'static str,
     /// Bounds the current transaction's waits for a row lock.
     pub(crate) wait_briefly: &'static str,
+    /// The error code of a wait given up ([`TransportError::Held`]).
+    pub(crate) held_code: &'static str,
 }

@@ -352,8 +352,15 @@ impl<D: Dialect> SqlStore<D> {
     }
 
     /// Completes a batch: the plain rows whose lease matches in one statement,
-    /// the others (identity rows, deferred versions, lost leases) through
-    /// [`Row::complete`] in one transaction. The outer error fails the batch.
+    /// the others (identity rows, deferred versions, rows whose lease was
+    /// extended or lost) through [`Row::complete`] in a transaction, whose
+    /// failure fails those others alone. The outer error fails the batch.
+    ///
+    /// Where another transaction can hold a row (PostgreSQL: an
+    /// application's), its lock is waited for a moment
+    /// ([`Dialect::SKIP_LOCKED`]); when a row is still held then, the
+    /// others are completed again without it ([`Self::not_held`]), and it
+    /// fails alone as [`TransportError::Held`], for the worker to try again.
     pub(super) async fn complete_all(
         &self,
         queue: &str,
@@ -365,9 +372,76 @@ impl<D: Dialect> SqlStore<D> {
         if done.len() == items.len() {
             return Ok(items.iter().map(|_| Ok(())).collect());
         }
-        let mut w = Write::begin(self).await?;
-        let results = self.complete_rest(&mut w, queue, now, items, &mut done, retention_ms).await;
-        w.finish(results).await
+        // Completed already, whatever happens to the rest; each receipt once
+        // (the same one twice in a batch finds its row gone).
+        let mut results: Vec<Option<Result<(), TransportError>>> =
+            items.iter().map(|&(id, token, _)| done.remove(&(id, token)).then_some(Ok(()))).collect();
+        let rest: Vec<usize> = (0..items.len()).filter(|&i| results[i].is_none()).collect();
+        let wait = D::SKIP_LOCKED.map(|skip| skip.wait_briefly);
+        let subset = |group: &[usize]| group.iter().map(|&i| items[i]).collect::<Vec<Held>>();
+        let completed = self.complete_rest_in_turn(queue, now, &subset(&rest), retention_ms, wait).await;
+        let held = completed.iter().find(|r| matches!(r, Err(TransportError::Held(_)))).cloned();
+        if let (Some(skip), Some(held)) = (D::SKIP_LOCKED, held) {
+            // A held row failed the transaction: the others again without
+            // it (or them), which fail as held, to be tried again.
+            let free = self.not_held(skip, queue, rest.iter().map(|&i| items[i].0)).await;
+            let free: Vec<usize> =
+                rest.into_iter().filter(|&i| free.as_ref().is_some_and(|free| free.contains(&items[i].0))).collect();
+            let again = self.complete_rest_in_turn(queue, now, &subset(&free), retention_ms, wait).await;
+            for (i, result) in free.into_iter().zip(again) {
+                results[i] = Some(result);
+            }
+            return Ok(results.into_iter().map(|r| r.unwrap_or_else(|| held.clone())).collect());
+        }
+        for (i, result) in rest.into_iter().zip(completed) {
+            results[i] = Some(result);
+        }
+        Ok(results.into_iter().map(|r| r.unwrap_or(Err(TransportError::StaleReceipt))).collect())
+    }
+
+    /// Which of the rows `ids` of `queue` no other transaction holds now
+    /// (`None`: not known, the look failed).
+    async fn not_held(
+        &self,
+        skip: SkipLocked,
+        queue: &str,
+        ids: impl Iterator<Item = RowId>,
+    ) -> Option<std::collections::HashSet<RowId>> {
+        let ids: Vec<RowId> = ids.collect();
+        let list = serde_json::to_string(&ids).ok()?;
+        // Locked only for the look: the completion that follows locks them
+        // again (a row taken meanwhile is waited for a moment, as any).
+        let found = self.query("looking for held rows", &[skip.by_ids], &[queue.into(), list.as_str().into()]).await;
+        Some(rows::<D>(&found.ok()?).ok()?.into_iter().map(|row| row.id).collect())
+    }
+
+    /// [`Self::complete_rest`] of `items` in a transaction of its own, its
+    /// row locks waited for as `wait` bounds them (`None`: as the database
+    /// does); one result per item, a failure of the transaction failing
+    /// each.
+    async fn complete_rest_in_turn(
+        &self,
+        queue: &str,
+        now: i64,
+        items: &[Held],
+        retention_ms: i64,
+        wait: Option<&'static str>,
+    ) -> Vec<Result<(), TransportError>> {
+        if items.is_empty() {
+            return Vec::new();
+        }
+        let mut w = match Write::begin(self).await {
+            Ok(w) => w,
+            Err(e) => return vec![Err(e); items.len()],
+        };
+        let results = async {
+            if let Some(wait) = wait {
+                self.exec_in(&mut w, "bounding lock waits", &[wait], &[]).await?;
+            }
+            self.complete_rest(&mut w, queue, now, items, &mut Default::default(), retention_ms).await
+        }
+        .await;
+        w.finish(results).await.unwrap_or_else(|e| vec![Err(e); items.len()])
     }
 
     async fn complete_rest(

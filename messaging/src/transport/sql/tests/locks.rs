@@ -1,7 +1,8 @@
 //! A row of ours that another transaction holds (an application's, sharing
 //! the database): the heartbeat extends every other row at once and fails
 //! that one alone after a brief wait, instead of waiting for it with the
-//! whole round while every other lease runs out.
+//! whole round while every other lease runs out; a completion does the same
+//! instead of holding up every acknowledgement of the queue.
 
 use std::time::{Duration, Instant};
 
@@ -61,7 +62,7 @@ fn postgres_an_extension_skips_a_row_another_transaction_holds_and_fails_it_alon
         assert!(started.elapsed() < Duration::from_secs(5), "took {:?}", started.elapsed());
         assert!(results[0].is_ok() && results[2].is_ok(), "{results:?}");
         match &results[1] {
-            Err(TransportError::Backend(e)) => {
+            Err(TransportError::Held(e)) => {
                 assert!(e.contains("another transaction holds the message's row"), "{e}")
             }
             other => panic!("the held row fails alone, as a transient error: {other:?}"),
@@ -78,6 +79,61 @@ fn postgres_an_extension_skips_a_row_another_transaction_holds_and_fails_it_alon
         assert!(matches!(results[0], Err(TransportError::StaleReceipt)), "{results:?}");
         assert!(results[1].is_ok() && results[2].is_ok(), "{results:?}");
         assert_eq!(lease_expires(&store, leased[1].id).await, START + 700 + LEASE);
+        store.close().await;
+    });
+}
+
+async fn rows_left(store: &PostgresStore) -> Vec<i64> {
+    sqlx::query_scalar("SELECT id FROM messaging_messages ORDER BY id").fetch_all(&store.pool).await.unwrap()
+}
+
+#[test]
+fn postgres_a_completion_leaves_a_row_another_transaction_holds_and_completes_the_others() {
+    let db = super::Database::new("msgtest_locks");
+    super::runtime().block_on(async {
+        // Three plain rows and one with an identity (completed through the
+        // row's state machine, in a statement of its own).
+        let store = store_with(&db.url, &["a", "b", "c"]).await;
+        for result in store.enqueue("q", START, vec![Enqueue::test("m-k", Some("k"), "k")], false).await {
+            result.unwrap();
+        }
+        let leased = store.lease("q", START, 4, LEASE, false).await.unwrap();
+        assert_eq!(leased.len(), 4);
+        let held: Vec<_> = leased.iter().map(|r| r.held()).collect();
+
+        // A plain row held among others, then the identity row alone.
+        for (batch, hold, what) in [(&held[..3], 1, "a plain row"), (&held[3..], 0, "a row with an identity")] {
+            let row = batch[hold].0;
+            let app = holding(&db.url, &format!("id = {row}")).await;
+            let started = Instant::now();
+            let results =
+                tokio::time::timeout(Duration::from_secs(10), store.complete("q", START + 100, batch.to_vec(), 0))
+                    .await
+                    .unwrap_or_else(|_| panic!("{what}: the completion waits for the held row a moment, not for good"));
+            assert!(started.elapsed() < Duration::from_secs(5), "{what}: took {:?}", started.elapsed());
+            for (i, result) in results.iter().enumerate() {
+                match result {
+                    Err(TransportError::Held(e)) if i == hold => {
+                        assert!(e.contains("another transaction holds"), "{e}")
+                    }
+                    Ok(()) if i != hold => {}
+                    other => panic!("{what}: the held row fails alone, as held, the others complete: {i}: {other:?}"),
+                }
+            }
+            assert!(rows_left(&store).await.contains(&(row as i64)), "{what}: the held row stays");
+
+            // Tried again while the application's transaction is still
+            // open, the completion waits its moment; the transaction ends
+            // meanwhile and the completion goes through.
+            let again = store.complete("q", START + 200, vec![batch[hold]], 0);
+            let commit = async {
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                let_go(app).await;
+            };
+            let (done, ()) = tokio::join!(again, commit);
+            assert!(matches!(done[..], [Ok(())]), "{what}: {done:?}");
+        }
+        assert_eq!(rows_left(&store).await, Vec::<i64>::new(), "every row completed once");
         store.close().await;
     });
 }
