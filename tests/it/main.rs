@@ -32,6 +32,7 @@ mod publish;
 mod publish_tx;
 mod readiness;
 mod rolling;
+mod sql_app_lock;
 mod sql_batches;
 mod sql_claims;
 #[cfg(all(feature = "postgres", target_os = "linux"))]

@@ -355,6 +355,22 @@ pub trait Transport: Send + Sync + 'static {
     /// Deletes settled messages; one result per receipt, in order.
     fn ack<'a>(&'a self, queue: &'a str, receipts: Vec<Receipt>) -> BoxFuture<'a, Vec<Result<(), TransportError>>>;
 
+    /// [`Transport::ack`] of messages whose acknowledgement was first tried
+    /// `ago` and refused only because another transaction held their rows
+    /// ([`TransportError::Held`]): their leases are checked as they stood
+    /// then. Nothing else could take a held row meanwhile, so a lease that
+    /// ran out while it waited for the row is still the only one. The
+    /// default is `ack` (a transport without row locks never refuses so).
+    fn ack_as_of<'a>(
+        &'a self,
+        queue: &'a str,
+        receipts: Vec<Receipt>,
+        ago: Duration,
+    ) -> BoxFuture<'a, Vec<Result<(), TransportError>>> {
+        let _ = ago;
+        self.ack(queue, receipts)
+    }
+
     /// Makes a delivery visible again after `delay` (zero releases it at once).
     fn nack<'a>(
         &'a self,

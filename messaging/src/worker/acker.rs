@@ -267,6 +267,11 @@ async fn flush_loop(
     let mut commands = Vec::with_capacity(max);
     let mut batch = Vec::with_capacity(max);
     let mut closing = false;
+    // Acks of rows another transaction holds wait there, not here (a
+    // JoinSet: aborted with this task, by a stop that runs out of time).
+    let (to_lane, lane_rx) = mpsc::unbounded_channel();
+    let mut lane = tokio::task::JoinSet::new();
+    lane.spawn(held_lane(transport.clone(), queue, lane_rx, counts.clone(), held.clone()));
     while !closing && rx.recv_many(&mut commands, max).await > 0 {
         take(&mut commands, &mut batch, &mut closing);
         if !linger && !closing && batch.len() < max && held.has_unsettled() {
@@ -308,11 +313,12 @@ async fn flush_loop(
         if batch.is_empty() {
             continue;
         }
-        let count = batch.len();
+        let mut count = batch.len();
         let mut attempt = 0;
         let mut first_refused = None;
         loop {
             let receipts = batch.iter().map(|handled| handled.receipt().clone()).collect();
+            let tried = Instant::now();
             let mut results = transport.ack(queue, receipts).await.into_iter();
             let mut retry = Vec::new();
             let mut failure = None;
@@ -323,6 +329,14 @@ async fn flush_loop(
                     Err(TransportError::StaleReceipt) => {
                         too_late(queue);
                         handled.done(&held);
+                    }
+                    Err(TransportError::Held(e)) => {
+                        // Its own lane, counted there.
+                        count -= 1;
+                        if let Err(mpsc::error::SendError((handled, ..))) = to_lane.send((handled, e, tried)) {
+                            counts.lost.fetch_add(1, Ordering::SeqCst);
+                            handled.done(&held);
+                        }
                     }
                     Err(e) => {
                         failure.get_or_insert(e);
@@ -383,6 +397,105 @@ async fn flush_loop(
         counts.pending.fetch_sub(count, Ordering::SeqCst);
         counts.flushed.notify_waiters();
     }
+    // The lane ends once what it holds is acknowledged, or at a stop's
+    // deadline.
+    drop(to_lane);
+    while lane.join_next().await.is_some() {}
+}
+
+/// How often the lane of held rows says that it waits (at most).
+const HELD_WARNING: Duration = Duration::from_secs(60);
+
+/// Acknowledges the handled messages whose rows another transaction holds
+/// (an application's that updated or locked them and has not ended,
+/// [`TransportError::Held`]), each in a call of its own, again and again
+/// until that transaction ends: the transport waits a moment for the row
+/// each time, so that the acknowledgement is first in line when it is let
+/// go, and checks the lease as it stood when the acknowledgement was first
+/// tried ([`Transport::ack_as_of`]): the heartbeat cannot extend a held
+/// row, but nothing else can take it back either. Tried in the flush with
+/// the others, a held row held up every acknowledgement of its queue (one
+/// row held for a minute, tried from outside: 592 handled messages left
+/// unacknowledged for that minute). A stop gives up at its deadline: the
+/// message stays pending, and comes back.
+async fn held_lane(
+    transport: Arc<dyn Transport>,
+    queue: &'static str,
+    mut rx: mpsc::UnboundedReceiver<(Handled, String, Instant)>,
+    counts: Arc<Counts>,
+    held: Arc<InFlight>,
+) {
+    let warned = crate::throttle::Throttle::default();
+    let mut waiting: Vec<(Handled, Instant)> = Vec::new();
+    loop {
+        if waiting.is_empty() {
+            let Some(first) = rx.recv().await else { return };
+            waiting.push(arrived(first, queue, &warned));
+        }
+        while let Ok(more) = rx.try_recv() {
+            waiting.push(arrived(more, queue, &warned));
+        }
+        if counts.stop_deadline().is_some_and(|deadline| Instant::now() >= deadline) {
+            // Left pending, as a stop leaves what it could not flush.
+            return;
+        }
+        let round = Instant::now();
+        let mut still = Vec::with_capacity(waiting.len());
+        for (handled, since) in waiting.drain(..) {
+            match transport.ack_as_of(queue, vec![handled.receipt().clone()], since.elapsed()).await.pop() {
+                Some(Ok(())) => {
+                    tracing::info!(
+                        queue,
+                        "acknowledged a handled message whose row another transaction held, after {:.1} s",
+                        since.elapsed().as_secs_f32()
+                    );
+                    settled(handled, &counts, &held);
+                }
+                Some(Err(TransportError::StaleReceipt)) => {
+                    too_late(queue);
+                    settled(handled, &counts, &held);
+                }
+                // Held still, or refused otherwise (the database gone
+                // meanwhile): again, until the row is let go or a stop's
+                // deadline.
+                Some(Err(_)) | None => still.push((handled, since)),
+            }
+        }
+        waiting = still;
+        if !waiting.is_empty() {
+            // Each try waits its moment for the row; a round that did not
+            // (a refusal of another kind) waits here instead.
+            tokio::time::sleep(HELD_PAUSE.saturating_sub(round.elapsed())).await;
+        }
+    }
+}
+
+/// The least time between two rounds of the lane of held rows.
+const HELD_PAUSE: Duration = Duration::from_secs(1);
+
+/// A message come to the lane of held rows, said (once a minute at most),
+/// with when its acknowledgement was first tried.
+fn arrived(
+    (handled, why, tried): (Handled, String, Instant),
+    queue: &str,
+    warned: &crate::throttle::Throttle,
+) -> (Handled, Instant) {
+    if warned.due(HELD_WARNING, false) {
+        tracing::warn!(
+            queue,
+            "acknowledging a handled message waits for its row ({why}); the queue's other acknowledgements go on, \
+             and this one is tried again until that transaction ends"
+        );
+    }
+    (handled, tried)
+}
+
+/// The transport has the ack of a message from the lane of held rows (or
+/// found it redelivered).
+fn settled(handled: Handled, counts: &Counts, held: &InFlight) {
+    handled.done(held);
+    counts.pending.fetch_sub(1, Ordering::SeqCst);
+    counts.flushed.notify_waiters();
 }
 
 /// Says that an acknowledgement was refused: its lease had run out.
@@ -450,6 +563,69 @@ mod tests {
         }
         acker.close_by(Instant::now() + Duration::from_secs(1), std::future::pending()).await;
         took
+    }
+
+    /// The receipt whose row another transaction holds, and whether it has
+    /// let it go ([`held_row`]).
+    static HELD_KEY: AtomicUsize = AtomicUsize::new(usize::MAX);
+    static LET_GO: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+    /// Acks as PostgreSQL answers them while another transaction holds the
+    /// row of [`HELD_KEY`]: the others at once; that one after a second's
+    /// wait for the row, refused as held until [`LET_GO`].
+    fn held_row(receipts: &[Receipt]) -> (Duration, Vec<Result<(), TransportError>>) {
+        let held = |r: &Receipt| r.key as usize == HELD_KEY.load(Ordering::SeqCst) && !LET_GO.load(Ordering::SeqCst);
+        let wait = if receipts.iter().any(held) { Duration::from_secs(1) } else { Duration::ZERO };
+        let answers = receipts
+            .iter()
+            .map(|r| if held(r) { Err(TransportError::Held("lock timeout".into())) } else { Ok(()) })
+            .collect();
+        (wait, answers)
+    }
+
+    /// Waits (on paused time) until `acker` has `pending` acks left, at most
+    /// `limit`; how long that took.
+    async fn until_pending(acker: &Acker, pending: usize, limit: Duration) -> Duration {
+        let started = Instant::now();
+        while acker.pending() != pending {
+            assert!(started.elapsed() < limit, "{} pending after {limit:?}", acker.pending());
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        started.elapsed()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_ack_whose_row_another_transaction_holds_waits_in_its_own_lane_until_it_is_let_go() {
+        let gate: &'static Gate = Box::leak(Box::new(Gate::new()));
+        let memory = MemoryTransport::new();
+        memory.declare(&QueueSpec::standard("q")).await.unwrap();
+        for _ in 0..3 {
+            memory.send("q", Outgoing { body: b"{}".to_vec().into(), ..Outgoing::default() }).await.unwrap();
+        }
+        let deliveries = memory.receive("q", 3, Duration::ZERO).await.unwrap();
+        HELD_KEY.store(deliveries[1].receipt.key as usize, Ordering::SeqCst);
+        // A visibility of 5 s, which the heartbeat cannot extend for a held row.
+        let batch = Arc::new(Batch::new(deliveries, false, Instant::now(), Duration::from_secs(5)));
+        let held = Arc::new(InFlight::default());
+        held.hold(batch.clone());
+        let stub = crate::transport::stub::Stub { wait: Duration::ZERO, extend_all: |_| Vec::new(), ack: held_row };
+        let acker = Acker::start_with(Arc::new(stub), "q", held, Waits { linger: true, gate });
+        for i in 0..3 {
+            acker.ack(&batch, i);
+        }
+        // The others go through at once, beside the held one (which took the
+        // flush a second); later acks are not held up behind it.
+        let took = until_pending(&acker, 1, Duration::from_secs(3)).await;
+        assert!(took <= Duration::from_secs(2), "{took:?}");
+        // Tried again for as long as the row is held, well past its
+        // visibility, and never given up.
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        assert_eq!((acker.pending(), acker.lost()), (1, 0));
+        // Let go: acknowledged at the next try.
+        LET_GO.store(true, Ordering::SeqCst);
+        until_pending(&acker, 0, Duration::from_secs(3)).await;
+        assert_eq!(acker.lost(), 0);
+        acker.close_by(Instant::now() + Duration::from_secs(1), std::future::pending()).await;
     }
 
     #[tokio::test(start_paused = true)]

@@ -423,7 +423,7 @@ mod tests {
     fn holds_second(n: usize) -> Vec<Result<(), TransportError>> {
         (0..n)
             .map(|i| match i {
-                1 => Err(TransportError::Backend("canceling statement due to lock timeout".into())),
+                1 => Err(TransportError::Held("canceling statement due to lock timeout".into())),
                 _ => Ok(()),
             })
             .collect()
@@ -440,7 +440,7 @@ mod tests {
         let minute = Duration::from_secs(60);
         let batch = Batch::new(deliveries, false, Instant::now(), minute);
         let claims = MemoryIdempotencyStore::new();
-        let transport = Stub { wait: Duration::ZERO, extend_all: holds_second };
+        let transport = Stub { wait: Duration::ZERO, extend_all: holds_second, ack: Stub::closed };
         tokio::time::advance(Duration::from_secs(50)).await;
         extend_batch(&batch, &transport, &claims, "q", minute, Instant::now()).await;
         let left = |i| batch.visible_for(i).as_secs();

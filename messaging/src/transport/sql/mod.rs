@@ -667,13 +667,23 @@ impl<D: Dialect> Transport for SqlTransport<D> {
     }
 
     fn ack<'a>(&'a self, queue: &'a str, receipts: Vec<Receipt>) -> BoxFuture<'a, Vec<Result<(), TransportError>>> {
+        self.ack_as_of(queue, receipts, Duration::ZERO)
+    }
+
+    fn ack_as_of<'a>(
+        &'a self,
+        queue: &'a str,
+        receipts: Vec<Receipt>,
+        ago: Duration,
+    ) -> BoxFuture<'a, Vec<Result<(), TransportError>>> {
         Box::pin(async move {
             let retention = match self.queue(queue) {
                 Ok(q) => q.rules.retention_ms,
                 Err(_) => return crate::transport::unknown_queue(queue, &receipts),
             };
             let items = receipts.iter().map(|r| (r.key, r.token, Tuple(r.locator))).collect();
-            let results = self.store.complete(queue, self.store.now(), items, retention).await;
+            let then = self.store.now().saturating_sub(ago.as_millis().min(i64::MAX as u128) as i64);
+            let results = self.store.complete(queue, then, items, retention).await;
             // A completion can unlock a FIFO group or apply a deferred version,
             // and it frees rows that a receiver may have skipped as locked.
             if let Ok(q) = self.queue(queue) {
