@@ -3,7 +3,7 @@
 //! without) autovacuum's ANALYZE must not be planned from the wrong index.
 
 use crate::transport::sql::machine::Enqueue;
-use crate::transport::sql::postgres::{completion, PostgresStore, REDRIVE};
+use crate::transport::sql::postgres::{completion, PostgresStore, REDRIVE, TUPLES_WAITING};
 use crate::transport::sql::record::{Held, Tuple};
 
 const START: i64 = 1_800_000_000_000;
@@ -65,7 +65,7 @@ fn postgres_completes_by_tuple_id_on_a_table_never_analyzed() {
             // The tuple ids bound as a plain array are costed one random
             // page each, and this table is small enough for a scan of it
             // to look cheaper: what the `ARRAY(SELECT …)` is there for.
-            let bound = completion(retain, false).concat().replace("ARRAY(SELECT unnest($1::tid[]))", "$1::tid[]");
+            let bound = completion(retain, false).concat().replace(TUPLES_WAITING, "$1::tid[])");
             let theirs = plan(&store, &bound, Some(&tuples), &ids, &tokens).await;
             assert!(theirs.contains("Seq Scan on messaging_messages"), "{theirs}");
         }
