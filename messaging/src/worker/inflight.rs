@@ -289,6 +289,7 @@ impl InFlight {
         let mut tick = tokio::time::interval(period);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let lagging = Throttle::default();
+        let held_warned = Throttle::default();
         loop {
             tick.tick().await;
             let now = Instant::now();
@@ -308,10 +309,10 @@ impl InFlight {
             // of 50 batches of ten on SQS (a request each) took longer than
             // a 2 s visibility from outside, on moto.
             let batches = due.len();
-            let (transport, claims) = (&transport, &claims);
+            let (transport, claims, held_warned) = (&transport, &claims, &held_warned);
             futures_util::stream::iter(due)
                 .for_each_concurrent(HEARTBEAT_CALLS, |batch| async move {
-                    extend_batch(&batch, &**transport, &**claims, queue, visibility, now).await;
+                    extend_batch(&batch, &**transport, &**claims, queue, visibility, now, held_warned).await;
                 })
                 .await;
             // A round longer than the period eats into the margin: each batch
@@ -343,6 +344,10 @@ const LAG_WARNING_EVERY: Duration = Duration::from_secs(60);
 /// Extends the claims a batch's running handlers hold (to at most the
 /// visibility), then the visibility of its open messages in one call;
 /// notes the time when every extension went through.
+/// How often the heartbeat says that a row another transaction holds
+/// cannot be extended (at most).
+const HELD_WARNING: Duration = Duration::from_secs(60);
+
 async fn extend_batch(
     batch: &Batch,
     transport: &dyn Transport,
@@ -350,6 +355,7 @@ async fn extend_batch(
     queue: &'static str,
     visibility: Duration,
     now: Instant,
+    held_warned: &Throttle,
 ) {
     let held: Vec<(Arc<ClaimState>, Duration)> = batch
         .claims
@@ -374,6 +380,15 @@ async fn extend_batch(
         for (index, result) in places.iter().zip(results) {
             match result {
                 Ok(()) | Err(crate::error::TransportError::StaleReceipt) => {}
+                // A row another transaction holds fails each round for as
+                // long as it is held (17 warnings a minute on a 10 s
+                // visibility, tried from outside): said once a minute.
+                Err(e @ crate::error::TransportError::Held(_)) => {
+                    if failed.is_empty() && held_warned.due(HELD_WARNING, false) {
+                        tracing::warn!(queue, "could not extend a message's visibility: {e}");
+                    }
+                    failed.push(*index);
+                }
                 Err(e) => {
                     if failed.is_empty() {
                         tracing::warn!(queue, "could not extend a message's visibility: {e}");
@@ -441,15 +456,17 @@ mod tests {
         let batch = Batch::new(deliveries, false, Instant::now(), minute);
         let claims = MemoryIdempotencyStore::new();
         let transport = Stub { wait: Duration::ZERO, extend_all: holds_second, ack: Stub::closed };
+        let (printed, warned) = (crate::printed::Printed::default(), Throttle::default());
+        let _logs = tracing::subscriber::set_default(printed.subscriber().finish());
         tokio::time::advance(Duration::from_secs(50)).await;
-        extend_batch(&batch, &transport, &claims, "q", minute, Instant::now()).await;
+        extend_batch(&batch, &transport, &claims, "q", minute, Instant::now(), &warned).await;
         let left = |i| batch.visible_for(i).as_secs();
         assert_eq!((left(0), left(1), left(2)), (60, 10, 60), "only the second keeps its old deadline");
 
         // The second's next extension fails too: its deadline stays where
         // it was, the others' move on.
         tokio::time::advance(Duration::from_secs(30)).await;
-        extend_batch(&batch, &transport, &claims, "q", minute, Instant::now()).await;
+        extend_batch(&batch, &transport, &claims, "q", minute, Instant::now(), &warned).await;
         assert_eq!((left(0), left(1), left(2)), (60, 0, 60));
 
         // Settled, the second is no longer extended; a round where every
@@ -462,5 +479,12 @@ mod tests {
         tokio::time::advance(Duration::from_secs(30)).await;
         batch.extended(Instant::now(), 2, &[0, 2]);
         assert_eq!((left(0), left(2)), (30, 30));
+
+        // The held row was said at the first round and not at the second,
+        // 30 s later; a minute after the first, it is said again.
+        extend_batch(&batch, &transport, &claims, "q", minute, Instant::now(), &warned).await;
+        let text = printed.text();
+        let warnings: Vec<&str> = text.lines().filter(|l| l.contains("could not extend")).collect();
+        assert_eq!(warnings.len(), 2, "{text}");
     }
 }
