@@ -93,7 +93,10 @@ pub enum TransportError {
     /// as an application transaction that updated or locked it and has not
     /// ended: this call gave up waiting for it after a moment. Tried again,
     /// it goes through once that transaction ends (the worker does so for
-    /// acknowledgements, without holding up the others).
+    /// acknowledgements, without holding up the others; a nack, a failure
+    /// or a dead letter waits for the row itself: see [`Transport::nack`]).
+    ///
+    /// [`Transport::nack`]: crate::transport::Transport::nack
     #[error("{0}")]
     Held(String),
     /// Any other backend failure.

@@ -372,6 +372,14 @@ pub trait Transport: Send + Sync + 'static {
     }
 
     /// Makes a delivery visible again after `delay` (zero releases it at once).
+    ///
+    /// On a database queue, a message whose row another transaction holds
+    /// (an application's that updated or locked it and has not ended) is
+    /// waited for as long as it is held, its lease checked as it stood at
+    /// the first try; so are [`Transport::fail`], [`Transport::postpone`],
+    /// [`Transport::record_failure`] and [`DeadLetters::dead_letter`]. Drop
+    /// the future to give up: the message then comes back when its
+    /// visibility runs out.
     fn nack<'a>(
         &'a self,
         queue: &'a str,

@@ -16,6 +16,7 @@ mod claims;
 mod clock;
 mod dialect;
 mod driver;
+mod held;
 pub(crate) mod machine;
 mod migrate;
 mod options;
@@ -91,6 +92,9 @@ pub(crate) struct SqlTransport<D: Dialect> {
     home: dialect::Home,
     options: SqlOptions,
     claims_purged: Throttle,
+    /// When a settlement last said it waits for a row another transaction
+    /// holds ([`held`]).
+    held_warned: Throttle,
     queues: Arc<QueueMap>,
 }
 
@@ -143,6 +147,7 @@ impl<D: Dialect> SqlTransport<D> {
             home: dialect::Home::default(),
             options,
             claims_purged: Throttle::default(),
+            held_warned: Throttle::default(),
             queues: Arc::default(),
         };
         transport.forward_changes();
@@ -259,7 +264,8 @@ impl<D: Dialect> SqlTransport<D> {
                 max_attempts: q.rules.max_attempts,
             },
         };
-        self.store.apply(queue, now, receipt.key, receipt.token, op).await?;
+        let what = if matches!(op, RowOp::Release) { "a release" } else { "scheduling a retry" };
+        self.settle(queue, now, &receipt, op, what).await?;
         q.local.notify_waiters();
         Ok(())
     }
@@ -714,7 +720,7 @@ impl<D: Dialect> Transport for SqlTransport<D> {
             let now = self.store.now();
             let retry_at = now.saturating_add(delay.as_millis().min(i64::MAX as u128) as i64);
             let op = RowOp::Postpone { retry_at, reason: reason.to_owned() };
-            self.store.apply(queue, now, receipt.key, receipt.token, op).await
+            self.settle(queue, now, &receipt, op, "postponing a message").await
         })
     }
 
@@ -755,7 +761,8 @@ impl<D: Dialect> Transport for SqlTransport<D> {
     ) -> BoxFuture<'a, Result<(), TransportError>> {
         Box::pin(async move {
             self.queue(queue)?;
-            self.store.apply(queue, self.store.now(), receipt.key, receipt.token, RowOp::Note { failure }).await
+            let op = RowOp::Note { failure };
+            self.settle(queue, self.store.now(), receipt, op, "recording a failed attempt").await
         })
     }
 
@@ -881,8 +888,7 @@ impl<D: Dialect> DeadLetters for SqlTransport<D> {
     ) -> BoxFuture<'a, Result<(), TransportError>> {
         Box::pin(async move {
             let op = RowOp::DeadLetter { failure };
-            let receipt = &delivery.receipt;
-            self.store.apply(queue, self.store.now(), receipt.key, receipt.token, op).await
+            self.settle(queue, self.store.now(), &delivery.receipt, op, "dead-lettering a message").await
         })
     }
 

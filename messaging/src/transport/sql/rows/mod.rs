@@ -322,22 +322,25 @@ impl<D: Dialect> SqlStore<D> {
         if items.is_empty() {
             return Ok(Vec::new());
         }
-        if let (RowOp::Extend { .. }, Some(skip)) = (op, D::SKIP_LOCKED) {
-            return self.extend_all(queue, now, items, op, skip).await;
+        if let Some(skip) = D::SKIP_LOCKED {
+            return self.apply_all_bounded(queue, now, items, op, skip).await;
         }
         let mut w = Write::begin(self).await?;
         let done = self.transition_all(&mut w, queue, now, items, op, D::BY_IDS).await;
         w.finish(done).await
     }
 
-    /// The heartbeat's extension of many leased rows, never held up for
-    /// long by a row another transaction holds (an application's): the
-    /// rows not held are extended at once; the others are waited for a
-    /// moment ([`SkipLocked::wait_briefly`], as long as a completion of
-    /// ours takes) and then fail alone, for the next round to try again.
-    /// Waited for without a bound, one such row held up the whole round,
-    /// and every other message's lease ran out.
-    async fn extend_all(
+    /// [`Self::apply_all`] never held up for long by a row another
+    /// transaction holds (an application's): the rows not held are changed
+    /// at once; the others are waited for a moment
+    /// ([`SkipLocked::wait_briefly`], as long as a completion of ours
+    /// takes) and then fail alone as [`TransportError::Held`], for the
+    /// caller to try again. Waited for without a bound, one such row held
+    /// up the heartbeat's whole round, and every other message's lease ran
+    /// out; and the retry of a failed message whose row was held waited 30
+    /// s, to be taken for a lost connection (the pool's connections closed,
+    /// the attempt left uncounted), tried from outside.
+    async fn apply_all_bounded(
         &self,
         queue: &str,
         now: i64,

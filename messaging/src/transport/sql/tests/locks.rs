@@ -250,3 +250,92 @@ fn postgres_a_receiver_waits_for_a_sleeper_it_cannot_wake_without_spinning() {
         assert_eq!(got.len(), 1, "woken and received once the application lets go");
     });
 }
+
+#[test]
+fn postgres_a_release_gives_back_the_rows_it_can_and_fails_a_held_one_alone() {
+    let db = super::Database::new("msgtest_locks");
+    super::runtime().block_on(async {
+        let store = store_with(&db.url, &["a", "b", "c"]).await;
+        let leased = store.lease("q", START, 3, LEASE, false).await.unwrap();
+        let items: Vec<(RowId, u64)> = leased.iter().map(|r| (r.id, r.token)).collect();
+        let app = holding(&db.url, &format!("id = {}", leased[1].id)).await;
+
+        // A worker's stop gives back what it did not handle, in one call.
+        let started = Instant::now();
+        let results =
+            tokio::time::timeout(Duration::from_secs(10), store.apply_all("q", START + 100, &items, &RowOp::Release))
+                .await
+                .expect("the release waits for the held row a moment, not until its transaction ends")
+                .unwrap();
+        assert!(started.elapsed() < Duration::from_secs(5), "took {:?}", started.elapsed());
+        assert!(results[0].is_ok() && results[2].is_ok(), "{results:?}");
+        assert!(matches!(&results[1], Err(TransportError::Held(_))), "{results:?}");
+        let_go(app).await;
+        let again = store.lease("q", START + 200, 3, LEASE, false).await.unwrap();
+        let ids: Vec<RowId> = again.iter().map(|r| r.id).collect();
+        assert_eq!(ids, [leased[0].id, leased[2].id], "the two given back; the held one stays leased");
+        store.close().await;
+    });
+}
+
+/// A failed message's retry, on a row an application holds past the
+/// message's visibility: the transport waits for the row a moment at a
+/// time, never in one statement for long (one such wait of 30 s was taken
+/// for a lost connection: the pool's connections closed, the retry given
+/// up, the attempt left uncounted), and records the attempt once the row is
+/// let go, with the lease as it stood at the first try.
+#[test]
+fn postgres_a_retry_waits_for_a_row_another_transaction_holds_a_moment_at_a_time_until_it_is_let_go() {
+    use crate::queue::QueueSpec;
+    use crate::transport::{FailedAttempt, Transport as _};
+
+    let db = super::Database::new("msgtest_locks");
+    super::runtime().block_on(async {
+        let transport =
+            crate::transport::sql::connect::<sqlx::Postgres>(&format!("{}?migrate=true", db.url)).await.unwrap();
+        let spec = QueueSpec { visibility: Duration::from_secs(1), ..QueueSpec::standard("held-retry") };
+        transport.declare(&spec).await.unwrap();
+        transport.send("held-retry", crate::transport::Outgoing::default()).await.unwrap();
+        let got = transport.receive("held-retry", 1, Duration::from_secs(2)).await.unwrap();
+        assert_eq!(got.len(), 1);
+        let app = holding(&db.url, "queue = 'held-retry'").await;
+
+        let failure = FailedAttempt::new(1, "Error", "the handler failed");
+        let retry = transport.fail("held-retry", got[0].receipt.clone(), Duration::from_secs(60), failure);
+        // Held for three times the visibility, the longest wait of any
+        // statement for a lock looked at every 100 ms meanwhile.
+        let watch = async {
+            let mut watcher = sqlx::PgConnection::connect(&db.url).await.unwrap();
+            let mut longest: Option<f64> = None;
+            let until = Instant::now() + Duration::from_secs(3);
+            while Instant::now() < until {
+                let waits: Vec<f64> = sqlx::query_scalar(
+                    "SELECT extract(epoch FROM now() - query_start)::float8 FROM pg_stat_activity \
+                     WHERE datname = current_database() AND wait_event_type = 'Lock'",
+                )
+                .fetch_all(&mut watcher)
+                .await
+                .unwrap();
+                longest = waits.into_iter().fold(longest, |l, w| Some(l.map_or(w, |l: f64| l.max(w))));
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            let_go(app).await;
+            longest
+        };
+        let started = Instant::now();
+        let (result, longest) = tokio::time::timeout(Duration::from_secs(20), async { tokio::join!(retry, watch) })
+            .await
+            .expect("the retry goes through once the row is let go");
+        result.expect("the lease as it stood at the first try");
+        assert!(started.elapsed() < Duration::from_secs(5), "took {:?} after a 3 s hold", started.elapsed());
+        let longest = longest.expect("the retry waited for the row");
+        assert!(longest < 1.0, "a statement waited {longest:.1} s for the held row");
+        let (status, attempts, error): (String, i32, Option<String>) =
+            sqlx::query_as("SELECT status, attempts, error FROM messaging_messages WHERE queue = 'held-retry'")
+                .fetch_one(&transport.store.pool)
+                .await
+                .unwrap();
+        assert_eq!((status.as_str(), attempts), ("sleeping", 1), "waiting out its backoff, the attempt counted");
+        assert!(error.is_some_and(|e| e.contains("the handler failed")), "the failure recorded");
+    });
+}

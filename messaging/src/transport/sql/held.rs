@@ -1,0 +1,65 @@
+//! A settlement of one leased row that another transaction holds (an
+//! application's that updated or locked it and has not ended): waited for
+//! as long as it is held, in the caller's lane alone.
+
+use std::time::{Duration, Instant};
+
+use super::{Dialect, RowOp, SqlTransport};
+use crate::error::TransportError;
+use crate::transport::Receipt;
+
+/// The least time between two tries of a held row: a try that waited its
+/// moment for the row (twice 450 ms on PostgreSQL, as the acker's lane
+/// does) goes on at once, so that a try is almost always in line when the
+/// row is let go.
+const HELD_PAUSE: Duration = Duration::from_millis(500);
+
+/// How often at most a transport says that a settlement waits for a row.
+const HELD_WARNING: Duration = Duration::from_secs(60);
+
+impl<D: Dialect> SqlTransport<D> {
+    /// Applies `op` (`what` it does, for the log) to the row of `receipt`
+    /// as of `now`, the time of the first try: while another transaction
+    /// holds the row ([`TransportError::Held`]), tried again, with the
+    /// lease checked as it stood then. The heartbeat cannot extend a held
+    /// row, but nothing else can take it back either, so a lease that ran
+    /// out while the row was held is still the only one. Ends when the row
+    /// is let go, or when the caller gives up (a worker's stop, at its
+    /// grace period). Bounded at the database's 30 s answer limit instead,
+    /// a failed message's retry on a held row was taken for a lost
+    /// connection (the pool's connections closed), its attempt left
+    /// uncounted and its history without the failure, tried from outside.
+    pub(super) async fn settle(
+        &self,
+        queue: &str,
+        now: i64,
+        receipt: &Receipt,
+        op: RowOp,
+        what: &str,
+    ) -> Result<(), TransportError> {
+        let mut waiting: Option<Instant> = None;
+        loop {
+            let tried = Instant::now();
+            match self.store.apply(queue, now, receipt.key, receipt.token, op.clone()).await {
+                Err(TransportError::Held(why)) => {
+                    if waiting.is_none() && self.held_warned.due(HELD_WARNING, false) {
+                        tracing::warn!(queue, row = receipt.key, "{what} waits for the message's row: {why}");
+                    }
+                    waiting.get_or_insert(tried);
+                    tokio::time::sleep(HELD_PAUSE.saturating_sub(tried.elapsed())).await;
+                }
+                result => {
+                    if let (Some(since), Ok(())) = (waiting, &result) {
+                        tracing::info!(
+                            queue,
+                            row = receipt.key,
+                            "{what}: done once another transaction let the message's row go, after {:.1} s",
+                            since.elapsed().as_secs_f32()
+                        );
+                    }
+                    return result;
+                }
+            }
+        }
+    }
+}
