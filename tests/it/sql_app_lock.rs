@@ -110,3 +110,72 @@ async fn postgres_a_row_an_application_holds_holds_up_no_other_ack_and_its_own_g
     assert!(runs.iter().all(|&r| r == 1), "each job once: {runs:?}");
     assert_eq!(stopped.not_acknowledged, 0, "{stopped:?}");
 }
+
+/// A message whose handler fails while the application holds its row:
+/// the retry waits for the row in the handler's lane (the queue's other
+/// messages go on); a stop at the end of its grace period cuts that wait
+/// off and says so, the message being in neither the released count nor
+/// the acknowledged; once let go, it comes back and runs again.
+#[messaging::queue("app-locked-fail", visibility = "4s", concurrency = 2)]
+struct AppLockedFail;
+
+static FAIL_RUNS: Mutex<Vec<u32>> = Mutex::new(Vec::new());
+static FAILED: AtomicBool = AtomicBool::new(false);
+static FAIL_HELD: AtomicBool = AtomicBool::new(false);
+
+#[messaging::handler(queue = AppLockedFail)]
+async fn fail_first(job: Job, ctx: MessageContext) -> Result<(), HandlerError> {
+    FAIL_RUNS.lock().unwrap()[job.n as usize] += 1;
+    if job.n == 0 && ctx.receive_count() == 1 {
+        FAILED.store(true, Ordering::SeqCst);
+        while !FAIL_HELD.load(Ordering::SeqCst) {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        return Err(HandlerError::from("the first try fails"));
+    }
+    Ok(())
+}
+
+#[tokio::test]
+async fn postgres_a_retry_waits_for_a_row_an_application_holds_and_a_stop_counts_it_as_coming_back() {
+    let db = fixtures::Postgres::new().await;
+    *FAIL_RUNS.lock().unwrap() = vec![0; 10];
+    let url = format!("{}&migrate=true", db.url);
+    let transport = messaging::transport::connect(&url).await.expect("connect");
+    let mut app = messaging::App::new(Arc::clone(&transport)).await.expect("app");
+    app.only_queues(&["app-locked-fail"]);
+    app.setup().grace_period(Duration::from_secs(1));
+    let publisher = app.setup().publisher();
+    let first = publisher.send::<AppLockedFail, _>(&Job { n: 0 }).await.expect("published");
+    let running = app.start().expect("start");
+
+    fixtures::eventually(Duration::from_secs(20), || FAILED.load(Ordering::SeqCst), || "job 0 ran".into()).await;
+    let mut application = sqlx::PgConnection::connect(&db.url).await.expect("connect");
+    sqlx::query("BEGIN").execute(&mut application).await.unwrap();
+    sqlx::query("SELECT id FROM messaging_messages WHERE message_id = $1 FOR UPDATE")
+        .bind(first.to_string())
+        .fetch_one(&mut application)
+        .await
+        .unwrap();
+    FAIL_HELD.store(true, Ordering::SeqCst);
+
+    // The others go on while the retry waits for the held row.
+    let jobs: Vec<Job> = (1..10).map(|n| Job { n }).collect();
+    for result in publisher.send_batch::<AppLockedFail, _>(&jobs).await {
+        result.expect("published");
+    }
+    let others = || FAIL_RUNS.lock().unwrap()[1..].iter().all(|&r| r == 1);
+    fixtures::eventually(Duration::from_secs(10), others, || format!("{:?}", FAIL_RUNS.lock().unwrap())).await;
+
+    let stopped = tokio::time::timeout(Duration::from_secs(10), running.stop()).await.expect("stopped in time");
+    assert_eq!((stopped.handlers_stopped, stopped.not_released), (1, 1), "{stopped:?}");
+    sqlx::query("COMMIT").execute(&mut application).await.unwrap();
+
+    // Let go, it comes back after its visibility and runs again.
+    let mut app = messaging::App::new(Arc::clone(&transport)).await.expect("app");
+    app.only_queues(&["app-locked-fail"]);
+    let running = app.start().expect("start");
+    let again = || FAIL_RUNS.lock().unwrap()[0] == 2;
+    fixtures::eventually(Duration::from_secs(15), again, || format!("{:?}", FAIL_RUNS.lock().unwrap())).await;
+    running.stop().await;
+}

@@ -273,7 +273,9 @@ pub struct Stopped {
     /// Messages received and not handled, given back to their queues at once.
     pub released: usize,
     /// Messages received and not handled that could not be given back in
-    /// time: they are received again once their visibility timeout runs out.
+    /// time, and failed messages whose retry or dead letter the stop cut off
+    /// on its way (waiting for a row another transaction held): they are
+    /// received again once their visibility timeout runs out.
     pub not_released: usize,
     /// Receives still in flight when the shutdown stopped waiting for them
     /// (a forced shutdown waits a moment): what they leased, if anything, is

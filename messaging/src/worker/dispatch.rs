@@ -311,13 +311,35 @@ impl Worker {
     /// Makes a settled delivery visible again after `delay`, recording `failure`.
     async fn retry(&self, delivery: &Delivery, delay: Duration, failure: FailedAttempt) {
         let queue = self.routes.spec().name;
-        retry_scheduled(queue, delivery, self.transport.fail(queue, delivery.receipt.clone(), delay, failure).await);
+        let scheduled = self.storing(self.transport.fail(queue, delivery.receipt.clone(), delay, failure)).await;
+        retry_scheduled(queue, delivery, scheduled);
     }
 
     /// Makes a settled delivery visible again after `delay`.
     pub(super) async fn release(&self, delivery: &Delivery, delay: Duration) {
         let queue = self.routes.spec().name;
-        retry_scheduled(queue, delivery, self.transport.nack(queue, delivery.receipt.clone(), delay).await);
+        let scheduled = self.storing(self.transport.nack(queue, delivery.receipt.clone(), delay)).await;
+        retry_scheduled(queue, delivery, scheduled);
+    }
+
+    /// Awaits `outcome`, a settled message's outcome on its way to the
+    /// transport; one that a stop cuts off (its lane stopped at the end of
+    /// the grace period, as while the transport waits for a row another
+    /// transaction holds) is counted among the messages that come back
+    /// after their visibility, which it is in no other count.
+    async fn storing<T>(&self, outcome: impl std::future::Future<Output = T>) -> T {
+        struct Cut<'a>(Option<&'a std::sync::atomic::AtomicUsize>);
+        impl Drop for Cut<'_> {
+            fn drop(&mut self) {
+                if let Some(cut) = self.0 {
+                    cut.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                }
+            }
+        }
+        let mut cut = Cut(Some(&self.outcomes_cut));
+        let stored = outcome.await;
+        cut.0 = None;
+        stored
     }
 
     /// Moves message `i` of `batch` to the dead-letter queue after `failure`
@@ -333,7 +355,7 @@ impl Worker {
         batch.settle_later(i);
         let spec = self.routes.spec();
         let moved = match self.transport.dead_letters() {
-            Some(dlq) => dlq.dead_letter(spec.name, delivery, failure).await,
+            Some(dlq) => self.storing(dlq.dead_letter(spec.name, delivery, failure)).await,
             None => Err(crate::error::TransportError::Rejected("the transport has no dead letters".into())),
         };
         self.inflight.settle(batch, i);

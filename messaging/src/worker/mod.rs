@@ -69,6 +69,10 @@ pub(crate) struct Worker {
     /// How long after it was sent a delivery that a newer build may read is
     /// given back for one ([`Setup::wait_for_newer`](crate::Setup::wait_for_newer)).
     newer_wait: Duration,
+    /// Handled messages whose outcome (a retry, a dead letter) a stop cut
+    /// off on its way to the transport: they come back after their
+    /// visibility ([`Worker::storing`]).
+    outcomes_cut: std::sync::atomic::AtomicUsize,
     /// The idempotency store refusing claims: receives wait meanwhile.
     outage: outage::ClaimOutage,
 }
@@ -142,6 +146,7 @@ impl Worker {
                 paused,
                 newer_wait,
                 outage: outage::ClaimOutage::default(),
+                outcomes_cut: std::sync::atomic::AtomicUsize::new(0),
             }),
         }
     }
@@ -319,6 +324,18 @@ impl WorkerHandle {
             }
             lanes.abort_all();
             while lanes.join_next().await.is_some() {}
+            // Neither released nor given back: a retry or dead letter still
+            // on its way (waiting for a row another transaction holds).
+            let cut = worker.outcomes_cut.load(std::sync::atomic::Ordering::SeqCst);
+            if cut > 0 {
+                tracing::warn!(
+                    queue = spec.name,
+                    count = cut,
+                    "stopped while storing the outcome of failed messages (a retry or a dead letter): they come back \
+                     when their visibility runs out, and the attempt is tried again"
+                );
+                report.not_released += cut;
+            }
         }
         heartbeat.abort();
         let mut held = worker.inflight.take_unsettled();
@@ -409,7 +426,8 @@ pub(crate) struct Stopped {
     /// Messages held and not handled, given back to their queue.
     pub(crate) released: usize,
     /// Messages held that could not be given back (a failed or unfinished
-    /// release): they come back once their visibility runs out.
+    /// release), and failed messages whose retry or dead letter the stop cut
+    /// off: they come back once their visibility runs out.
     pub(crate) not_released: usize,
     /// Receives still in flight when the shutdown stopped waiting for them.
     pub(crate) receives_cut_off: usize,
