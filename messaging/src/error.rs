@@ -104,6 +104,20 @@ pub enum TransportError {
     Backend(String),
 }
 
+/// The least time between two tries of a settlement (an acknowledgement, a
+/// retry, a dead letter) refused as [`TransportError::Held`]: a try that
+/// waited its moment for the row (twice 450 ms on PostgreSQL, queued
+/// behind another of ours) goes on at once, so that a try is almost always
+/// in line when the row is let go.
+pub(crate) const HELD_PAUSE: Duration = Duration::from_millis(500);
+
+/// How often at most each place that meets a row another transaction holds
+/// ([`TransportError::Held`]) says so: the acker's lane, the heartbeat, a
+/// transport's settlement, a suspect's mark. Each try fails for as long as
+/// the row is held (17 warnings a minute from the heartbeat alone on a
+/// 10 s visibility, tried from outside).
+pub(crate) const HELD_WARNING: Duration = Duration::from_secs(60);
+
 /// Why a publish failed. Publishing never panics: every failure is one of these.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]

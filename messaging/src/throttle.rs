@@ -12,6 +12,11 @@ use tokio::time::Instant;
 pub(crate) struct Throttle(Mutex<Option<Instant>>);
 
 impl Throttle {
+    /// A throttle that has said nothing yet (for a `static`).
+    pub(crate) const fn new() -> Self {
+        Throttle(Mutex::new(None))
+    }
+
     /// Whether `every` has passed since this last said yes (yes the first
     /// time, and when `force`).
     pub(crate) fn due(&self, every: Duration, force: bool) -> bool {

@@ -24,7 +24,7 @@ use tokio::time::Instant;
 
 use super::alone::{Gate, GATE};
 use super::inflight::{Batch, InFlight};
-use crate::error::TransportError;
+use crate::error::{TransportError, HELD_PAUSE, HELD_WARNING};
 use crate::retry;
 use crate::transport::{Receipt, Transport};
 
@@ -403,9 +403,6 @@ async fn flush_loop(
     while lane.join_next().await.is_some() {}
 }
 
-/// How often the lane of held rows says that it waits (at most).
-const HELD_WARNING: Duration = Duration::from_secs(60);
-
 /// Acknowledges the handled messages whose rows another transaction holds
 /// (an application's that updated or locked them and has not ended,
 /// [`TransportError::Held`]), each in a call of its own, again and again
@@ -469,11 +466,6 @@ async fn held_lane(
         }
     }
 }
-
-/// The least time between two rounds of the lane of held rows: a round
-/// whose tries waited for the row (twice 450 ms on PostgreSQL) goes on at
-/// once, so that a try is almost always in line when the row is let go.
-const HELD_PAUSE: Duration = Duration::from_millis(500);
 
 /// A message come to the lane of held rows, said (once a minute at most),
 /// with when its acknowledgement was first tried.

@@ -230,8 +230,14 @@ impl Worker {
                 Err(Step::Released)
             }
             Err(e) => {
-                tracing::warn!(queue, message.id = %delivery.message_id, retry_in = ?ISOLATE_RETRY,
-                    "could not mark a suspect as running alone ({e}); trying again");
+                // A row another transaction holds fails each try for as
+                // long as it is held: said once a minute.
+                static HELD: crate::throttle::Throttle = crate::throttle::Throttle::new();
+                let held = matches!(e, TransportError::Held(_));
+                if !held || HELD.due(crate::error::HELD_WARNING, false) {
+                    tracing::warn!(queue, message.id = %delivery.message_id, retry_in = ?ISOLATE_RETRY,
+                        "could not mark a suspect as running alone ({e}); trying again");
+                }
                 Err(Step::Again { after: ISOLATE_RETRY, counted: false })
             }
         }

@@ -341,10 +341,6 @@ const HEARTBEAT_CALLS: usize = 8;
 /// How often at most the heartbeat says that it is falling behind.
 const LAG_WARNING_EVERY: Duration = Duration::from_secs(60);
 
-/// How often the heartbeat says that a row another transaction holds
-/// cannot be extended (at most).
-const HELD_WARNING: Duration = Duration::from_secs(60);
-
 /// Extends the claims a batch's running handlers hold (to at most the
 /// visibility), then the visibility of its open messages in one call;
 /// notes the time when every extension went through.
@@ -382,10 +378,9 @@ async fn extend_batch(
                 Ok(()) | Err(crate::error::TransportError::StaleReceipt) => {}
                 Err(e) => {
                     // A row another transaction holds fails each round for
-                    // as long as it is held (17 warnings a minute on a 10 s
-                    // visibility, tried from outside): said once a minute.
+                    // as long as it is held: said once a minute.
                     let held = matches!(e, crate::error::TransportError::Held(_));
-                    if failed.is_empty() && (!held || held_warned.due(HELD_WARNING, false)) {
+                    if failed.is_empty() && (!held || held_warned.due(crate::error::HELD_WARNING, false)) {
                         tracing::warn!(queue, "could not extend a message's visibility: {e}");
                     }
                     failed.push(*index);

@@ -812,6 +812,10 @@ pub(crate) struct SkipLocked {
     pub(crate) by_ids: &'static str,
     /// Bounds the current transaction's waits for a row lock.
     pub(crate) wait_briefly: &'static str,
+    /// A condition that bounds its statement's waits for a row lock as
+    /// [`SkipLocked::wait_briefly`] does, added to a one-row `UPDATE` that
+    /// runs alone (no transaction to set it in, no round trip more).
+    pub(crate) waiting_here: &'static str,
     /// The error code of a wait given up ([`TransportError::Held`]).
     pub(crate) held_code: &'static str,
 }

@@ -2,20 +2,11 @@
 //! application's that updated or locked it and has not ended): waited for
 //! as long as it is held, in the caller's lane alone.
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use super::{Dialect, RowOp, SqlTransport};
-use crate::error::TransportError;
+use crate::error::{TransportError, HELD_PAUSE, HELD_WARNING};
 use crate::transport::Receipt;
-
-/// The least time between two tries of a held row: a try that waited its
-/// moment for the row (twice 450 ms on PostgreSQL, as the acker's lane
-/// does) goes on at once, so that a try is almost always in line when the
-/// row is let go.
-const HELD_PAUSE: Duration = Duration::from_millis(500);
-
-/// How often at most a transport says that a settlement waits for a row.
-const HELD_WARNING: Duration = Duration::from_secs(60);
 
 impl<D: Dialect> SqlTransport<D> {
     /// Applies `op` (`what` it does, for the log) to the row of `receipt`

@@ -589,6 +589,9 @@ impl Dialect for Postgres {
         // ours on the same row waits for the row's lock, then for the
         // transaction: twice).
         wait_briefly: "SET LOCAL lock_timeout = '450ms'",
+        // Pseudo-constant, so evaluated once before the scan (a one-time
+        // filter), before any row is locked.
+        waiting_here: " AND (SELECT set_config('lock_timeout', '450ms', true)) IS NOT NULL",
         // SQLSTATE 55P03 (lock_not_available).
         held_code: "55P03",
     });

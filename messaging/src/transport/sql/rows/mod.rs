@@ -289,7 +289,12 @@ impl<D: Dialect> SqlStore<D> {
         what: &str,
     ) -> Result<(), TransportError> {
         let args = [(id as i64).into(), (token as i64).into(), queue.into(), now.into()];
-        match self.exec(what, &[statement], &args).await? {
+        // A row another transaction holds fails as held after a moment
+        // (waited for without a bound, it stalled the process's gate for a
+        // suspect for up to the 30 s answer limit, then was taken for a
+        // lost connection).
+        let bound = D::SKIP_LOCKED.map_or("", |skip| skip.waiting_here);
+        match self.exec(what, &[statement, bound], &args).await? {
             0 => Err(TransportError::StaleReceipt),
             _ => Ok(()),
         }

@@ -339,3 +339,32 @@ fn postgres_a_retry_waits_for_a_row_another_transaction_holds_a_moment_at_a_time
         assert!(error.is_some_and(|e| e.contains("the handler failed")), "the failure recorded");
     });
 }
+
+#[test]
+fn postgres_marking_a_suspect_fails_as_held_after_a_moment_on_a_row_another_transaction_holds() {
+    let db = super::Database::new("msgtest_locks");
+    super::runtime().block_on(async {
+        let store = store_with(&db.url, &["a"]).await;
+        let leased = store.lease("q", START, 1, LEASE, false).await.unwrap();
+        let (id, token) = (leased[0].id, leased[0].token);
+        let app = holding(&db.url, &format!("id = {id}")).await;
+        for mark in ["isolate", "rejoin"] {
+            let started = Instant::now();
+            let marked = async {
+                match mark {
+                    "isolate" => store.isolate("q", START + 100, id, token).await,
+                    _ => store.rejoin("q", START + 100, id, token).await,
+                }
+            };
+            let result = tokio::time::timeout(Duration::from_secs(10), marked)
+                .await
+                .unwrap_or_else(|_| panic!("{mark}: waits for the held row a moment, not until it is let go"));
+            assert!(started.elapsed() < Duration::from_secs(5), "{mark}: took {:?}", started.elapsed());
+            assert!(matches!(result, Err(TransportError::Held(_))), "{mark}: {result:?}");
+        }
+        let_go(app).await;
+        store.isolate("q", START + 200, id, token).await.expect("marked once let go");
+        store.rejoin("q", START + 200, id, token).await.expect("taken back once let go");
+        store.close().await;
+    });
+}
