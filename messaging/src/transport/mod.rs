@@ -355,28 +355,11 @@ pub trait Transport: Send + Sync + 'static {
     /// Deletes settled messages; one result per receipt, in order.
     fn ack<'a>(&'a self, queue: &'a str, receipts: Vec<Receipt>) -> BoxFuture<'a, Vec<Result<(), TransportError>>>;
 
-    /// [`Transport::ack`] of messages whose acknowledgement was first tried
-    /// `ago` and refused only because another transaction held their rows
-    /// ([`TransportError::Held`]): their leases are checked as they stood
-    /// then. Nothing else could take a held row meanwhile, so a lease that
-    /// ran out while it waited for the row is still the only one. The
-    /// default is `ack` (a transport without row locks never refuses so).
-    fn ack_as_of<'a>(
-        &'a self,
-        queue: &'a str,
-        receipts: Vec<Receipt>,
-        ago: Duration,
-    ) -> BoxFuture<'a, Vec<Result<(), TransportError>>> {
-        let _ = ago;
-        self.ack(queue, receipts)
-    }
-
     /// Makes a delivery visible again after `delay` (zero releases it at once).
     ///
     /// On a database queue, a message whose row another transaction holds
     /// (an application's that updated or locked it and has not ended) is
-    /// waited for as long as it is held, its lease checked as it stood at
-    /// the first try; so are [`Transport::fail`], [`Transport::postpone`],
+    /// waited for as long as it is held; so are [`Transport::fail`], [`Transport::postpone`],
     /// [`Transport::record_failure`] and [`DeadLetters::dead_letter`]. Drop
     /// the future to give up: the message then comes back when its
     /// visibility runs out.

@@ -408,9 +408,10 @@ async fn flush_loop(
 /// [`TransportError::Held`]), each in a call of its own, again and again
 /// until that transaction ends: the transport waits a moment for the row
 /// each time, so that the acknowledgement is first in line when it is let
-/// go, and checks the lease as it stood when the acknowledgement was first
-/// tried ([`Transport::ack_as_of`]): the heartbeat cannot extend a held
-/// row, but nothing else can take it back either. Tried in the flush with
+/// go. The heartbeat cannot extend a held row, but nothing else can take
+/// it back either, and a lease holds until it is taken back, so the
+/// acknowledgement goes through though the lease's time ran out while it
+/// waited. Tried in the flush with
 /// the others, a held row held up every acknowledgement of its queue (one
 /// row held for a minute, tried from outside: 592 handled messages left
 /// unacknowledged for that minute). A stop gives up at its deadline: the
@@ -439,7 +440,7 @@ async fn held_lane(
         let round = Instant::now();
         let mut still = Vec::with_capacity(waiting.len());
         for (handled, since) in waiting.drain(..) {
-            match transport.ack_as_of(queue, vec![handled.receipt().clone()], since.elapsed()).await.pop() {
+            match transport.ack(queue, vec![handled.receipt().clone()]).await.pop() {
                 Some(Ok(())) => {
                     tracing::info!(
                         queue,

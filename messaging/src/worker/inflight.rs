@@ -309,10 +309,13 @@ impl InFlight {
             // of 50 batches of ten on SQS (a request each) took longer than
             // a 2 s visibility from outside, on moto.
             let batches = due.len();
-            let (transport, claims, held_warned) = (&transport, &claims, &held_warned);
+            let met_held = std::sync::atomic::AtomicBool::new(false);
+            let (transport, claims, held_warned, met) = (&transport, &claims, &held_warned, &met_held);
             futures_util::stream::iter(due)
                 .for_each_concurrent(HEARTBEAT_CALLS, |batch| async move {
-                    extend_batch(&batch, &**transport, &**claims, queue, visibility, now, held_warned).await;
+                    if extend_batch(&batch, &**transport, &**claims, queue, visibility, now, held_warned).await {
+                        met.store(true, Ordering::Relaxed);
+                    }
                 })
                 .await;
             // A round longer than the period eats into the margin: each batch
@@ -321,8 +324,10 @@ impl InFlight {
             // while held and are handled twice. Said before it happens (at
             // most once a minute): the warnings after it (an ack or lease
             // that came too late) do not say why.
+            // (Not when a row another transaction holds took its moment:
+            // said already, and the other batches were extended before it.)
             let took = now.elapsed();
-            if took > period && lagging.due(LAG_WARNING_EVERY, false) {
+            if took > period && !met_held.into_inner() && lagging.due(LAG_WARNING_EVERY, false) {
                 tracing::warn!(
                     queue,
                     batches,
@@ -343,7 +348,8 @@ const LAG_WARNING_EVERY: Duration = Duration::from_secs(60);
 
 /// Extends the claims a batch's running handlers hold (to at most the
 /// visibility), then the visibility of its open messages in one call;
-/// notes the time when every extension went through.
+/// notes the time when every extension went through. Whether a row another
+/// transaction holds refused its extension (after a moment's wait).
 async fn extend_batch(
     batch: &Batch,
     transport: &dyn Transport,
@@ -352,7 +358,7 @@ async fn extend_batch(
     visibility: Duration,
     now: Instant,
     held_warned: &Throttle,
-) {
+) -> bool {
     let held: Vec<(Arc<ClaimState>, Duration)> = batch
         .claims
         .lock()
@@ -371,6 +377,7 @@ async fn extend_batch(
     // visibility, and its last messages came back while held.
     let (places, open): (Vec<usize>, Vec<Receipt>) = batch.open_receipts().map(|(i, r)| (i, r.clone())).unzip();
     let mut failed = Vec::new();
+    let mut met_held = false;
     if !open.is_empty() {
         let results = transport.extend_all(queue, open, visibility).await;
         for (index, result) in places.iter().zip(results) {
@@ -380,6 +387,7 @@ async fn extend_batch(
                     // A row another transaction holds fails each round for
                     // as long as it is held: said once a minute.
                     let held = matches!(e, crate::error::TransportError::Held(_));
+                    met_held |= held;
                     if failed.is_empty() && (!held || held_warned.due(crate::error::HELD_WARNING, false)) {
                         tracing::warn!(queue, "could not extend a message's visibility: {e}");
                     }
@@ -393,6 +401,7 @@ async fn extend_batch(
     // message of its batch counted as about to come back (claims taken for
     // a millisecond, refused acks given up at once).
     batch.extended(now, places.len(), &failed);
+    met_held
 }
 
 impl crate::context::Received for Batch {

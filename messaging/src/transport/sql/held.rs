@@ -9,21 +9,20 @@ use crate::error::{TransportError, HELD_PAUSE, HELD_WARNING};
 use crate::transport::Receipt;
 
 impl<D: Dialect> SqlTransport<D> {
-    /// Applies `op` (`what` it does, for the log) to the row of `receipt`
-    /// as of `now`, the time of the first try: while another transaction
-    /// holds the row ([`TransportError::Held`]), tried again, with the
-    /// lease checked as it stood then. The heartbeat cannot extend a held
-    /// row, but nothing else can take it back either, so a lease that ran
-    /// out while the row was held is still the only one. Ends when the row
-    /// is let go, or when the caller gives up (a worker's stop, at its
-    /// grace period). Bounded at the database's 30 s answer limit instead,
-    /// a failed message's retry on a held row was taken for a lost
-    /// connection (the pool's connections closed), its attempt left
-    /// uncounted and its history without the failure, tried from outside.
+    /// Applies `op` (`what` it does, for the log) to the row of `receipt`:
+    /// while another transaction holds the row ([`TransportError::Held`]),
+    /// tried again, every half second. The heartbeat cannot extend a held
+    /// row, but nothing else can take it back either, and a lease holds
+    /// until it is taken back (`Row::holds`), so the retry goes through
+    /// once the row is let go. Ends then, or when the caller gives up (a
+    /// worker's stop, at its grace period). Bounded at the database's 30 s
+    /// answer limit instead, a failed message's retry on a held row was
+    /// taken for a lost connection (the pool's connections closed), its
+    /// attempt left uncounted and its history without the failure, tried
+    /// from outside.
     pub(super) async fn settle(
         &self,
         queue: &str,
-        now: i64,
         receipt: &Receipt,
         op: RowOp,
         what: &str,
@@ -31,7 +30,7 @@ impl<D: Dialect> SqlTransport<D> {
         let mut waiting: Option<Instant> = None;
         loop {
             let tried = Instant::now();
-            match self.store.apply(queue, now, receipt.key, receipt.token, op.clone()).await {
+            match self.store.apply(queue, self.store.now(), receipt.key, receipt.token, op.clone()).await {
                 Err(TransportError::Held(why)) => {
                     if waiting.is_none() && self.held_warned.due(HELD_WARNING, false) {
                         tracing::warn!(queue, row = receipt.key, "{what} waits for the message's row: {why}");

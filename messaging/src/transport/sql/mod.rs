@@ -265,7 +265,7 @@ impl<D: Dialect> SqlTransport<D> {
             },
         };
         let what = if matches!(op, RowOp::Release) { "a release" } else { "scheduling a retry" };
-        self.settle(queue, now, &receipt, op, what).await?;
+        self.settle(queue, &receipt, op, what).await?;
         q.local.notify_waiters();
         Ok(())
     }
@@ -673,23 +673,13 @@ impl<D: Dialect> Transport for SqlTransport<D> {
     }
 
     fn ack<'a>(&'a self, queue: &'a str, receipts: Vec<Receipt>) -> BoxFuture<'a, Vec<Result<(), TransportError>>> {
-        self.ack_as_of(queue, receipts, Duration::ZERO)
-    }
-
-    fn ack_as_of<'a>(
-        &'a self,
-        queue: &'a str,
-        receipts: Vec<Receipt>,
-        ago: Duration,
-    ) -> BoxFuture<'a, Vec<Result<(), TransportError>>> {
         Box::pin(async move {
             let retention = match self.queue(queue) {
                 Ok(q) => q.rules.retention_ms,
                 Err(_) => return crate::transport::unknown_queue(queue, &receipts),
             };
             let items = receipts.iter().map(|r| (r.key, r.token, Tuple(r.locator))).collect();
-            let then = self.store.now().saturating_sub(ago.as_millis().min(i64::MAX as u128) as i64);
-            let results = self.store.complete(queue, then, items, retention).await;
+            let results = self.store.complete(queue, self.store.now(), items, retention).await;
             // A completion can unlock a FIFO group or apply a deferred version,
             // and it frees rows that a receiver may have skipped as locked.
             if let Ok(q) = self.queue(queue) {
@@ -720,7 +710,7 @@ impl<D: Dialect> Transport for SqlTransport<D> {
             let now = self.store.now();
             let retry_at = now.saturating_add(delay.as_millis().min(i64::MAX as u128) as i64);
             let op = RowOp::Postpone { retry_at, reason: reason.to_owned() };
-            self.settle(queue, now, &receipt, op, "postponing a message").await
+            self.settle(queue, &receipt, op, "postponing a message").await
         })
     }
 
@@ -762,21 +752,21 @@ impl<D: Dialect> Transport for SqlTransport<D> {
         Box::pin(async move {
             self.queue(queue)?;
             let op = RowOp::Note { failure };
-            self.settle(queue, self.store.now(), receipt, op, "recording a failed attempt").await
+            self.settle(queue, receipt, op, "recording a failed attempt").await
         })
     }
 
     fn isolate<'a>(&'a self, queue: &'a str, receipt: &'a Receipt) -> BoxFuture<'a, Result<(), TransportError>> {
         Box::pin(async move {
             self.queue(queue)?;
-            self.store.isolate(queue, self.store.now(), receipt.key, receipt.token).await
+            self.store.isolate(queue, receipt.key, receipt.token).await
         })
     }
 
     fn rejoin<'a>(&'a self, queue: &'a str, receipt: &'a Receipt) -> BoxFuture<'a, Result<(), TransportError>> {
         Box::pin(async move {
             self.queue(queue)?;
-            self.store.rejoin(queue, self.store.now(), receipt.key, receipt.token).await
+            self.store.rejoin(queue, receipt.key, receipt.token).await
         })
     }
 
@@ -888,7 +878,7 @@ impl<D: Dialect> DeadLetters for SqlTransport<D> {
     ) -> BoxFuture<'a, Result<(), TransportError>> {
         Box::pin(async move {
             let op = RowOp::DeadLetter { failure };
-            self.settle(queue, self.store.now(), &delivery.receipt, op, "dead-lettering a message").await
+            self.settle(queue, &delivery.receipt, op, "dead-lettering a message").await
         })
     }
 

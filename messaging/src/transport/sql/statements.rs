@@ -171,7 +171,7 @@ pub(crate) const DELETE_ROW: &str = "DELETE FROM messaging_messages WHERE id = $
 /// index's predicate, from which PostgreSQL has planned such statements on
 /// a table never analyzed (every leased row of the queue read).
 pub(crate) const ISOLATE: &str = "UPDATE messaging_messages SET suspect = 2 WHERE id = $1 AND CASE \
-    WHEN lease_token = $2 AND queue = $3 AND status IN ('processing', 'awaiting_release') AND lease_expires > $4 \
+    WHEN lease_token = $2 AND queue = $3 AND status IN ('processing', 'awaiting_release') \
     THEN TRUE ELSE FALSE END";
 
 /// [`Row::rejoin`]: a leased row marked as running alone (2) is a plain
@@ -181,7 +181,7 @@ pub(crate) const ISOLATE: &str = "UPDATE messaging_messages SET suspect = 2 WHER
 pub(crate) const REJOIN: &str =
     "UPDATE messaging_messages SET suspect = CASE WHEN suspect = 2 THEN 1 ELSE suspect END \
     WHERE id = $1 AND CASE \
-    WHEN lease_token = $2 AND queue = $3 AND status IN ('processing', 'awaiting_release') AND lease_expires > $4 \
+    WHEN lease_token = $2 AND queue = $3 AND status IN ('processing', 'awaiting_release') \
     THEN TRUE ELSE FALSE END";
 
 /// The processed version becomes the identity's previous message.

@@ -448,13 +448,23 @@ impl Row {
         self.attempts += 1;
     }
 
-    /// Whether `token` holds the row's unexpired lease.
-    pub fn holds(&self, now: i64, token: u64) -> bool {
-        self.status.is_leased() && self.lease_token == Some(token) && self.lease_expires.is_some_and(|e| e > now)
+    /// Whether `token` holds the row's lease: until the lease is taken back
+    /// ([`Queue::expire`], housekeeping), which clears the token, or settled,
+    /// even once its time has run out. Nothing else can take the row
+    /// meanwhile (a take-back and a settlement of the same row are
+    /// serialized by the database), so a late outcome settles a message
+    /// that would otherwise come back and run twice: a handler slower than
+    /// its visibility while no receive ran, a heartbeat held up by a stalled
+    /// database, or a row an application's transaction held past the
+    /// visibility (tried from outside: one row held 15 s on a 1 s
+    /// visibility ran twice, its acknowledgement refused as late although
+    /// nothing had taken it back). The memory queue fences the same way.
+    pub fn holds(&self, token: u64) -> bool {
+        self.status.is_leased() && self.lease_token == Some(token)
     }
 
-    fn check(&self, now: i64, token: u64) -> Result<(), LeaseLost> {
-        if self.holds(now, token) {
+    fn check(&self, token: u64) -> Result<(), LeaseLost> {
+        if self.holds(token) {
             Ok(())
         } else {
             Err(LeaseLost)
@@ -490,7 +500,7 @@ impl Row {
 
     /// Completes the leased row.
     pub fn complete(&mut self, now: i64, token: u64, retention_ms: i64) -> Result<Completed, LeaseLost> {
-        self.check(now, token)?;
+        self.check(token)?;
         let previous = self.identity.clone().map(|k| (k, self.message_id.clone(), self.payload.clone()));
         let delete = if self.status == Status::AwaitingRelease {
             self.apply_deferred(now);
@@ -528,7 +538,7 @@ impl Row {
         failure: &FailedAttempt,
         max_attempts: u32,
     ) -> Result<(), LeaseLost> {
-        self.check(now, token)?;
+        self.check(token)?;
         if self.status == Status::AwaitingRelease {
             self.apply_deferred(now);
             return Ok(());
@@ -550,7 +560,7 @@ impl Row {
     /// first (a release gives that charge back if the try is never made, and
     /// an expired lease keeps it). The lease and the status stay.
     pub fn note(&mut self, now: i64, token: u64, failure: &FailedAttempt) -> Result<(), LeaseLost> {
-        self.check(now, token)?;
+        self.check(token)?;
         let attempt = failure.attempt.max(self.attempts);
         self.record(now, attempt, &failure.error_type, &failure.message);
         self.attempts = attempt + 1;
@@ -559,7 +569,7 @@ impl Row {
 
     /// A permanent failure: Error at once (unless a newer version waits).
     pub fn dead_letter(&mut self, now: i64, token: u64, failure: &FailedAttempt) -> Result<(), LeaseLost> {
-        self.check(now, token)?;
+        self.check(token)?;
         if self.status == Status::AwaitingRelease {
             self.apply_deferred(now);
             return Ok(());
@@ -573,7 +583,7 @@ impl Row {
     /// Gives the lease back without charging the attempt about to be made
     /// (shutdown). Attempts made under the lease and noted stay charged.
     pub fn release(&mut self, now: i64, token: u64) -> Result<(), LeaseLost> {
-        self.check(now, token)?;
+        self.check(token)?;
         if self.status == Status::AwaitingRelease {
             self.apply_deferred(now);
         } else {
@@ -607,8 +617,8 @@ impl Row {
     /// suspect's handler about to start with nothing else running): if
     /// this lease runs out, the attempt counts. (The worker asks for it
     /// only for suspects; any leased row takes it.)
-    pub fn isolate(&mut self, now: i64, token: u64) -> Result<(), LeaseLost> {
-        self.check(now, token)?;
+    pub fn isolate(&mut self, token: u64) -> Result<(), LeaseLost> {
+        self.check(token)?;
         self.suspect = Suspect::Alone;
         Ok(())
     }
@@ -618,8 +628,8 @@ impl Row {
     /// idempotency claim), and the worker keeps the message to try again
     /// later while other handlers run. A lease that runs out now is not
     /// counted against it: it is one of many held, as before it was marked.
-    pub fn rejoin(&mut self, now: i64, token: u64) -> Result<(), LeaseLost> {
-        self.check(now, token)?;
+    pub fn rejoin(&mut self, token: u64) -> Result<(), LeaseLost> {
+        self.check(token)?;
         if self.suspect == Suspect::Alone {
             self.suspect = Suspect::Yes;
         }
@@ -628,7 +638,7 @@ impl Row {
 
     /// Pushes the lease's expiry out (heartbeat).
     pub fn extend(&mut self, now: i64, token: u64, lease_ms: i64) -> Result<(), LeaseLost> {
-        self.check(now, token)?;
+        self.check(token)?;
         self.lease_expires = Some(now + lease_ms);
         Ok(())
     }
@@ -877,13 +887,13 @@ impl IdentityQueue {
     }
 
     /// Marks a leased row as run alone (see [`Row::isolate`]).
-    pub(crate) fn isolate(&mut self, now: i64, id: RowId, token: u64) -> Result<(), LeaseLost> {
-        self.row_mut(id)?.isolate(now, token)
+    pub(crate) fn isolate(&mut self, id: RowId, token: u64) -> Result<(), LeaseLost> {
+        self.row_mut(id)?.isolate(token)
     }
 
     /// Takes back a leased row's mark of running alone (see [`Row::rejoin`]).
-    pub(crate) fn rejoin(&mut self, now: i64, id: RowId, token: u64) -> Result<(), LeaseLost> {
-        self.row_mut(id)?.rejoin(now, token)
+    pub(crate) fn rejoin(&mut self, id: RowId, token: u64) -> Result<(), LeaseLost> {
+        self.row_mut(id)?.rejoin(token)
     }
 
     /// Abandons every expired lease; returns the rows concerned.

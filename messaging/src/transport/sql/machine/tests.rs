@@ -244,7 +244,7 @@ fn lease_expiry_is_abandonment() {
     for round in 2..=3 {
         let l = q.lease(round * LEASE, 1, LEASE).remove(0);
         assert_eq!((l.attempts, l.suspect), (round as u32 - 1, Suspect::Yes));
-        q.isolate(round * LEASE, id, l.token).unwrap();
+        q.isolate(id, l.token).unwrap();
         q.expire((round + 1) * LEASE);
     }
     let row = q.row(id).unwrap();
@@ -278,8 +278,14 @@ fn stale_tokens_are_fenced() {
     assert_eq!(q.release(LEASE + 1, id, first.token), Err(LeaseLost));
     assert_eq!(q.extend(LEASE + 1, id, first.token, LEASE), Err(LeaseLost));
     assert_eq!(status(&q, id), Status::Processing, "no change");
-    // An expired lease is lost even before anyone re-leases.
-    assert_eq!(q.complete(2 * LEASE, id, second.token), Err(LeaseLost));
+    // An expired lease holds until it is taken back: nothing else can have
+    // the message meanwhile, so a late outcome settles it.
+    q.extend(2 * LEASE + 1, id, second.token, LEASE).expect("extended once its time ran out");
+    assert!(q.expire(3 * LEASE + 1).contains(&id), "taken back once the extension ran out");
+    assert_eq!(q.complete(3 * LEASE + 2, id, second.token), Err(LeaseLost), "taken back, it is lost");
+    let third = q.lease(3 * LEASE + 3, 1, LEASE).remove(0);
+    q.complete(5 * LEASE, id, third.token).expect("a late acknowledgement of a lease nobody took back");
+    assert!(q.row(id).is_none(), "completed");
 }
 
 #[test]
@@ -410,18 +416,18 @@ fn a_suspect_s_mark_lasts_until_its_handler_answers() {
     // A release (shutdown) keeps it a suspect, and one that ran alone goes
     // back to a plain suspect: it never ran.
     let l = q.lease(now, 1, LEASE).remove(0);
-    q.isolate(now, id, l.token).unwrap();
+    q.isolate(id, l.token).unwrap();
     assert_eq!(q.row(id).unwrap().suspect, Suspect::Alone);
     q.release(now + 1, id, l.token).unwrap();
     assert_eq!(q.row(id).unwrap().suspect, Suspect::Yes);
     // A recorded failure is an answer.
     let l = q.lease(now + 2, 1, LEASE).remove(0);
-    q.isolate(now + 2, id, l.token).unwrap();
+    q.isolate(id, l.token).unwrap();
     q.fail(now + 3, id, l.token, now + 3, "declined").unwrap();
     let row = q.row(id).unwrap();
     assert_eq!((row.status, row.suspect, row.attempts), (Status::Pending, Suspect::No, 1));
     // A stale token cannot mark it.
-    assert_eq!(q.isolate(now + 4, id, l.token), Err(LeaseLost));
+    assert_eq!(q.isolate(id, l.token), Err(LeaseLost));
     // An answer clears the first mark too.
     q.lease(now + 5, 1, LEASE);
     q.expire(now + 5 + LEASE);
@@ -447,8 +453,8 @@ fn a_suspect_taken_back_from_running_alone_is_not_charged_for_a_crash() {
     }
     assert_eq!(q.row(id).unwrap().suspect, Suspect::Yes);
     let l = q.lease(now, 1, LEASE).remove(0);
-    q.isolate(now, id, l.token).unwrap();
-    q.rejoin(now + 1, id, l.token).unwrap();
+    q.isolate(id, l.token).unwrap();
+    q.rejoin(id, l.token).unwrap();
     let row = q.row(id).unwrap();
     assert_eq!((row.status, row.suspect), (Status::Processing, Suspect::Yes), "still held, a suspect");
     q.expire(now + LEASE);
@@ -456,13 +462,13 @@ fn a_suspect_taken_back_from_running_alone_is_not_charged_for_a_crash() {
     assert_eq!((row.status, row.suspect, row.attempts), (Status::Pending, Suspect::Yes, 0), "not charged");
     // Marked again and then lost, it is charged.
     let l = q.lease(now + LEASE, 1, LEASE).remove(0);
-    q.isolate(now + LEASE, id, l.token).unwrap();
+    q.isolate(id, l.token).unwrap();
     q.expire(now + 2 * LEASE);
     assert_eq!(q.row(id).unwrap().attempts, 1, "charged");
     // Only the lease's holder can take the mark back; a plain lease keeps its mark.
     let l = q.lease(now + 2 * LEASE, 1, LEASE).remove(0);
-    assert_eq!(q.rejoin(now + 2 * LEASE, id, l.token + 1), Err(LeaseLost));
-    q.rejoin(now + 2 * LEASE, id, l.token).unwrap();
+    assert_eq!(q.rejoin(id, l.token + 1), Err(LeaseLost));
+    q.rejoin(id, l.token).unwrap();
     assert_eq!(q.row(id).unwrap().suspect, Suspect::Yes);
 }
 
@@ -486,7 +492,7 @@ fn a_message_that_stops_its_process_spends_only_its_own_attempts() {
     // Then each runs alone; the poison stops the process every time.
     while let Some(l) = q.lease(now, 1, LEASE).pop() {
         assert_eq!(l.suspect, Suspect::Yes);
-        q.isolate(now, l.id, l.token).unwrap();
+        q.isolate(l.id, l.token).unwrap();
         if l.id == ids[0] {
             now += LEASE;
             q.expire(now);

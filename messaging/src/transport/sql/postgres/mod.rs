@@ -280,8 +280,9 @@ pub(crate) const LEASE_HEADS: [&str; 2] = [
 
 /// The completion of plain rows (`$1` where each receipt's row was leased,
 /// `$2` the ids in increasing order, `$3` their tokens, `$4` the queue, `$5`
-/// now): deleted, or kept as processed; returns the (id, token) of each row
-/// it deleted or updated.
+/// now when rows are kept): deleted, or kept as processed; returns the (id,
+/// token) of each row it deleted or updated. A lease holds until it is
+/// taken back, even once its time has run out (`Row::holds`).
 ///
 /// The rows are fetched by tuple id, and joined to the receipts by it: a
 /// row is completed only if its tuple still holds the receipt's row and
@@ -330,7 +331,7 @@ pub(super) fn completion(retain: bool, skip_held: bool) -> [&'static str; 4] {
         "ARRAY(SELECT ctid FROM messaging_messages WHERE ctid = ANY($1::tid[]) FOR UPDATE SKIP LOCKED))";
     const CHECKS: &str = " AND m.ctid = t.tuple \
             AND CASE WHEN m.id = t.id AND m.lease_token = t.token AND m.queue = $4 AND m.status = 'processing' \
-            AND m.identity IS NULL AND m.lease_expires > $5 THEN TRUE ELSE FALSE END \
+            AND m.identity IS NULL THEN TRUE ELSE FALSE END \
         RETURNING m.id, t.token";
     let complete = if retain {
         "UPDATE messaging_messages m SET status = 'processed', processed_at = $5, lease_token = NULL, \
@@ -363,12 +364,15 @@ async fn complete_plain_rows(
 ) -> Result<HashSet<(RowId, u64)>, TransportError> {
     let sql = store.tables.sql(&completion(retention_ms > 0, skip_held));
     let mut w = Write::single(store).await?;
-    let completion = sqlx::query_as(&sql)
+    let mut completion = sqlx::query_as(&sql)
         .bind(items.iter().map(|&(_, _, tuple)| tuple).collect::<Vec<Tuple>>())
         .bind(items.iter().map(|&(id, _, _)| id as i64).collect::<Vec<_>>())
         .bind(items.iter().map(|&(_, token, _)| token as i64).collect::<Vec<_>>())
-        .bind(queue)
-        .bind(now);
+        .bind(queue);
+    if retention_ms > 0 {
+        // `processed_at`.
+        completion = completion.bind(now);
+    }
     let wait = w.answer_within();
     let done: Result<Vec<(i64, i64)>, _> = within::<Postgres, _, _>(wait, completion.fetch_all(w.conn()), |e| e)
         .await

@@ -269,26 +269,25 @@ impl<D: Dialect> SqlStore<D> {
     /// wrote it whole in a transaction of its own, four round trips for
     /// every suspect (a consumer killed holding 4,000 messages leaves 4,000
     /// of them, run one at a time).
-    pub(crate) async fn isolate(&self, queue: &str, now: i64, id: RowId, token: u64) -> Result<(), TransportError> {
-        self.mark(queue, now, id, token, sql::ISOLATE, "marking a suspect as running alone").await
+    pub(crate) async fn isolate(&self, queue: &str, id: RowId, token: u64) -> Result<(), TransportError> {
+        self.mark(queue, id, token, sql::ISOLATE, "marking a suspect as running alone").await
     }
 
     /// Takes a leased row's mark of running alone back ([`Row::rejoin`]).
-    pub(crate) async fn rejoin(&self, queue: &str, now: i64, id: RowId, token: u64) -> Result<(), TransportError> {
-        self.mark(queue, now, id, token, sql::REJOIN, "taking back a suspect's mark of running alone").await
+    pub(crate) async fn rejoin(&self, queue: &str, id: RowId, token: u64) -> Result<(), TransportError> {
+        self.mark(queue, id, token, sql::REJOIN, "taking back a suspect's mark of running alone").await
     }
 
     /// Runs `statement` (`ISOLATE`, `REJOIN`) on the row `token` holds.
     async fn mark(
         &self,
         queue: &str,
-        now: i64,
         id: RowId,
         token: u64,
         statement: &str,
         what: &str,
     ) -> Result<(), TransportError> {
-        let args = [(id as i64).into(), (token as i64).into(), queue.into(), now.into()];
+        let args = [(id as i64).into(), (token as i64).into(), queue.into()];
         // A row another transaction holds fails as held after a moment
         // (waited for without a bound, it stalled the process's gate for a
         // suspect for up to the 30 s answer limit, then was taken for a

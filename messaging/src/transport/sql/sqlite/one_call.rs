@@ -224,7 +224,7 @@ pub(super) async fn complete_plain(
          lease_expires = NULL, suspect = 0"
     };
     let held = "id IN (SELECT value FROM json_each(?)) AND lease_token = ? AND queue = ? AND status = 'processing' \
-                AND identity IS NULL AND lease_expires > ?";
+                AND identity IS NULL";
     let one = format!(
         "{complete} WHERE {held} AND (SELECT count(*) FROM messaging_messages WHERE {held}) = ?; \
          SELECT changes() AS completed"
@@ -239,7 +239,7 @@ pub(super) async fn complete_plain(
             query = query.bind(now);
         }
         for _ in 0..2 {
-            query = query.bind(list.as_str()).bind(*token as i64).bind(queue).bind(now);
+            query = query.bind(list.as_str()).bind(*token as i64).bind(queue);
         }
         query = query.bind(int(ids.len()));
     }

@@ -371,12 +371,8 @@ async fn run_case<D: Dialect>(store: &SqlStore<D>, queue: &str, rules: QueueRule
                             store.complete(queue, now, vec![(sid, stok, tuple)], rules.retention_ms).await.remove(0);
                         (e, g)
                     }
-                    Cmd::Isolate { .. } => {
-                        (model.isolate(now, mid, mtok).is_ok(), store.isolate(queue, now, sid, stok).await)
-                    }
-                    Cmd::Rejoin { .. } => {
-                        (model.rejoin(now, mid, mtok).is_ok(), store.rejoin(queue, now, sid, stok).await)
-                    }
+                    Cmd::Isolate { .. } => (model.isolate(mid, mtok).is_ok(), store.isolate(queue, sid, stok).await),
+                    Cmd::Rejoin { .. } => (model.rejoin(mid, mtok).is_ok(), store.rejoin(queue, sid, stok).await),
                     _ => {
                         let op = match cmd {
                             Cmd::Fail { backoff, .. } => RowOp::Fail {
