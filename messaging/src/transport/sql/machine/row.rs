@@ -449,7 +449,7 @@ impl Row {
     }
 
     /// Whether `token` holds the row's lease: until the lease is taken back
-    /// ([`IdentityQueue::expire`], housekeeping), which clears the token, or settled,
+    /// (`IdentityQueue::expire`, housekeeping), which clears the token, or settled,
     /// even once its time has run out. Nothing else can take the row
     /// meanwhile (a take-back and a settlement of the same row are
     /// serialized by the database), so a late outcome settles a message
