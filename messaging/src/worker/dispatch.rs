@@ -230,11 +230,8 @@ impl Worker {
                 Err(Step::Released)
             }
             Err(e) => {
-                // A row another transaction holds fails each try for as
-                // long as it is held: said once a minute.
                 static HELD: crate::throttle::Throttle = crate::throttle::Throttle::new();
-                let held = matches!(e, TransportError::Held(_));
-                if !held || HELD.due(crate::error::HELD_WARNING, false) {
+                if super::says(&HELD, &e) {
                     tracing::warn!(queue, message.id = %delivery.message_id, retry_in = ?ISOLATE_RETRY,
                         "could not mark a suspect as running alone ({e}); trying again");
                 }

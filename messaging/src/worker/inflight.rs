@@ -384,11 +384,8 @@ async fn extend_batch(
             match result {
                 Ok(()) | Err(crate::error::TransportError::StaleReceipt) => {}
                 Err(e) => {
-                    // A row another transaction holds fails each round for
-                    // as long as it is held: said once a minute.
-                    let held = matches!(e, crate::error::TransportError::Held(_));
-                    met_held |= held;
-                    if failed.is_empty() && (!held || held_warned.due(crate::error::HELD_WARNING, false)) {
+                    met_held |= matches!(e, crate::error::TransportError::Held(_));
+                    if failed.is_empty() && super::says(held_warned, &e) {
                         tracing::warn!(queue, "could not extend a message's visibility: {e}");
                     }
                     failed.push(*index);

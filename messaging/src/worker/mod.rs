@@ -435,6 +435,16 @@ pub(crate) struct Stopped {
     pub(crate) not_acknowledged: usize,
 }
 
+/// Whether to say `error`: always, unless another transaction holding a
+/// row refused it ([`TransportError::Held`]), which fails each try for as
+/// long as the row is held and is said once per [`HELD_WARNING`] of
+/// `held_said`.
+///
+/// [`HELD_WARNING`]: crate::error::HELD_WARNING
+fn says(held_said: &crate::throttle::Throttle, error: &TransportError) -> bool {
+    !matches!(error, TransportError::Held(_)) || held_said.due(crate::error::HELD_WARNING, false)
+}
+
 /// A receive's outcome and when it was sent.
 type Received = Result<(Instant, Vec<Delivery>), TransportError>;
 
