@@ -44,6 +44,7 @@ mod sql_migrations;
 mod sql_poison;
 mod sql_processes;
 mod sql_schema;
+mod sql_write_lock;
 mod sqs;
 mod sqs_crash;
 mod worker;

@@ -20,6 +20,7 @@ use sqlx::Pool;
 
 use super::driver::{Driver, Value};
 use super::record::{Held, LeasedRow};
+use super::stalls::Stalls;
 use super::statements::{FifoSearch, StoreForm};
 use super::Tables;
 use crate::error::TransportError;
@@ -332,6 +333,9 @@ impl<D: Dialect> Write<'static, D> {
     /// A write transaction; a BEGIN whose connection was lost is tried once
     /// more on another.
     pub(crate) async fn begin(store: &SqlStore<D>) -> Result<Self, TransportError> {
+        // Timed until the write goes through: SQLite's BEGIN takes the
+        // database's write lock.
+        let _attempt = store.stalls.attempt();
         let turn = D::turn(&store.state).await;
         let tx = store
             .again_if_lost("begin", || async {
@@ -358,8 +362,10 @@ impl<D: Dialect> Write<'static, D> {
         if !D::AUTOCOMMIT {
             return Self::begin(store).await;
         }
+        let attempt = store.stalls.attempt();
         let turn = D::turn(&store.state).await;
         let conn = store.acquire("connect").await?;
+        drop(attempt);
         Ok(Write { conn: Conn::Auto(conn), _turn: turn, answer_within: store.answer_within })
     }
 }
@@ -522,6 +528,8 @@ pub struct SqlStore<D: Dialect> {
     diagnosis: Diagnosis,
     /// [`Dialect::ANSWER_WITHIN`] (shorter in tests).
     pub(crate) answer_within: Option<std::time::Duration>,
+    /// How long its writes could not get through lately.
+    pub(crate) stalls: Stalls,
 }
 
 impl<D: Dialect> Clone for SqlStore<D> {
@@ -532,6 +540,7 @@ impl<D: Dialect> Clone for SqlStore<D> {
             tables: self.tables.clone(),
             diagnosis: self.diagnosis.clone(),
             answer_within: self.answer_within,
+            stalls: self.stalls.clone(),
         }
     }
 }
@@ -569,6 +578,7 @@ impl<D: Dialect> SqlStore<D> {
             tables: Tables::default(),
             diagnosis: Diagnosis::default(),
             answer_within: D::ANSWER_WITHIN,
+            stalls: Stalls::default(),
         }
     }
 

@@ -29,6 +29,7 @@ pub(crate) mod schedules;
 mod schema;
 #[cfg(feature = "sqlite")]
 pub(crate) mod sqlite;
+mod stalls;
 pub(crate) mod statements;
 mod store;
 #[cfg(all(test, feature = "postgres", feature = "sqlite"))]
@@ -205,7 +206,7 @@ impl<D: Dialect> SqlTransport<D> {
     /// Runs housekeeping at most every 100 ms per queue (always when `force`).
     async fn maintain(&self, q: &SqlQueue, force: bool) -> Result<(), TransportError> {
         if q.maintained.due(MAINTAIN_EVERY, force) {
-            self.store.maintain(q.spec.name, self.store.now(), q.rules).await?;
+            self.store.maintain_after_stalls(q.spec.name, self.store.now(), q.rules).await?;
             self.purge_claims().await;
         }
         Ok(())

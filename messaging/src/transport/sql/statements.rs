@@ -188,13 +188,14 @@ pub(crate) const REJOIN: &str =
 pub(crate) const RECORD_PREVIOUS: &str = "INSERT INTO messaging_previous (queue, identity, message_id, payload, \
     processed_at) VALUES ($1, $2, $3, $4, $5) ON CONFLICT (queue, identity) DO UPDATE SET \
     message_id = excluded.message_id, payload = excluded.payload, processed_at = excluded.processed_at";
-/// Whether housekeeping has work (`$3`: retention is on, `$4`: its cutoff):
-/// looked at without a write lock, since usually there is none.
+/// Whether housekeeping has work (`$2`: now, `$3`: retention is on, `$4`: its
+/// cutoff, `$5`: leases that expired by then are taken back): looked at
+/// without a write lock, since usually there is none.
 pub(crate) const HOUSEKEEPING_DUE: &str = "SELECT \
     EXISTS (SELECT 1 FROM messaging_messages WHERE queue = $1 AND status = 'sleeping' \
             AND (process_at IS NULL OR process_at <= $2)), \
     EXISTS (SELECT 1 FROM messaging_messages WHERE queue = $1 \
-            AND status IN ('processing', 'awaiting_release') AND lease_expires <= $2), \
+            AND status IN ('processing', 'awaiting_release') AND lease_expires <= $5), \
     $3 AND EXISTS (SELECT 1 FROM messaging_messages WHERE queue = $1 AND status = 'processed' \
             AND processed_at <= $4)";
 /// Sleepers whose time came (one without a time is due, as in

@@ -84,13 +84,47 @@ impl<D: Dialect> SqlStore<D> {
         super::schema::check_kind(queue, fifo, stored)
     }
 
-    /// Housekeeping: wakes due sleepers, abandons expired leases, purges
-    /// processed rows past retention. Looks first, without writing: usually
-    /// there is nothing to do, and on SQLite taking the write lock every
-    /// 100 ms would hold up publishers.
+    /// Housekeeping as of `now`: wakes due sleepers, abandons the leases
+    /// expired by then, purges processed rows past retention (tests drive
+    /// the clock with it).
+    #[cfg(test)]
     pub(crate) async fn maintain(&self, queue: &str, now: i64, rules: QueueRules) -> Result<(), TransportError> {
+        self.housekeep(queue, now, rules, false).await
+    }
+
+    /// Housekeeping as of `now`, taking back only the leases that expired
+    /// before this process's writes last stalled, or the stall's length ago
+    /// ([`super::stalls`]): their holders could not extend them meanwhile.
+    pub(crate) async fn maintain_after_stalls(
+        &self,
+        queue: &str,
+        now: i64,
+        rules: QueueRules,
+    ) -> Result<(), TransportError> {
+        self.housekeep(queue, now, rules, true).await
+    }
+
+    /// Leases that expired by this time are taken back (see
+    /// [`Self::maintain_after_stalls`]).
+    fn lapsed_by(&self, now: i64, after_stalls: bool) -> i64 {
+        if !after_stalls {
+            return now;
+        }
+        now - i64::try_from(self.stalls.allowance().as_millis()).unwrap_or(i64::MAX / 2)
+    }
+
+    /// Looks first, without writing: usually there is nothing to do, and on
+    /// SQLite taking the write lock every 100 ms would hold up publishers.
+    async fn housekeep(
+        &self,
+        queue: &str,
+        now: i64,
+        rules: QueueRules,
+        after_stalls: bool,
+    ) -> Result<(), TransportError> {
         let (what, cutoff) = ("housekeeping", now - rules.retention_ms);
-        let args = [queue.into(), now.into(), (rules.retention_ms > 0).into(), cutoff.into()];
+        let lapsed = self.lapsed_by(now, after_stalls);
+        let args = [queue.into(), now.into(), (rules.retention_ms > 0).into(), cutoff.into(), lapsed.into()];
         let rows = self.query(what, &[sql::HOUSEKEEPING_DUE], &args).await?;
         let due = |i| flag::<D>(&rows, i, what).map(Option::unwrap_or_default);
         let (sleepers, expired, purgeable) = (due(0)?, due(1)?, due(2)?);
@@ -99,7 +133,10 @@ impl<D: Dialect> SqlStore<D> {
         }
         if expired {
             let mut w = Write::begin(self).await?;
-            let done = self.abandon_in(&mut w, queue, now, &rules).await;
+            // Reckoned again once the write went through: if it waited for
+            // the database, so could the leases' holders.
+            let lapsed = self.lapsed_by(now, after_stalls);
+            let done = self.abandon_in(&mut w, queue, now, lapsed, &rules).await;
             // Told once committed: a commit that failed (a full disk) took
             // nothing back, and the next round tries again.
             w.finish(done).await?.tell(queue);
@@ -110,18 +147,19 @@ impl<D: Dialect> SqlStore<D> {
         Ok(())
     }
 
-    /// Abandons the expired leases of `queue` (rows another transaction
-    /// holds are being settled: skipped); what it took back.
+    /// Abandons the leases of `queue` that expired by `lapsed` (rows another
+    /// transaction holds are being settled: skipped); what it took back.
     async fn abandon_in(
         &self,
         w: &mut Write<'_, D>,
         queue: &str,
         now: i64,
+        lapsed: i64,
         rules: &QueueRules,
     ) -> Result<TakenBack, TransportError> {
-        let args = [queue.into(), now.into()];
+        let args = [queue.into(), lapsed.into()];
         let found = self.query_in(w, "finding expired leases", &[sql::EXPIRED, D::LOCK_SKIP], &args).await?;
-        let mut taken: Vec<Row> = rows::<D>(&found)?.into_iter().filter(|row| row.is_abandoned(now)).collect();
+        let mut taken: Vec<Row> = rows::<D>(&found)?.into_iter().filter(|row| row.is_abandoned(lapsed)).collect();
         // Those whose handler ran alone are what stopped their consumer
         // (or outlived the lease): their attempt counts.
         let alone = taken.iter().filter(|row| row.suspect == Suspect::Alone).count();

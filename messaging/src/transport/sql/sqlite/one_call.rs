@@ -46,6 +46,7 @@ pub(super) async fn enqueue_plain(
     let n = items.len();
     let (statements, args) = plain(queue, now, items, true)?;
     let text = store.tables.sql(&[&statements]);
+    let _attempt = store.stalls.attempt();
     let mut turn = Turn::take(&store.state.writer).await;
     let found =
         turn.transaction(&store.pool, sqlx::query_with(&text, args)).await.map_err(fail::<Sqlite>("enqueue"))?;
@@ -182,6 +183,7 @@ pub(super) async fn lease(
     if let Some(search) = fifo {
         query = query.bind(search.walk).bind(search.groups);
     }
+    let _attempt = store.stalls.attempt();
     let mut turn = Turn::take(&store.state.writer).await;
     // Most idle polls find nothing: look before taking the write lock (which
     // an application sharing the file may hold), on the turn's connection.
@@ -243,6 +245,7 @@ pub(super) async fn complete_plain(
         }
         query = query.bind(int(ids.len()));
     }
+    let _attempt = store.stalls.attempt();
     let mut turn = Turn::take(&store.state.writer).await;
     let found = turn.transaction(&store.pool, query).await.map_err(fail::<Sqlite>("completing messages"))?;
     let mut done = HashSet::with_capacity(items.len());
