@@ -390,3 +390,26 @@ async fn a_redrive_ends_at_the_letters_it_found_while_they_fail_again() {
         assert_eq!((outcome.moved, outcome.skipped), (1_100, 0), "{url}: each letter found, once");
     }
 }
+
+/// `?` on the database's own error in a handler: a failure whose reason is
+/// the database's message. (A compile-time case of the macros' before; here
+/// so that trybuild's own build of the dependencies needs no sqlx.)
+#[messaging::queue("errors-sqlx", dlq = "errors-sqlx-dlq", max_receives = 1)]
+struct SqlxJobs;
+
+#[messaging::handler(queue = SqlxJobs)]
+async fn not_found(_job: Job) -> Result<(), HandlerError> {
+    Err(messaging::sqlx::Error::RowNotFound)?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_question_mark_on_a_database_error_fails_the_message_with_its_words() {
+    let app = messaging::testing::TestApp::builder().only::<SqlxJobs>().start().await.expect("start");
+    let sent = app.publisher().send::<SqlxJobs, _>(&Job { key: "k".into(), amount: 1 }).await.expect("sent");
+    app.dead_lettered(&sent).await.expect("dead-lettered");
+    let letters = app.transport().dead_letters().expect("dead letters").peek("errors-sqlx", 10).await.expect("peek");
+    let reason = letters[0].reason.as_deref().unwrap_or_default();
+    assert!(reason.starts_with("no rows returned by a query that expected to return at least one row"), "{reason}");
+    app.stop().await;
+}

@@ -1,5 +1,6 @@
-// `?` in a handler on the errors handlers meet: anyhow, a boxed error, sqlx,
-// std::io, String and &str. Each becomes a transient failure.
+// `?` in a handler on the errors handlers meet: anyhow, a boxed error, serde_json,
+// std::io, String and &str. Each becomes a transient failure. (sqlx's, in
+// tests/it/sql_errors.rs: as a dependency here, it doubled trybuild's build.)
 use messaging::prelude::*;
 
 #[messaging::queue("question-mark")]
@@ -35,7 +36,7 @@ async fn handle(job: Job) -> Result<(), HandlerError> {
     with_string(&job)?;
     with_str(&job)?;
     std::fs::metadata(&job.path)?;
-    Err(sqlx::Error::RowNotFound)?;
+    serde_json::from_str::<u16>(&job.path)?;
     Err("a literal".into())
 }
 
