@@ -1123,6 +1123,43 @@ async fn a_heartbeat_falling_behind_says_so() {
     assert!(!line.contains("raise the queue's visibility"), "{line}");
 }
 
+#[messaging::queue("many-heartbeats", visibility = "3s", concurrency = 16)]
+struct ManyHeartbeats;
+
+#[messaging::handler(queue = ManyHeartbeats)]
+async fn many_heartbeats(_job: Job) {
+    tokio::time::sleep(Duration::from_millis(4_000)).await;
+}
+
+/// When each batch's extension is quick but there are so many batches
+/// that a round takes longer than the period, the advice is the queue's
+/// settings.
+#[tokio::test]
+async fn a_heartbeat_falling_behind_on_many_batches_says_what_to_change() {
+    let logged = crate::envelope::warnings();
+    let transport = Arc::new(Observed::default());
+    // Sixteen batches of one, eight extended at a time: two turns of
+    // 600 ms each, longer than the period (a third of 3 s), each call
+    // shorter than it.
+    *transport.slow_extends.lock().unwrap() = Some(Duration::from_millis(600));
+    let (publisher, running) = consuming(&transport, "many-heartbeats", &transport).await;
+    for n in 0..16 {
+        publisher.send::<ManyHeartbeats, _>(&Job { n }).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(30)).await;
+    }
+    let said = || {
+        logged
+            .text()
+            .lines()
+            .any(|l| l.contains("\"many-heartbeats\"") && l.contains("the heartbeat is falling behind"))
+    };
+    fixtures::eventually(Duration::from_secs(10), said, || format!("not said: {}", logged.text())).await;
+    running.stop().await;
+    let text = logged.text();
+    let line = text.lines().find(|l| l.contains("\"many-heartbeats\"") && l.contains("falling behind")).unwrap();
+    assert!(line.contains("batch(es) took") && line.contains("raise the queue's visibility"), "{line}");
+}
+
 #[messaging::queue("acked", concurrency = 8)]
 struct Acked;
 
