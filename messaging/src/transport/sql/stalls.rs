@@ -8,8 +8,9 @@
 //! either, and they run out through nobody's fault. When the database frees
 //! up, a receive's housekeeping and the heartbeat's extension race for it,
 //! and when housekeeping came first it took those leases back: tried from
-//! outside on SQLite, a lock held 12 s on a 10 s visibility made 15 of 600
-//! messages run twice, and their first runs' acknowledgements were refused.
+//! outside on SQLite, a lock held 8 s on a 2 s visibility made 4 of 600
+//! messages run twice, and their first runs' acknowledgements were refused
+//! as too late (in an earlier trial, 15 of 600 with 12 s on 10 s).
 //!
 //! So each write attempt of the store is timed from before it waits for its
 //! turn until it gets through (or gives up), and attempts of a second or
@@ -23,8 +24,13 @@
 //!
 //! Every process on the database sees the stall through its own waiting
 //! writes, so another process's housekeeping makes the same allowance,
-//! provided it was writing too (a receive that found messages, a heartbeat,
-//! an acknowledgement); one that only read does not know.
+//! from the time its own writes began to wait (a receive that found
+//! messages, a heartbeat, an acknowledgement, its housekeeping); a lease
+//! that expired before that is taken back as usual.
+//!
+//! An attempt costs 110 ns (two clock reads, two short locks; measured in
+//! a loop), against some 60 us for one statement's hop on SQLite: a plain
+//! mutex does.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
