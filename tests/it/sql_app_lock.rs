@@ -138,6 +138,7 @@ async fn fail_first(job: Job, ctx: MessageContext) -> Result<(), HandlerError> {
 
 #[tokio::test]
 async fn postgres_a_retry_waits_for_a_row_an_application_holds_and_a_stop_counts_it_as_coming_back() {
+    let logged = crate::envelope::warnings();
     let db = fixtures::Postgres::new().await;
     *FAIL_RUNS.lock().unwrap() = vec![0; 10];
     let url = format!("{}&migrate=true", db.url);
@@ -169,6 +170,12 @@ async fn postgres_a_retry_waits_for_a_row_an_application_holds_and_a_stop_counts
 
     let stopped = tokio::time::timeout(Duration::from_secs(10), running.stop()).await.expect("stopped in time");
     assert_eq!((stopped.handlers_stopped, stopped.not_released), (1, 1), "{stopped:?}");
+    // One line says what the stop did to the running handler's message (two
+    // lines, the second correcting the first, said it before).
+    let text = logged.text();
+    let said: Vec<&str> = text.lines().filter(|l| l.contains("\"app-locked-fail\"") && l.contains("stopped")).collect();
+    assert_eq!(said.len(), 1, "{said:#?}");
+    assert!(said[0].contains("their messages are released, but for 1 whose failure was being stored"), "{}", said[0]);
     sqlx::query("COMMIT").execute(&mut application).await.unwrap();
 
     // Let go, it comes back after its visibility and runs again.

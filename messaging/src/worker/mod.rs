@@ -313,28 +313,39 @@ impl WorkerHandle {
         };
         if !finished {
             report.handlers_stopped = lanes.len();
-            if shutdown.is_forced() {
+            let forced = shutdown.is_forced();
+            if forced {
                 tracing::warn!(queue = spec.name, handlers = lanes.len(), "shutdown forced: stopping running handlers");
-            } else {
-                tracing::warn!(
-                    queue = spec.name,
-                    "handlers still running after the grace period of {:?} were stopped; their messages are released",
-                    settings.grace
-                );
             }
             lanes.abort_all();
             while lanes.join_next().await.is_some() {}
             // Neither released nor given back: a retry or dead letter still
-            // on its way (waiting for a row another transaction holds).
+            // on its way (waiting for a row another transaction holds). Said
+            // in the same line as the others' release: said apart, after it,
+            // it corrected a line that had just called every message released.
             let cut = worker.outcomes_cut.load(std::sync::atomic::Ordering::SeqCst);
-            if cut > 0 {
-                tracing::warn!(
+            report.not_released += cut;
+            let grace = settings.grace;
+            match (forced, cut) {
+                (false, 0) => tracing::warn!(
+                    queue = spec.name,
+                    "handlers still running after the grace period of {grace:?} were stopped; their messages are released"
+                ),
+                (false, cut) => tracing::warn!(
+                    queue = spec.name,
+                    count = cut,
+                    "handlers still running after the grace period of {grace:?} were stopped; their messages are \
+                     released, but for {cut} whose failure was being stored (a retry or a dead letter, waiting for a \
+                     row another transaction holds): those come back when their visibility runs out, and the attempt \
+                     is tried again"
+                ),
+                (true, 0) => {}
+                (true, cut) => tracing::warn!(
                     queue = spec.name,
                     count = cut,
                     "stopped while storing the outcome of failed messages (a retry or a dead letter): they come back \
                      when their visibility runs out, and the attempt is tried again"
-                );
-                report.not_released += cut;
+                ),
             }
         }
         heartbeat.abort();
