@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 
 use messaging::prelude::*;
 use messaging::sqlx::{self, Connection as _};
+use messaging::transport::Outgoing;
 
 #[messaging::queue("lite-locked", visibility = "2s", concurrency = 4)]
 struct LiteLocked;
@@ -102,4 +103,41 @@ async fn sqlite_messages_whose_leases_ran_out_while_an_application_held_the_writ
     let runs = RUNS.lock().unwrap().clone();
     assert!(runs.iter().all(|&r| r == 1), "each job once: {runs:?}");
     assert_eq!(stopped.not_acknowledged, 0, "{stopped:?}");
+}
+
+/// The allowance is for leases that ran out during the stall only: a
+/// consumer that dies after the database was locked for 4 s has its
+/// message taken back once its 1 s lease runs out, not 4 s later.
+#[tokio::test]
+async fn sqlite_a_lease_that_runs_out_after_a_stall_is_taken_back_on_time() {
+    let db = fixtures::SqliteFile::new();
+    let transport = messaging::transport::connect(&format!("{}&migrate=true", db.url)).await.expect("connect");
+    let mut spec = messaging::QueueSpec::standard("lite-after-stall");
+    spec.visibility = Duration::from_secs(1);
+    transport.declare(&spec).await.expect("declare");
+
+    // The stall: a send waits 4 s (less than the busy timeout) for the
+    // write lock an application holds.
+    let mut application = sqlx::SqliteConnection::connect(&db.url).await.expect("connect");
+    sqlx::query("BEGIN IMMEDIATE").execute(&mut application).await.expect("the write lock");
+    let sending = Arc::clone(&transport);
+    let send = tokio::spawn(async move {
+        let message = Outgoing { body: b"{}".to_vec().into(), ..Outgoing::default() };
+        sending.send("lite-after-stall", message).await
+    });
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    sqlx::query("COMMIT").execute(&mut application).await.expect("let go");
+    send.await.expect("the send's task").expect("sent once let go");
+
+    // Received by a consumer that dies holding it.
+    let first = transport.receive("lite-after-stall", 1, Duration::from_secs(5)).await.expect("receive");
+    assert_eq!(first.len(), 1);
+    let received = Instant::now();
+    let again = transport.receive("lite-after-stall", 1, Duration::from_secs(10)).await.expect("receive");
+    let after = received.elapsed();
+    assert_eq!(again.len(), 1, "it came back");
+    assert!(
+        after < Duration::from_millis(2_500),
+        "it came back {after:?} after it was received, on a 1 s lease: held back by the stall before it"
+    );
 }

@@ -14,13 +14,15 @@
 //!
 //! So each write attempt of the store is timed from before it waits for its
 //! turn until it gets through (or gives up), and attempts of a second or
-//! more that follow each other make one *stall*. Housekeeping then takes
-//! back only leases that expired the stall's length ago: a lease that
-//! expired during the stall gets back, after it, the time it had left when
-//! the stall began. A stall still going on counts up to now, so that only
-//! leases that expired before it began are taken back. The allowance ends
-//! one stall length after the stall: by then every lease that expired in
-//! it has had its time again.
+//! more that follow each other make one *stall*. A lease that expired
+//! during the stall is then taken back only the stall's length after it
+//! expired: it gets back, after the stall, the time it had left when the
+//! stall began ([`Lapse`]). A stall still going on counts up to now, so
+//! that only leases that expired before it began are taken back. Leases
+//! that expire after the stall are not touched: a consumer that dies after
+//! a long outage has its leases taken back on time. The rule lapses one
+//! stall length after the stall, when every lease that expired in it has
+//! had its time again.
 //!
 //! Every process on the database sees the stall through its own waiting
 //! writes, so another process's housekeeping makes the same allowance,
@@ -77,32 +79,66 @@ impl Stalls {
         Attempt { stalls: self.0.clone(), number }
     }
 
-    /// How much earlier than now a lease must have expired to be taken back.
-    pub(crate) fn allowance(&self) -> Duration {
-        self.0.lock().unwrap_or_else(|p| p.into_inner()).allowance(Instant::now())
+    /// Which expired leases housekeeping takes back at `now_ms` (the
+    /// store's clock, in ms), given this process's latest stall.
+    pub(crate) fn lapse(&self, now_ms: i64) -> Lapse {
+        let now = Instant::now();
+        let window = self.0.lock().unwrap_or_else(|p| p.into_inner()).window(now);
+        let Some((began, ended)) = window else { return Lapse::exact(now_ms) };
+        let ms = |d: Duration| i64::try_from(d.as_millis()).unwrap_or(i64::MAX / 4);
+        Lapse {
+            now: now_ms,
+            from: now_ms - ms(now.saturating_duration_since(began)),
+            to: now_ms - ms(now.saturating_duration_since(ended)),
+            shift: now_ms - ms(ended.saturating_duration_since(began)),
+        }
+    }
+}
+
+/// Which expired leases are taken back: those that expired by `now`,
+/// except, among those that expired within a stall (after `from`, by `to`),
+/// the ones that expired less than the stall's length ago (after `shift`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Lapse {
+    /// Now (ms): no lease that expires later is taken back.
+    pub(crate) now: i64,
+    /// The stall's start (ms).
+    pub(crate) from: i64,
+    /// The stall's end (ms; now while it goes on).
+    pub(crate) to: i64,
+    /// Now less the stall's length (ms).
+    pub(crate) shift: i64,
+}
+
+impl Lapse {
+    /// Every lease that expired by `now` (no stall).
+    pub(crate) fn exact(now: i64) -> Lapse {
+        Lapse { now, from: now, to: now, shift: now }
+    }
+
+    /// Whether a lease that expires at `expires` (ms) is taken back; the
+    /// same test as the statements' (`statements::EXPIRED`).
+    pub(crate) fn takes(&self, expires: i64) -> bool {
+        expires <= self.now && (expires <= self.from || expires > self.to || expires <= self.shift)
     }
 }
 
 impl State {
-    fn allowance(&self, now: Instant) -> Duration {
-        let mut allowance = Duration::ZERO;
-        if let Some((began, ended)) = self.last {
-            let length = ended - began;
-            if now < ended + length {
-                allowance = length;
-            }
-        }
-        // The oldest attempt under way: a stall going on, if it is long.
+    /// The stall whose rule holds at `now`: one going on (its oldest attempt
+    /// under way for a second or more, joined with the last stall if that
+    /// ended within reach), up to now; else the last one, for its length
+    /// after it ended.
+    fn window(&self, now: Instant) -> Option<(Instant, Instant)> {
         if let Some(&started) = self.waiting.values().next() {
             if now.saturating_duration_since(started) >= LONG {
                 let began = match self.last {
                     Some((began, ended)) if started <= ended + JOINS => began.min(started),
                     _ => started,
                 };
-                allowance = allowance.max(now - began);
+                return Some((began, now));
             }
         }
-        allowance
+        self.last.filter(|&(began, ended)| now < ended + (ended - began))
     }
 
     fn ended(&mut self, started: Instant, now: Instant) {
@@ -134,16 +170,16 @@ mod tests {
     }
 
     #[test]
-    fn quick_writes_make_no_allowance() {
+    fn quick_writes_make_no_stall() {
         let t0 = Instant::now();
         let mut state = State::default();
         state.ended(t0, t0 + Duration::from_millis(900));
-        assert_eq!(state.allowance(t0 + secs(1)), Duration::ZERO);
+        assert_eq!(state.window(t0 + secs(1)), None);
         assert_eq!(state.last, None);
     }
 
     #[test]
-    fn a_stall_shifts_take_backs_by_its_length_for_as_long_again() {
+    fn attempts_one_after_the_other_make_one_stall_whose_rule_lasts_its_length() {
         let t0 = Instant::now();
         let mut state = State::default();
         // Writes that gave up after 5 s, one after the other, then one that
@@ -152,9 +188,8 @@ mod tests {
         state.ended(t0 + secs(5), t0 + secs(10));
         state.ended(t0 + secs(10), t0 + secs(12));
         assert_eq!(state.last, Some((t0, t0 + secs(12))));
-        assert_eq!(state.allowance(t0 + secs(12)), secs(12), "just after: only leases expired before it");
-        assert_eq!(state.allowance(t0 + secs(23)), secs(12));
-        assert_eq!(state.allowance(t0 + secs(24)), Duration::ZERO, "over one stall length after it");
+        assert_eq!(state.window(t0 + secs(23)), Some((t0, t0 + secs(12))));
+        assert_eq!(state.window(t0 + secs(24)), None, "a stall length after it");
     }
 
     #[test]
@@ -162,11 +197,11 @@ mod tests {
         let t0 = Instant::now();
         let mut state = State::default();
         state.waiting.insert(0, t0);
-        assert_eq!(state.allowance(t0 + Duration::from_millis(500)), Duration::ZERO, "not long yet");
-        assert_eq!(state.allowance(t0 + secs(3)), secs(3));
+        assert_eq!(state.window(t0 + Duration::from_millis(500)), None, "not long yet");
+        assert_eq!(state.window(t0 + secs(3)), Some((t0, t0 + secs(3))));
         // One that ended before it, within reach, began the stall.
         state.ended(t0 - secs(6), t0 - secs(2));
-        assert_eq!(state.allowance(t0 + secs(3)), secs(9));
+        assert_eq!(state.window(t0 + secs(3)), Some((t0 - secs(6), t0 + secs(3))));
     }
 
     #[test]
@@ -179,13 +214,37 @@ mod tests {
     }
 
     #[test]
-    fn an_attempt_is_timed_until_dropped() {
+    fn a_lease_that_expired_in_a_stall_gets_back_the_time_it_had_left() {
+        // A stall from 100 to 112 (s, as ms), now 115: its length is 12.
+        let lapse = Lapse { now: 115_000, from: 100_000, to: 112_000, shift: 103_000 };
+        assert!(lapse.takes(99_000), "expired before the stall");
+        assert!(lapse.takes(100_000));
+        assert!(lapse.takes(103_000), "expired 3 s into it: 3 s after it ended");
+        assert!(!lapse.takes(103_001));
+        assert!(!lapse.takes(112_000), "expired as it ended: not before 124");
+        assert!(lapse.takes(112_001), "expired after it, and due: not its business");
+        assert!(lapse.takes(115_000));
+        assert!(!lapse.takes(115_001), "not expired yet");
+        let plain = Lapse::exact(115_000);
+        assert!(plain.takes(115_000) && !plain.takes(115_001) && plain.takes(103_001));
+    }
+
+    #[test]
+    fn a_stall_going_on_holds_every_lease_that_expired_since_it_began() {
         let stalls = Stalls::default();
         let attempt = stalls.attempt();
-        assert_eq!(stalls.allowance(), Duration::ZERO);
+        assert_eq!(stalls.lapse(50_000), Lapse::exact(50_000), "not long yet");
+        {
+            let mut state = stalls.0.lock().unwrap();
+            let started = state.waiting.values_mut().next().unwrap();
+            *started -= secs(4);
+        }
+        let lapse = stalls.lapse(50_000);
+        assert!((45_900..=46_000).contains(&lapse.from) && lapse.to == 50_000, "{lapse:?}");
+        assert!(lapse.takes(45_000) && !lapse.takes(47_000) && !lapse.takes(50_000), "{lapse:?}");
         drop(attempt);
         let state = stalls.0.lock().unwrap();
         assert!(state.waiting.is_empty());
-        assert_eq!(state.last, None, "a quick attempt is no stall");
+        assert!(state.last.is_some(), "a long attempt is a stall");
     }
 }

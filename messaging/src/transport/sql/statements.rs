@@ -189,13 +189,15 @@ pub(crate) const RECORD_PREVIOUS: &str = "INSERT INTO messaging_previous (queue,
     processed_at) VALUES ($1, $2, $3, $4, $5) ON CONFLICT (queue, identity) DO UPDATE SET \
     message_id = excluded.message_id, payload = excluded.payload, processed_at = excluded.processed_at";
 /// Whether housekeeping has work (`$2`: now, `$3`: retention is on, `$4`: its
-/// cutoff, `$5`: leases that expired by then are taken back): looked at
-/// without a write lock, since usually there is none.
+/// cutoff, `$5`-`$7`: the latest stall's start and end and now less its
+/// length, as in [`EXPIRED`]): looked at without a write lock, since usually
+/// there is none.
 pub(crate) const HOUSEKEEPING_DUE: &str = "SELECT \
     EXISTS (SELECT 1 FROM messaging_messages WHERE queue = $1 AND status = 'sleeping' \
             AND (process_at IS NULL OR process_at <= $2)), \
     EXISTS (SELECT 1 FROM messaging_messages WHERE queue = $1 \
-            AND status IN ('processing', 'awaiting_release') AND lease_expires <= $5), \
+            AND status IN ('processing', 'awaiting_release') AND lease_expires <= $2 \
+            AND (lease_expires <= $5 OR lease_expires > $6 OR lease_expires <= $7)), \
     $3 AND EXISTS (SELECT 1 FROM messaging_messages WHERE queue = $1 AND status = 'processed' \
             AND processed_at <= $4)";
 /// Sleepers whose time came (one without a time is due, as in
@@ -208,11 +210,14 @@ pub(crate) const HOUSEKEEPING_DUE: &str = "SELECT \
 pub(crate) const WAKE: &str = "UPDATE messaging_messages SET status = 'pending' WHERE id IN (\
     SELECT id FROM messaging_messages WHERE queue = $1 \
     AND status = 'sleeping' AND (process_at IS NULL OR process_at <= $2)";
+/// The leases housekeeping takes back: expired by `$2` (now), except those
+/// that expired within the latest stall of this process's writes (after `$3`,
+/// by `$4`) less than its length ago (after `$5`): `stalls::Lapse::takes`.
 pub(crate) const EXPIRED: &str = concat!(
     "SELECT ",
     columns!(),
     " FROM messaging_messages WHERE queue = $1 AND status IN ('processing', 'awaiting_release') \
-     AND lease_expires <= $2"
+     AND lease_expires <= $2 AND (lease_expires <= $3 OR lease_expires > $4 OR lease_expires <= $5)"
 );
 pub(crate) const PURGE_PROCESSED: &str =
     "DELETE FROM messaging_messages WHERE queue = $1 AND status = 'processed' AND processed_at <= $2";

@@ -10,6 +10,7 @@ mod write;
 use super::dialect::{fail, flag, int, rows, within, Dialect, SkipLocked, SqlStore, Write};
 use super::driver::Value;
 use super::record::{Held, LeasedRow};
+use super::stalls::Lapse;
 use super::statements::{self as sql, FifoSearch};
 use super::store::{Enqueued, RowOp};
 use crate::error::TransportError;
@@ -92,9 +93,9 @@ impl<D: Dialect> SqlStore<D> {
         self.housekeep(queue, now, rules, false).await
     }
 
-    /// Housekeeping as of `now`, taking back only the leases that expired
-    /// before this process's writes last stalled, or the stall's length ago
-    /// ([`super::stalls`]): their holders could not extend them meanwhile.
+    /// Housekeeping as of `now`, taking back a lease that expired while this
+    /// process's writes stalled only the stall's length after it expired
+    /// ([`super::stalls`]): its holder could not extend it meanwhile.
     pub(crate) async fn maintain_after_stalls(
         &self,
         queue: &str,
@@ -104,13 +105,14 @@ impl<D: Dialect> SqlStore<D> {
         self.housekeep(queue, now, rules, true).await
     }
 
-    /// Leases that expired by this time are taken back (see
+    /// Which expired leases are taken back (see
     /// [`Self::maintain_after_stalls`]).
-    fn lapsed_by(&self, now: i64, after_stalls: bool) -> i64 {
-        if !after_stalls {
-            return now;
+    fn lapse(&self, now: i64, after_stalls: bool) -> Lapse {
+        if after_stalls {
+            self.stalls.lapse(now)
+        } else {
+            Lapse::exact(now)
         }
-        now - i64::try_from(self.stalls.allowance().as_millis()).unwrap_or(i64::MAX / 2)
     }
 
     /// Looks first, without writing: usually there is nothing to do, and on
@@ -123,8 +125,16 @@ impl<D: Dialect> SqlStore<D> {
         after_stalls: bool,
     ) -> Result<(), TransportError> {
         let (what, cutoff) = ("housekeeping", now - rules.retention_ms);
-        let lapsed = self.lapsed_by(now, after_stalls);
-        let args = [queue.into(), now.into(), (rules.retention_ms > 0).into(), cutoff.into(), lapsed.into()];
+        let lapse = self.lapse(now, after_stalls);
+        let args = [
+            queue.into(),
+            now.into(),
+            (rules.retention_ms > 0).into(),
+            cutoff.into(),
+            lapse.from.into(),
+            lapse.to.into(),
+            lapse.shift.into(),
+        ];
         let rows = self.query(what, &[sql::HOUSEKEEPING_DUE], &args).await?;
         let due = |i| flag::<D>(&rows, i, what).map(Option::unwrap_or_default);
         let (sleepers, expired, purgeable) = (due(0)?, due(1)?, due(2)?);
@@ -135,8 +145,8 @@ impl<D: Dialect> SqlStore<D> {
             let mut w = Write::begin(self).await?;
             // Reckoned again once the write went through: if it waited for
             // the database, so could the leases' holders.
-            let lapsed = self.lapsed_by(now, after_stalls);
-            let done = self.abandon_in(&mut w, queue, now, lapsed, &rules).await;
+            let lapse = self.lapse(now, after_stalls);
+            let done = self.abandon_in(&mut w, queue, now, lapse, &rules).await;
             // Told once committed: a commit that failed (a full disk) took
             // nothing back, and the next round tries again.
             w.finish(done).await?.tell(queue);
@@ -147,19 +157,21 @@ impl<D: Dialect> SqlStore<D> {
         Ok(())
     }
 
-    /// Abandons the leases of `queue` that expired by `lapsed` (rows another
-    /// transaction holds are being settled: skipped); what it took back.
+    /// Abandons the expired leases of `queue` that `lapse` takes (rows
+    /// another transaction holds are being settled: skipped); what it took
+    /// back.
     async fn abandon_in(
         &self,
         w: &mut Write<'_, D>,
         queue: &str,
         now: i64,
-        lapsed: i64,
+        lapse: Lapse,
         rules: &QueueRules,
     ) -> Result<TakenBack, TransportError> {
-        let args = [queue.into(), lapsed.into()];
+        let args = [queue.into(), lapse.now.into(), lapse.from.into(), lapse.to.into(), lapse.shift.into()];
         let found = self.query_in(w, "finding expired leases", &[sql::EXPIRED, D::LOCK_SKIP], &args).await?;
-        let mut taken: Vec<Row> = rows::<D>(&found)?.into_iter().filter(|row| row.is_abandoned(lapsed)).collect();
+        let taken_back = |row: &Row| row.is_abandoned(now) && row.lease_expires.is_some_and(|e| lapse.takes(e));
+        let mut taken: Vec<Row> = rows::<D>(&found)?.into_iter().filter(taken_back).collect();
         // Those whose handler ran alone are what stopped their consumer
         // (or outlived the lease): their attempt counts.
         let alone = taken.iter().filter(|row| row.suspect == Suspect::Alone).count();
