@@ -537,6 +537,7 @@ impl Worker {
         let n = self.pace.batch(concurrency, max);
         let mut sent = Instant::now();
         let deliveries = self.transport.receive(spec.name, n, wait).await?;
+        self.pace.received(deliveries.iter().map(|d| d.body.len()));
         // The transport set their visibility some time during the wait: when
         // that may be long ago, set it again now, so that what a claim may
         // take (`Batch::visible_for`) is not cut short by a long poll.
