@@ -173,6 +173,10 @@ pub trait Dialect: Driver + sealed::Sealed + Sized {
     /// is in `$2`, a JSON array of integers: the rows a batch of receipts
     /// names, looked up by primary key in one statement.
     const BY_IDS: &'static str;
+    /// [`Dialect::BY_IDS`] with the bodies read as empty
+    /// (`statements::columns_without_bodies!`), for a transition that
+    /// changes neither.
+    const BY_IDS_WITHOUT_BODIES: &'static str;
     /// [`Dialect::BY_IDS`] skipping rows another transaction holds, and the
     /// statement that bounds how long a transaction waits for a row lock
     /// (PostgreSQL); `None` where a transaction holds the whole database
@@ -820,6 +824,8 @@ pub(crate) fn rows<D: Dialect>(found: &[D::Row]) -> Result<Vec<Row>, TransportEr
 pub(crate) struct SkipLocked {
     /// [`Dialect::BY_IDS`] without the rows another transaction holds.
     pub(crate) by_ids: &'static str,
+    /// [`SkipLocked::by_ids`] with the bodies read as empty.
+    pub(crate) by_ids_without_bodies: &'static str,
     /// Bounds the current transaction's waits for a row lock.
     pub(crate) wait_briefly: &'static str,
     /// A condition that bounds its statement's waits for a row lock as

@@ -18,6 +18,23 @@ macro_rules! columns {
 }
 pub(crate) use columns;
 
+/// [`columns!`] with both bodies read as empty (`payload`, and
+/// `deferred_payload`, still NULL where there is no waiting version), for a
+/// transition that changes neither ([`store_rows`] with `bodies` false).
+/// The heartbeat's extension read every body and wrote it back: tried from
+/// outside, 16 messages of 256 KiB held 10 s each on a 3 s visibility wrote
+/// 66 MB of WAL on PostgreSQL, against 101 kB for bodies of 1 KiB.
+macro_rules! columns_without_bodies {
+    () => {
+        "id, identity, group_id, message_id, substr(payload, 1, 0) AS payload, attributes, priority, process_at, \
+         status, attempts, seq, lease_token, lease_expires, deferred_message_id, \
+         substr(deferred_payload, 1, 0) AS deferred_payload, deferred_attributes, deferred_priority, \
+         deferred_process_at, deferred_status, deferred_seq, deferred_sent_at, sent_at, processed_at, error, errors, \
+         suspect"
+    };
+}
+pub(crate) use columns_without_bodies;
+
 /// The columns a lease returns (`record::LeasedRow`), with priority and seq
 /// for ordering.
 pub(crate) const LEASED: &str =
@@ -94,6 +111,15 @@ const STORED: [&str; 26] = [
 /// Values per row of [`store_rows`].
 pub(crate) const STORED_COLUMNS: usize = STORED.len();
 
+/// The two columns of [`STORED`] that hold bodies, which [`store_rows`]
+/// leaves out when told to.
+pub(crate) const BODIES: [usize; 2] = [4, 14];
+
+/// The columns [`store_rows`] writes, with or without the bodies.
+fn stored(bodies: bool) -> impl Iterator<Item = &'static str> {
+    STORED.iter().enumerate().filter(move |(i, _)| bodies || !BODIES.contains(i)).map(|(_, c)| *c)
+}
+
 /// How rows are written back in one call ([`store_rows`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum StoreForm {
@@ -106,13 +132,16 @@ pub(crate) enum StoreForm {
 }
 
 /// Writes every column of `n` rows back after their transitions, in one
-/// call: the values are [`STORED_COLUMNS`] per row, `id` first. Both
-/// databases name the columns of a `VALUES` list `column1`, `column2`, ….
-pub(crate) fn store_rows(n: usize, form: StoreForm) -> String {
+/// call, or every column but the bodies ([`BODIES`]) when `bodies` is
+/// false: the values are [`STORED_COLUMNS`] per row (two fewer without the
+/// bodies), `id` first. Both databases name the columns of a `VALUES` list
+/// `column1`, `column2`, ….
+pub(crate) fn store_rows(n: usize, form: StoreForm, bodies: bool) -> String {
     use std::fmt::Write as _;
+    let per_row = stored(bodies).count();
     let one = |sql: &mut String, first: usize| {
         sql.push_str("UPDATE messaging_messages SET ");
-        for (i, column) in STORED.iter().enumerate().skip(1) {
+        for (i, column) in stored(bodies).enumerate().skip(1) {
             let _ = write!(sql, "{}{column} = ${}", if i > 1 { ", " } else { "" }, first + i);
         }
         let _ = write!(sql, " WHERE id = ${first}");
@@ -123,19 +152,19 @@ pub(crate) fn store_rows(n: usize, form: StoreForm) -> String {
             if row > 0 {
                 sql.push_str("; ");
             }
-            one(&mut sql, row * STORED_COLUMNS + 1);
+            one(&mut sql, row * per_row + 1);
         }
         return sql;
     }
     sql.push_str("UPDATE messaging_messages AS m SET ");
-    for (i, column) in STORED.iter().enumerate().skip(1) {
+    for (i, column) in stored(bodies).enumerate().skip(1) {
         let _ = write!(sql, "{}{column} = t.column{}", if i > 1 { ", " } else { "" }, i + 1);
     }
     sql.push_str(" FROM (VALUES ");
     for row in 0..n {
         sql.push_str(if row > 0 { ", (" } else { "(" });
-        for column in 0..STORED_COLUMNS {
-            let _ = write!(sql, "{}${}", if column > 0 { ", " } else { "" }, row * STORED_COLUMNS + column + 1);
+        for column in 0..per_row {
+            let _ = write!(sql, "{}${}", if column > 0 { ", " } else { "" }, row * per_row + column + 1);
         }
         sql.push(')');
     }
@@ -442,21 +471,44 @@ mod tests {
 
     #[test]
     fn stored_rows_are_written_column_by_column() {
-        let two = store_rows(2, StoreForm::Values);
+        let two = store_rows(2, StoreForm::Values, true);
         assert!(two.starts_with("UPDATE messaging_messages AS m SET identity = t.column2, group_id = t.column3"));
         assert!(two.contains("errors = t.column25, suspect = t.column26 FROM (VALUES ($1, $2,"), "{two}");
         assert!(two.contains("$26), ($27, "), "{two}");
         assert!(two.ends_with("$52)) AS t WHERE m.id = t.column1"), "{two}");
-        let one = store_rows(1, StoreForm::Values);
+        let one = store_rows(1, StoreForm::Values, true);
         assert!(one.starts_with("UPDATE messaging_messages SET identity = $2, group_id = $3"), "{one}");
         assert!(one.ends_with("errors = $25, suspect = $26 WHERE id = $1"), "{one}");
-        assert_eq!(one, store_rows(1, StoreForm::Joined));
-        let joined = store_rows(2, StoreForm::Joined);
+        assert_eq!(one, store_rows(1, StoreForm::Joined, true));
+        let joined = store_rows(2, StoreForm::Joined, true);
         assert!(
             joined.contains("suspect = $26 WHERE id = $1; UPDATE messaging_messages SET identity = $28,"),
             "{joined}"
         );
         assert!(joined.ends_with("suspect = $52 WHERE id = $27"), "{joined}");
+    }
+
+    #[test]
+    fn stored_rows_without_their_bodies_leave_both_out() {
+        let two = store_rows(2, StoreForm::Values, false);
+        assert!(!two.contains("payload ="), "{two}");
+        assert!(two.starts_with(
+            "UPDATE messaging_messages AS m SET identity = t.column2, group_id = t.column3, \
+            message_id = t.column4, attributes = t.column5"
+        ));
+        assert!(two.contains("deferred_message_id = t.column13, deferred_attributes = t.column14"), "{two}");
+        assert!(two.contains("suspect = t.column24 FROM (VALUES ($1, $2,"), "{two}");
+        assert!(two.ends_with("$48)) AS t WHERE m.id = t.column1"), "{two}");
+        let joined = store_rows(2, StoreForm::Joined, false);
+        assert!(!joined.contains("payload ="), "{joined}");
+        assert!(
+            joined.contains("suspect = $24 WHERE id = $1; UPDATE messaging_messages SET identity = $26,"),
+            "{joined}"
+        );
+        let read = columns_without_bodies!()
+            .replace("substr(payload, 1, 0) AS ", "")
+            .replace("substr(deferred_payload, 1, 0) AS ", "");
+        assert_eq!(read, columns!(), "the same columns, in the same order");
     }
 
     #[test]

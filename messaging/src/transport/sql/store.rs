@@ -53,6 +53,14 @@ pub(crate) enum RowOp {
 }
 
 impl RowOp {
+    /// Whether the transition leaves both bodies as they are, so that they
+    /// need be neither read nor written back: an extension only moves the
+    /// lease's expiry (every other transition may apply a waiting version,
+    /// whose body becomes the row's).
+    pub(crate) fn keeps_bodies(&self) -> bool {
+        matches!(self, RowOp::Extend { .. })
+    }
+
     /// Applies the transition to a loaded row.
     pub(crate) fn apply(
         &self,

@@ -402,13 +402,16 @@ pub(super) const REDRIVE: &str = "WITH picked AS MATERIALIZED ( \
     UPDATE messaging_messages m SET status = 'pending', attempts = 0, process_at = NULL, seq = picked.seq \
     FROM picked WHERE m.ctid = picked.tuple";
 
-/// [`Dialect::BY_IDS`] with the row lock `$lock`.
+/// [`Dialect::BY_IDS`] with the row lock `$lock`, reading `$columns`.
 macro_rules! by_ids {
     ($lock:literal) => {
+        by_ids!($lock, sql::columns!())
+    };
+    ($lock:literal, $($columns:tt)+) => {
         concat!(
             "SELECT m.* FROM (SELECT DISTINCT json_array_elements_text($2::json)::bigint AS k ORDER BY 1) AS keys, \
              LATERAL (SELECT ",
-            sql::columns!(),
+            $($columns)+,
             " FROM messaging_messages WHERE id = keys.k AND queue = $1 LIMIT 1 ",
             $lock,
             ") m"
@@ -578,6 +581,7 @@ impl Dialect for Postgres {
     // the redrive), and locked in id order, so that two batches naming the
     // same rows wait for each other instead of deadlocking.
     const BY_IDS: &'static str = by_ids!("FOR UPDATE");
+    const BY_IDS_WITHOUT_BODIES: &'static str = by_ids!("FOR UPDATE", sql::columns_without_bodies!());
     // A row an application's transaction holds (an update by identity
     // inside a long transaction, a `SELECT … FOR UPDATE`) held up the
     // heartbeat's whole round, tried from outside: one row of 40 locked
@@ -586,6 +590,7 @@ impl Dialect for Postgres {
     // framework's own statements on the row (a completion) to end.
     const SKIP_LOCKED: Option<SkipLocked> = Some(SkipLocked {
         by_ids: by_ids!("FOR UPDATE SKIP LOCKED"),
+        by_ids_without_bodies: by_ids!("FOR UPDATE SKIP LOCKED", sql::columns_without_bodies!()),
         // Two such waits under sqlx's threshold for a slow statement (1 s),
         // which each wait for a held row otherwise also logged at WARN:
         // some 60 lines a minute beside the framework's own while a row was

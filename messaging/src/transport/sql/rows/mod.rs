@@ -380,7 +380,8 @@ impl<D: Dialect> SqlStore<D> {
             return self.apply_all_bounded(queue, now, items, op, skip).await;
         }
         let mut w = Write::begin(self).await?;
-        let done = self.transition_all(&mut w, queue, now, items, op, D::BY_IDS).await;
+        let by_ids = if op.keeps_bodies() { D::BY_IDS_WITHOUT_BODIES } else { D::BY_IDS };
+        let done = self.transition_all(&mut w, queue, now, items, op, by_ids).await;
         w.finish(done).await
     }
 
@@ -403,7 +404,12 @@ impl<D: Dialect> SqlStore<D> {
         skip: SkipLocked,
     ) -> Result<Vec<Result<(), TransportError>>, TransportError> {
         let mut w = Write::begin(self).await?;
-        let done = self.transition_all(&mut w, queue, now, items, op, skip.by_ids).await;
+        let (by_ids, skipping) = if op.keeps_bodies() {
+            (D::BY_IDS_WITHOUT_BODIES, skip.by_ids_without_bodies)
+        } else {
+            (D::BY_IDS, skip.by_ids)
+        };
+        let done = self.transition_all(&mut w, queue, now, items, op, skipping).await;
         let mut results = w.finish(done).await?;
         // Not found while skipping: gone, leased again, or held.
         let missed: Vec<usize> = (0..results.len()).filter(|&i| results[i].is_err()).collect();
@@ -418,7 +424,7 @@ impl<D: Dialect> SqlStore<D> {
             let mut w = Write::begin(self).await?;
             let done = async {
                 self.exec_in(&mut w, "bounding lock waits", &[skip.wait_briefly], &[]).await?;
-                self.transition_all(&mut w, queue, now, &again, op, D::BY_IDS).await
+                self.transition_all(&mut w, queue, now, &again, op, by_ids).await
             }
             .await;
             // A row still held fails with SQLSTATE 55P03, whose hint says why.
@@ -457,7 +463,8 @@ impl<D: Dialect> SqlStore<D> {
             })
             .collect();
         let changed: Vec<&Row> = loaded.values().filter(|(_, changed)| *changed).map(|(row, _)| row).collect();
-        self.store_rows(w, &changed).await?;
+        // Read without their bodies (`by_ids`), written back without them.
+        self.store_rows_of(w, &changed, !op.keeps_bodies()).await?;
         Ok(results)
     }
 

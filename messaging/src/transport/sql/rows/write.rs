@@ -277,6 +277,17 @@ impl<D: Dialect> SqlStore<D> {
     /// [`Dialect::STORE_ROWS`] per call: a batch of new versions of pending
     /// rows is a few calls, not one per row.
     pub(super) async fn store_rows(&self, w: &mut Write<'_, D>, rows: &[&Row]) -> Result<(), TransportError> {
+        self.store_rows_of(w, rows, true).await
+    }
+
+    /// [`Self::store_rows`], leaving both bodies as stored when `bodies` is
+    /// false (rows read without them, `statements::columns_without_bodies!`).
+    pub(super) async fn store_rows_of(
+        &self,
+        w: &mut Write<'_, D>,
+        rows: &[&Row],
+        bodies: bool,
+    ) -> Result<(), TransportError> {
         let mut rest = rows;
         for size in sql::power_of_two_chunks(rows.len(), D::STORE_ROWS.0) {
             let (chunk, after) = rest.split_at(size);
@@ -322,9 +333,10 @@ impl<D: Dialect> SqlStore<D> {
                     history.as_str().into(),
                     row.suspect.code().into(),
                 ];
-                args.extend(values);
+                let kept = values.into_iter().enumerate().filter(|(i, _)| bodies || !sql::BODIES.contains(i));
+                args.extend(kept.map(|(_, value)| value));
             }
-            let statement = sql::store_rows(chunk.len(), D::STORE_ROWS.1);
+            let statement = sql::store_rows(chunk.len(), D::STORE_ROWS.1, bodies);
             self.exec_in(w, "storing messages", &[&statement], &args).await?;
         }
         Ok(())
