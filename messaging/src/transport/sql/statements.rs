@@ -113,11 +113,17 @@ pub(crate) const STORED_COLUMNS: usize = STORED.len();
 
 /// The two columns of [`STORED`] that hold bodies, which [`store_rows`]
 /// leaves out when told to.
-pub(crate) const BODIES: [usize; 2] = [4, 14];
+const BODY_COLUMNS: [usize; 2] = [4, 14];
+
+/// Whether [`store_rows`] writes the `i`th column of [`STORED`] (and takes
+/// its value), with or without the bodies.
+pub(crate) fn writes_column(i: usize, bodies: bool) -> bool {
+    bodies || !BODY_COLUMNS.contains(&i)
+}
 
 /// The columns [`store_rows`] writes, with or without the bodies.
 fn stored(bodies: bool) -> impl Iterator<Item = &'static str> {
-    STORED.iter().enumerate().filter(move |(i, _)| bodies || !BODIES.contains(i)).map(|(_, c)| *c)
+    STORED.iter().enumerate().filter(move |&(i, _)| writes_column(i, bodies)).map(|(_, c)| *c)
 }
 
 /// How rows are written back in one call ([`store_rows`]).
@@ -132,7 +138,7 @@ pub(crate) enum StoreForm {
 }
 
 /// Writes every column of `n` rows back after their transitions, in one
-/// call, or every column but the bodies ([`BODIES`]) when `bodies` is
+/// call, or every column but the bodies ([`BODY_COLUMNS`]) when `bodies` is
 /// false: the values are [`STORED_COLUMNS`] per row (two fewer without the
 /// bodies), `id` first. Both databases name the columns of a `VALUES` list
 /// `column1`, `column2`, ….

@@ -380,8 +380,7 @@ impl<D: Dialect> SqlStore<D> {
             return self.apply_all_bounded(queue, now, items, op, skip).await;
         }
         let mut w = Write::begin(self).await?;
-        let by_ids = if op.keeps_bodies() { D::BY_IDS_WITHOUT_BODIES } else { D::BY_IDS };
-        let done = self.transition_all(&mut w, queue, now, items, op, by_ids).await;
+        let done = self.transition_all(&mut w, queue, now, items, op, None).await;
         w.finish(done).await
     }
 
@@ -404,12 +403,7 @@ impl<D: Dialect> SqlStore<D> {
         skip: SkipLocked,
     ) -> Result<Vec<Result<(), TransportError>>, TransportError> {
         let mut w = Write::begin(self).await?;
-        let (by_ids, skipping) = if op.keeps_bodies() {
-            (D::BY_IDS_WITHOUT_BODIES, skip.by_ids_without_bodies)
-        } else {
-            (D::BY_IDS, skip.by_ids)
-        };
-        let done = self.transition_all(&mut w, queue, now, items, op, skipping).await;
+        let done = self.transition_all(&mut w, queue, now, items, op, Some(skip)).await;
         let mut results = w.finish(done).await?;
         // Not found while skipping: gone, leased again, or held.
         let missed: Vec<usize> = (0..results.len()).filter(|&i| results[i].is_err()).collect();
@@ -424,7 +418,7 @@ impl<D: Dialect> SqlStore<D> {
             let mut w = Write::begin(self).await?;
             let done = async {
                 self.exec_in(&mut w, "bounding lock waits", &[skip.wait_briefly], &[]).await?;
-                self.transition_all(&mut w, queue, now, &again, op, by_ids).await
+                self.transition_all(&mut w, queue, now, &again, op, None).await
             }
             .await;
             // A row still held fails with SQLSTATE 55P03, whose hint says why.
@@ -438,6 +432,11 @@ impl<D: Dialect> SqlStore<D> {
         Ok(results)
     }
 
+    /// Applies `op` to the rows of `items` on `w`: read by primary key and
+    /// locked (skipping rows another transaction holds with `skip`), changed,
+    /// written back. Rows read without their bodies when `op` keeps them
+    /// ([`RowOp::keeps_bodies`]) are written back without them, decided here
+    /// once for both: written with them, their bodies would be emptied.
     async fn transition_all(
         &self,
         w: &mut Write<'_, D>,
@@ -445,8 +444,15 @@ impl<D: Dialect> SqlStore<D> {
         now: i64,
         items: &[(RowId, u64)],
         op: &RowOp,
-        by_ids: &'static str,
+        skip: Option<SkipLocked>,
     ) -> Result<Vec<Result<(), TransportError>>, TransportError> {
+        let bodies = !op.keeps_bodies();
+        let by_ids = match (skip, bodies) {
+            (None, true) => D::BY_IDS,
+            (None, false) => D::BY_IDS_WITHOUT_BODIES,
+            (Some(skip), true) => skip.by_ids,
+            (Some(skip), false) => skip.by_ids_without_bodies,
+        };
         let ids: Vec<RowId> = items.iter().map(|&(id, _)| id).collect();
         let list = serde_json::to_string(&ids).unwrap_or_else(|_| "[]".to_owned());
         let found = self.query_in(w, "loading messages", &[by_ids], &[queue.into(), list.as_str().into()]).await?;
@@ -463,8 +469,7 @@ impl<D: Dialect> SqlStore<D> {
             })
             .collect();
         let changed: Vec<&Row> = loaded.values().filter(|(_, changed)| *changed).map(|(row, _)| row).collect();
-        // Read without their bodies (`by_ids`), written back without them.
-        self.store_rows_of(w, &changed, !op.keeps_bodies()).await?;
+        self.store_rows_of(w, &changed, bodies).await?;
         Ok(results)
     }
 

@@ -333,7 +333,7 @@ impl<D: Dialect> SqlStore<D> {
                     history.as_str().into(),
                     row.suspect.code().into(),
                 ];
-                let kept = values.into_iter().enumerate().filter(|(i, _)| bodies || !sql::BODIES.contains(i));
+                let kept = values.into_iter().enumerate().filter(|&(i, _)| sql::writes_column(i, bodies));
                 args.extend(kept.map(|(_, value)| value));
             }
             let statement = sql::store_rows(chunk.len(), D::STORE_ROWS.1, bodies);
