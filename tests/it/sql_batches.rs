@@ -82,9 +82,10 @@ async fn take_blob(blob: Blob) {
     }
 }
 
-/// Publishes `count` blobs numbered from `from`, `per_call` in a call.
-async fn publish_blobs(publisher: &Publisher, from: u32, count: u32, per_call: usize) {
-    let data = "x".repeat(256 * 1024);
+/// Publishes `count` blobs of `size` bytes numbered from `from`, `per_call`
+/// in a call.
+async fn publish_blobs(publisher: &Publisher, from: u32, count: u32, per_call: usize, size: usize) {
+    let data = "x".repeat(size);
     for chunk in (from..from + count).collect::<Vec<_>>().chunks(per_call) {
         let blobs: Vec<Blob> = chunk.iter().map(|&n| Blob { n, data: data.clone() }).collect();
         for result in publisher.send_batch::<Large, _>(&blobs).await {
@@ -93,13 +94,29 @@ async fn publish_blobs(publisher: &Publisher, from: u32, count: u32, per_call: u
     }
 }
 
+/// The bodies the held messages have.
+const LARGE: usize = 256 * 1024;
+
 /// Fast handlers of 256 KiB bodies: the worker's receives ask for what
 /// fits in about 8 MiB (32 of them), not for the 1,000 the handlers' pace
 /// alone would ask for. Before the bound, a worker held every message of
 /// the queue here (each of its receives ahead took up to 1,000), and a
 /// consumer of 2,000 bodies of 512 KiB peaked at 2 GB of memory.
+///
+/// Then the same after handlers of bodies of 200 bytes: the receives
+/// waiting were asked for 1,000 by those, and the lease itself bounds what
+/// they bring by the bodies' lengths. Before the lease did, the worker held
+/// all 260 messages of 256 KiB that arrived.
 #[tokio::test]
 async fn large_bodies_are_received_about_8_mib_at_a_time() {
+    for quick in [LARGE, 200] {
+        received_about_8_mib_at_a_time(quick).await;
+    }
+}
+
+/// [`large_bodies_are_received_about_8_mib_at_a_time`], after handlers of
+/// bodies of `quick` bytes.
+async fn received_about_8_mib_at_a_time(quick: usize) {
     for (url, _guard) in fixtures::both_databases("&migrate=true").await {
         STARTED.store(0, Ordering::SeqCst);
         HOLD.store(false, Ordering::SeqCst);
@@ -109,7 +126,7 @@ async fn large_bodies_are_received_about_8_mib_at_a_time() {
         let publisher = app.setup().publisher();
         // Quick handlers first, which makes the handlers' pace ask for
         // full batches.
-        publish_blobs(&publisher, 0, QUICK, 20).await;
+        publish_blobs(&publisher, 0, QUICK, 20, quick).await;
         let running = app.start().expect("start");
         fixtures::eventually(
             Duration::from_secs(30),
@@ -120,7 +137,7 @@ async fn large_bodies_are_received_about_8_mib_at_a_time() {
         // The receives waiting now were asked before the pace was known:
         // one message at a time ends each, and the next is asked with it.
         for n in QUICK..QUICK + WAKES {
-            publish_blobs(&publisher, n, 1, 1).await;
+            publish_blobs(&publisher, n, 1, 1, quick).await;
             fixtures::eventually(
                 Duration::from_secs(30),
                 || STARTED.load(Ordering::SeqCst) > n,
@@ -131,7 +148,7 @@ async fn large_bodies_are_received_about_8_mib_at_a_time() {
         // Then the lanes wait, and the receives ahead take what they ask
         // for: the held ones come in one call, all at once.
         HOLD.store(true, Ordering::SeqCst);
-        publish_blobs(&publisher, QUICK + WAKES, HELD, HELD as usize).await;
+        publish_blobs(&publisher, QUICK + WAKES, HELD, HELD as usize, LARGE).await;
         fixtures::eventually(
             Duration::from_secs(30),
             || STARTED.load(Ordering::SeqCst) >= QUICK + WAKES + 8,
@@ -143,7 +160,8 @@ async fn large_bodies_are_received_about_8_mib_at_a_time() {
         let held = counts.in_flight.expect("in flight");
         assert!(
             held <= 8 + 3 * 32,
-            "{url}: the worker holds {held} messages of 256 KiB (eight lanes, and receives of 32 at most)"
+            "{url}: the worker holds {held} messages of 256 KiB after bodies of {quick} bytes (eight lanes, and \
+             receives of 32 at most)"
         );
         HOLD.store(false, Ordering::SeqCst);
         fixtures::eventually(

@@ -19,6 +19,7 @@ use sqlx::pool::PoolConnection;
 use sqlx::Pool;
 
 use super::driver::{Driver, Value};
+use super::machine::Take;
 use super::record::{Held, LeasedRow};
 use super::stalls::Stalls;
 use super::statements::{FifoSearch, StoreForm};
@@ -216,13 +217,14 @@ pub trait Dialect: Driver + sealed::Sealed + Sized {
         rows: &'a [Row],
     ) -> impl Future<Output = Result<Vec<Option<RowId>>, TransportError>> + Send + 'a;
 
-    /// Leases up to `n` rows (a standard queue's `partition` when given; a
-    /// FIFO queue's heads when `fifo` says how far to look for them).
+    /// Leases as many rows as `take` says (a standard queue's `partition`
+    /// when given; a FIFO queue's heads, by `take.rows` alone, when `fifo`
+    /// says how far to look for them).
     fn lease<'a>(
         store: &'a SqlStore<Self>,
         queue: &'a str,
         now: i64,
-        n: usize,
+        take: Take,
         lease_ms: i64,
         fifo: Option<FifoSearch>,
         partition: Option<(u32, u32)>,

@@ -327,10 +327,43 @@ pub(crate) const SET_PAUSED: &str = "UPDATE messaging_queues SET paused = $2 WHE
 #[cfg(all(test, feature = "sqlite"))]
 pub(crate) const ROWS: &str = concat!("SELECT ", columns!(), " FROM messaging_messages WHERE queue = $1 ORDER BY id");
 
-/// Standard queues: the first pending rows by priority, then enqueue order.
+/// The columns `$cols` of the first `$2` pending rows of queue `$1`, in lease
+/// order: [`PICK_STANDARD`]'s parts.
+macro_rules! first_pending {
+    ($cols:literal) => {
+        concat!(
+            "SELECT ",
+            $cols,
+            " FROM messaging_messages WHERE queue = $1 AND status = 'pending' ORDER BY priority DESC, seq LIMIT $2"
+        )
+    };
+}
+
+/// Standard queues on SQLite: the first `$2` pending rows by priority, then
+/// enqueue order, each while the bodies before it come to less than `$4`
+/// bytes or while it is among the first `$5`
+/// ([`Take::takes`](super::machine::Take::takes); PostgreSQL's lease is
+/// `postgres::LEASE_TAKEN`). Those rows are the first ones, so the pick is
+/// the plain one with a `LIMIT` counted from their bodies' lengths: all `$2`
+/// when they come to less than `$4` together, else as many as a running sum
+/// over them takes. SQLite's window functions cost: the running sum over
+/// every lease made a pick of 1,000 rows 1.15 us a row slower (0.39 against
+/// 1.55 us, Python's `sqlite3`, SQLite 3.40, CPU time, medians of seven
+/// rounds of 200), the sum first 0.26 us (0.68 against 0.94). `length` of a
+/// blob reads its size from the record's header, not the blob.
 #[cfg_attr(not(feature = "sqlite"), allow(dead_code))]
-pub(crate) const PICK_STANDARD: &str = "SELECT id FROM messaging_messages WHERE queue = $1 AND status = 'pending' \
-    ORDER BY priority DESC, seq LIMIT $2";
+pub(crate) const PICK_STANDARD: &str = concat!(
+    "SELECT id FROM messaging_messages WHERE queue = $1 AND status = 'pending' ORDER BY priority DESC, seq LIMIT (\
+        SELECT CASE WHEN sum(size) < $4 THEN $2 ELSE (\
+            SELECT count(*) FROM (SELECT sum(size) OVER taken - size AS before, row_number() OVER taken AS place \
+                FROM (",
+    first_pending!("priority, seq, length(payload) AS size"),
+    ") WINDOW taken AS (ORDER BY priority DESC, seq ROWS UNBOUNDED PRECEDING)) \
+            WHERE before < $4 OR place <= $5) END \
+        FROM (",
+    first_pending!("length(payload) AS size"),
+    "))"
+);
 
 /// FIFO: the heads of groups with nothing leased, by priority, then enqueue
 /// order (`$1` queue, `$2` how many; `$3` is the lease's; `$4` and `$5`

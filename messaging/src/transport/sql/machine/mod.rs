@@ -65,5 +65,38 @@ impl Status {
     }
 }
 
+/// How much one lease of a standard queue takes, in its order (priority,
+/// then enqueue order): at most `rows` rows, and of those each row while
+/// the bodies of the rows before it come to less than `bytes`, or while it
+/// is among the first `at_least`. So a lease brings at least one row (when
+/// `bytes` is above zero), and its bodies pass `bytes` by one body at most
+/// beyond what `at_least` takes. A FIFO queue's heads are counted in rows
+/// only.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Take {
+    /// The most rows.
+    pub(crate) rows: usize,
+    /// The bodies before the last row taken, at most (bytes).
+    pub(crate) bytes: i64,
+    /// Rows taken whatever their bodies.
+    pub(crate) at_least: usize,
+}
+
+impl Take {
+    /// Up to `rows` rows, whatever their bodies.
+    pub(crate) fn rows(rows: usize) -> Take {
+        Take { rows, bytes: i64::MAX, at_least: 0 }
+    }
+
+    /// Whether the row at `place` (1 for the first) is taken after rows
+    /// whose bodies come to `before` bytes: what the statements compute
+    /// with a running sum over the rows they locked (the model test's
+    /// oracle takes rows by it).
+    #[cfg_attr(not(test), allow(dead_code))]
+    pub(crate) fn takes(&self, place: usize, before: i64) -> bool {
+        place <= self.rows && (before < self.bytes || place <= self.at_least)
+    }
+}
+
 #[cfg(test)]
 mod tests;

@@ -782,6 +782,12 @@ impl IdentityQueue {
     /// (the transport refuses a message without one), and a row without one
     /// is never leased.
     pub(crate) fn lease(&mut self, now: i64, n: usize, lease_ms: i64) -> Vec<Leased> {
+        self.lease_taking(now, super::Take::rows(n), lease_ms)
+    }
+
+    /// [`IdentityQueue::lease`] of as much as `take` says (a FIFO queue's
+    /// heads by its rows only).
+    pub(crate) fn lease_taking(&mut self, now: i64, take: super::Take, lease_ms: i64) -> Vec<Leased> {
         self.expire(now);
         let mut candidates: Vec<&Row> = Vec::new();
         if self.rules.fifo {
@@ -801,7 +807,18 @@ impl IdentityQueue {
             candidates.extend(self.rows.values().filter(|r| r.is_eligible(now)));
         }
         candidates.sort_by(|a, b| b.priority.cmp(&a.priority).then(a.seq.cmp(&b.seq)));
-        let chosen: Vec<RowId> = candidates.into_iter().take(n).map(|r| r.id).collect();
+        let take = if self.rules.fifo { super::Take::rows(take.rows) } else { take };
+        let mut before = 0i64;
+        let chosen: Vec<RowId> = candidates
+            .into_iter()
+            .enumerate()
+            .take_while(|(i, r)| {
+                let taken = take.takes(i + 1, before);
+                before = before.saturating_add(r.payload.len() as i64);
+                taken
+            })
+            .map(|(_, r)| r.id)
+            .collect();
         let mut out = Vec::with_capacity(chosen.len());
         for id in chosen {
             let token = self.next_token;

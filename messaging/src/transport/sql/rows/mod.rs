@@ -14,7 +14,7 @@ use super::stalls::Lapse;
 use super::statements::{self as sql, FifoSearch};
 use super::store::{Enqueued, RowOp};
 use crate::error::TransportError;
-use crate::transport::sql::machine::{Enqueue, QueueRules, Row, RowId, Status, Suspect};
+use crate::transport::sql::machine::{Enqueue, QueueRules, Row, RowId, Status, Suspect, Take};
 
 /// Texts as the JSON array that [`Dialect::BY_IDENTITIES`] reads: one parameter for
 /// a list of any length.
@@ -271,8 +271,9 @@ impl<D: Dialect> SqlStore<D> {
         self.enqueue_in(&mut Write::on(conn), queue, now, items, idempotent).await
     }
 
-    /// Leases up to `n` rows that can go now: by priority then enqueue order,
-    /// or on a FIFO queue the head of each group with nothing leased.
+    /// Leases up to `n` rows that can go now, whatever their bodies:
+    /// [`SqlStore::lease_taking`] by rows alone.
+    #[cfg_attr(not(test), allow(dead_code))]
     pub(crate) async fn lease(
         &self,
         queue: &str,
@@ -281,8 +282,22 @@ impl<D: Dialect> SqlStore<D> {
         lease_ms: i64,
         fifo: bool,
     ) -> Result<Vec<LeasedRow>, TransportError> {
-        let search = fifo.then(|| FifoSearch::for_lease(n));
-        self.lease_searching(queue, now, n, lease_ms, search).await
+        self.lease_taking(queue, now, Take::rows(n), lease_ms, fifo).await
+    }
+
+    /// Leases the rows that can go now, as many as `take` says: by priority
+    /// then enqueue order, or on a FIFO queue the head of each group with
+    /// nothing leased.
+    pub(crate) async fn lease_taking(
+        &self,
+        queue: &str,
+        now: i64,
+        take: Take,
+        lease_ms: i64,
+        fifo: bool,
+    ) -> Result<Vec<LeasedRow>, TransportError> {
+        let search = fifo.then(|| FifoSearch::for_lease(take.rows));
+        self.lease_searching(queue, now, take, lease_ms, search).await
     }
 
     /// [`SqlStore::lease`], a FIFO queue's heads looked for as far as
@@ -291,14 +306,14 @@ impl<D: Dialect> SqlStore<D> {
         &self,
         queue: &str,
         now: i64,
-        n: usize,
+        take: Take,
         lease_ms: i64,
         search: Option<FifoSearch>,
     ) -> Result<Vec<LeasedRow>, TransportError> {
-        if n == 0 {
+        if take.rows == 0 {
             return Ok(Vec::new());
         }
-        D::lease(self, queue, now, n, lease_ms, search, None).await
+        D::lease(self, queue, now, take, lease_ms, search, None).await
     }
     /// Completes leased rows; one result per item (`StaleReceipt` for a lost lease).
     pub(crate) async fn complete(

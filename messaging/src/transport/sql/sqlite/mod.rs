@@ -29,7 +29,7 @@ use super::dialect::{fail, full_disk_hint, in_input_order, Dialect, SkipLocked, 
 use super::record::{Held, LeasedRow};
 use super::statements::{self as sql, FifoSearch, StoreForm, Tables};
 use crate::error::TransportError;
-use crate::transport::sql::machine::{Enqueue, Row, RowId, Written};
+use crate::transport::sql::machine::{Enqueue, Row, RowId, Take, Written};
 
 mod append;
 mod checkpoint;
@@ -350,12 +350,12 @@ impl Dialect for Sqlite {
         store: &'a SqlStore<Self>,
         queue: &'a str,
         now: i64,
-        n: usize,
+        take: Take,
         lease_ms: i64,
         fifo: Option<FifoSearch>,
         _partition: Option<(u32, u32)>,
     ) -> Result<Vec<LeasedRow>, TransportError> {
-        one_call::lease(store, queue, n, now + lease_ms, fifo).await
+        one_call::lease(store, queue, take, now + lease_ms, fifo).await
     }
 
     async fn enqueue_plain<'a>(

@@ -17,7 +17,7 @@ use super::writer::{transaction, Turn};
 use super::{int, missing_counter};
 use crate::error::TransportError;
 use crate::transport::sql::dialect::{fail, leased, SqlStore};
-use crate::transport::sql::machine::{Enqueue, RowId};
+use crate::transport::sql::machine::{Enqueue, RowId, Take};
 use crate::transport::sql::record::{Held, LeasedRow};
 use crate::transport::sql::statements::{self as sql, FifoSearch, Tables};
 
@@ -142,12 +142,13 @@ fn plain_stored(n: usize, found: &[SqliteRow]) -> Result<(), TransportError> {
     append::check_inserted(n, found)
 }
 
-/// Leases up to `n` rows of `queue` until `expires`: the first pending ones,
-/// or a FIFO queue's heads looked for as far as `fifo` says.
+/// Leases as many rows of `queue` as `take` says until `expires`: the first
+/// pending ones, or a FIFO queue's heads (by `take.rows` alone) looked for as
+/// far as `fifo` says.
 pub(super) async fn lease(
     store: &SqlStore<Sqlite>,
     queue: &str,
-    n: usize,
+    take: Take,
     expires: i64,
     fifo: Option<FifoSearch>,
 ) -> Result<Vec<LeasedRow>, TransportError> {
@@ -179,10 +180,11 @@ pub(super) async fn lease(
         .concat(),
     );
     let text = store.tables.sql(&[&whole]);
-    let mut query = sqlx::query(&text).bind(queue).bind(int(n)).bind(expires);
-    if let Some(search) = fifo {
-        query = query.bind(search.walk).bind(search.groups);
-    }
+    let mut query = sqlx::query(&text).bind(queue).bind(int(take.rows)).bind(expires);
+    query = match fifo {
+        Some(search) => query.bind(search.walk).bind(search.groups),
+        None => query.bind(take.bytes).bind(int(take.at_least)),
+    };
     let _attempt = store.stalls.attempt();
     let mut turn = Turn::take(&store.state.writer).await;
     // Most idle polls find nothing: look before taking the write lock (which

@@ -10,7 +10,7 @@
 
 use std::collections::HashMap;
 
-use crate::transport::sql::machine::{Enqueue, EnqueueOutcome, IdentityQueue, QueueRules, Row, RowId, Status};
+use crate::transport::sql::machine::{Enqueue, EnqueueOutcome, IdentityQueue, QueueRules, Row, RowId, Status, Take};
 use crate::transport::sql::record::Tuple;
 use crate::transport::sql::statements::FifoSearch;
 use crate::transport::sql::{Dialect, RowOp, SqlStore};
@@ -42,6 +42,10 @@ enum Cmd {
         /// How far a FIFO lease looks (rows walked, groups enumerated):
         /// small bounds make it take each of its three ways.
         search: (i64, i64),
+        /// The bodies' bound and the rows taken whatever it ([`Take`]):
+        /// bodies of one to three bytes meet a bound of a few.
+        bytes: i64,
+        at_least: usize,
     },
     Complete {
         pick: usize,
@@ -166,7 +170,8 @@ fn cmd() -> impl Strategy<Value = Cmd> {
             .prop_map(|(identity, payload, priority, delay, group, via)| Cmd::Enqueue { identity, payload, priority, delay, group, via }),
         1 => (prop::collection::vec(batch_item(), 1..5), via())
             .prop_map(|(items, via)| Cmd::EnqueueBatch { items, via }),
-        3 => (1usize..4, search()).prop_map(|(n, search)| Cmd::Lease { n, search }),
+        3 => (1usize..4, search(), prop_oneof![Just(1i64), Just(2), Just(3), Just(5), Just(i64::MAX)], 0usize..3)
+            .prop_map(|(n, search, bytes, at_least)| Cmd::Lease { n, search, bytes, at_least }),
         2 => any::<usize>().prop_map(|pick| Cmd::Complete { pick }),
         1 => (any::<usize>(), 0i64..800).prop_map(|(pick, backoff)| Cmd::Fail { pick, backoff }),
         1 => any::<usize>().prop_map(|pick| Cmd::Release { pick }),
@@ -232,7 +237,7 @@ async fn run_case<D: Dialect>(store: &SqlStore<D>, queue: &str, rules: QueueRule
                 let e = Enqueue {
                     identity: identity.map(|k| format!("k{k}")),
                     message_id: format!("m{step}"),
-                    payload: vec![b'p', *payload],
+                    payload: vec![b'p'; 1 + usize::from(*payload)],
                     priority: *priority,
                     process_at: delay.map(|d| now + d),
                     status: None,
@@ -331,13 +336,14 @@ async fn run_case<D: Dialect>(store: &SqlStore<D>, queue: &str, rules: QueueRule
                     }
                 }
             }
-            Cmd::Lease { n, search } => {
+            Cmd::Lease { n, search, bytes, at_least } => {
                 model.purge(now);
                 store.maintain(queue, now, rules).await.map_err(|e| at(e.to_string()))?;
-                let expected = model.lease(now, *n, LEASE_MS);
+                let take = Take { rows: *n, bytes: *bytes, at_least: *at_least };
+                let expected = model.lease_taking(now, take, LEASE_MS);
                 let search = rules.fifo.then_some(FifoSearch { walk: search.0, groups: search.1 });
                 let got =
-                    store.lease_searching(queue, now, *n, LEASE_MS, search).await.map_err(|e| at(e.to_string()))?;
+                    store.lease_searching(queue, now, take, LEASE_MS, search).await.map_err(|e| at(e.to_string()))?;
                 let expected_ids: Vec<RowId> = expected.iter().map(|l| ids.get(&l.id).copied().unwrap_or(0)).collect();
                 let got_ids: Vec<RowId> = got.iter().map(|l| l.id).collect();
                 if expected_ids != got_ids {
@@ -633,8 +639,8 @@ fn postgres_partition_leases_split_the_queue_in_order() {
             result.expect("enqueued");
         }
         let (even, odd) = tokio::join!(
-            sqlx::Postgres::lease(&store, "parts", START, 100, 30_000, None, Some((0, 2))),
-            sqlx::Postgres::lease(&store, "parts", START, 100, 30_000, None, Some((1, 2))),
+            sqlx::Postgres::lease(&store, "parts", START, Take::rows(100), 30_000, None, Some((0, 2))),
+            sqlx::Postgres::lease(&store, "parts", START, Take::rows(100), 30_000, None, Some((1, 2))),
         );
         let (even, odd) = (even.expect("lease"), odd.expect("lease"));
         assert_eq!(even.len() + odd.len(), 40, "together the partitions are the whole queue");

@@ -130,7 +130,7 @@ fn postgres_completes_by_tuple_id_on_a_table_never_analyzed() {
 /// over a scan of the whole table once the table was analyzed.
 #[test]
 fn postgres_leases_by_tuple_id_whatever_the_statistics() {
-    use crate::transport::sql::postgres::{LEASE_PART, LEASE_PICKED, LEASE_WHOLE};
+    use crate::transport::sql::postgres::{LEASE_PART, LEASE_PICKED, LEASE_TAKEN, LEASE_WHOLE};
     use crate::transport::sql::statements::LEASED;
     let db = super::Postgres::new();
     super::runtime().block_on(async {
@@ -139,10 +139,15 @@ fn postgres_leases_by_tuple_id_whatever_the_statistics() {
             if analyzed {
                 sqlx::query("ANALYZE messaging_messages").execute(&store.pool).await.unwrap();
             }
-            for (pick, binds) in [(LEASE_WHOLE, 3), (LEASE_PART, 5)] {
-                let sql = format!("EXPLAIN {pick}{LEASE_PICKED}{LEASED}");
-                let mut query = sqlx::query_as::<_, (String,)>(&sql).bind("leased").bind(300i64).bind(START + 60_000);
-                if binds == 5 {
+            for (pick, binds) in [(LEASE_WHOLE, 5), (LEASE_PART, 7)] {
+                let sql = format!("EXPLAIN {pick}{LEASE_TAKEN}{LEASE_PICKED}{LEASED}");
+                let mut query = sqlx::query_as::<_, (String,)>(&sql)
+                    .bind("leased")
+                    .bind(300i64)
+                    .bind(START + 60_000)
+                    .bind(8i64 << 20)
+                    .bind(8i64);
+                if binds == 7 {
                     query = query.bind(0i64).bind(2i64);
                 }
                 let plan: Vec<String> = query.fetch_all(&store.pool).await.unwrap().into_iter().map(|(l,)| l).collect();
