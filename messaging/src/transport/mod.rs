@@ -42,6 +42,21 @@ pub(crate) use url::{connect_existing, refuse_new_file_without_tables, with_migr
 
 pub use crate::boxed::BoxFuture;
 
+/// The bodies one receive should bring, at most: the worker's pace asks
+/// for this much by their average size, and a database queue's lease stops
+/// at it by the bodies' lengths in the rows (`sql::LEASE_BODIES`).
+///
+/// Fast handlers ask for up to a transport's whole batch (1,000 on the
+/// database queues). With bodies of 512 KiB that was a lease of half a
+/// gigabyte: tried from outside, a consumer of 2,000 such messages on
+/// PostgreSQL (concurrency 8, handlers that return at once) peaked at 2.05
+/// GB of memory, as two receives ahead of the lanes held the whole backlog
+/// (80 MB with this bound, in the same time).
+/// SQS hands out 10 messages of at most 1 MiB a receive; 8 MiB a receive
+/// keeps a batch of messages of up to 8 KiB whole, and a worker holds about
+/// three receives' worth beside what its lanes handle.
+pub(crate) const RECEIVE_BODIES: u64 = 8 * 1024 * 1024;
+
 /// String attributes carried beside the body (type, version, trace context...).
 pub type Attributes = BTreeMap<String, String>;
 

@@ -1,27 +1,16 @@
 //! How many messages to ask for per receive: enough to keep the lanes busy
 //! for a short while, and no more, so that a process with slow handlers does
 //! not lease messages that another process could start at once; and no more
-//! bodies than [`BODIES`] by their average size, so that large messages do
-//! not take the process's memory.
+//! bodies than [`RECEIVE_BODIES`] by their average size, so that large
+//! messages do not take the process's memory.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use crate::transport::RECEIVE_BODIES;
+
 /// The work one receive should bring: about this much handling time per lane.
 const AHEAD: Duration = Duration::from_millis(200);
-
-/// The bodies one receive should bring, at most, by their average size.
-///
-/// Fast handlers ask for up to a transport's whole batch (1,000 on the
-/// database queues). With bodies of 512 KiB that was a lease of half a
-/// gigabyte: tried from outside, a consumer of 2,000 such messages on
-/// PostgreSQL (concurrency 8, handlers that return at once) peaked at 2.05
-/// GB of memory, as two receives ahead of the lanes held the whole backlog
-/// (80 MB with this bound, in the same time).
-/// SQS hands out 10 messages of at most 1 MiB a receive; 8 MiB a receive
-/// keeps a batch of messages of up to 8 KiB whole, and a worker holds about
-/// three receives' worth beside what its lanes handle.
-pub(crate) const BODIES: u64 = 8 * 1024 * 1024;
 
 /// A moving average of handler durations, and one of body sizes.
 #[derive(Debug, Default)]
@@ -56,9 +45,9 @@ impl Pace {
     }
 
     /// Messages to receive: about [`AHEAD`] of work per lane, and bodies of
-    /// [`BODIES`] at most by their average size; at least one per lane and
-    /// at most `max` (before any handler has finished: one per lane, and at
-    /// least 10).
+    /// [`RECEIVE_BODIES`] at most by their average size; at least one per
+    /// lane and at most `max` (before any handler has finished: one per lane,
+    /// and at least 10).
     pub(crate) fn batch(&self, concurrency: usize, max: usize) -> usize {
         let lanes = concurrency.max(1) as u64;
         let by_time = match self.average_ns.load(Ordering::Relaxed) {
@@ -67,7 +56,7 @@ impl Pace {
         };
         let by_size = match self.body_bytes.load(Ordering::Relaxed) {
             0 => u64::MAX,
-            bytes => (BODIES / bytes).max(lanes),
+            bytes => (RECEIVE_BODIES / bytes).max(lanes),
         };
         by_time.min(by_size).clamp(1, max.max(1) as u64) as usize
     }
@@ -98,7 +87,7 @@ mod tests {
         assert!((72..=80).contains(&batch), "about 20 per lane: {batch}");
     }
 
-    /// Fast handlers of large bodies: as many as fit in [`BODIES`], at
+    /// Fast handlers of large bodies: as many as fit in [`RECEIVE_BODIES`], at
     /// least one per lane; small bodies leave the batch to the handlers' pace.
     #[test]
     fn large_bodies_bound_the_batch_and_small_ones_do_not() {

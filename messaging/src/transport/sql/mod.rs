@@ -421,7 +421,8 @@ enum Act {
 /// read, where reading every letter again per step made 20,000 take minutes.
 const DEAD_LETTER_PAGE: usize = 500;
 
-/// The bodies one lease of a standard queue brings, at most (beyond one
+/// The bodies one lease of a standard queue brings, at most
+/// ([`RECEIVE_BODIES`](crate::transport::RECEIVE_BODIES), beyond one
 /// message per handler of the queue, which it brings whatever their size,
 /// and one body more), by the bodies' lengths in the rows ([`Take`]). The
 /// worker asks for about this much by the average body it has received (its
@@ -431,7 +432,7 @@ const DEAD_LETTER_PAGE: usize = 500;
 /// PostgreSQL before this bound, 62 and 64 MB with it, the 1,000 handled in
 /// 5.1 against 4.0-4.7 s from the publish; on SQLite 1,047 against 45 MB,
 /// 9.3 against 7.6 s.
-const LEASE_BODIES: i64 = 8 * 1024 * 1024;
+const LEASE_BODIES: i64 = crate::transport::RECEIVE_BODIES as i64;
 
 /// The most heads a FIFO queue's lease takes. Its walk reads four times as
 /// many pending rows (`FifoSearch::for_lease`), which a queue of few groups
